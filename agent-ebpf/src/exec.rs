@@ -1,0 +1,148 @@
+//! `sched/sched_process_exec`: a successful exec whose basename names a
+//! shutdown tool (the `TOOLS` map), with its first arguments. Any other exec
+//! costs one string read and one hash lookup, and never reaches the ring buffer.
+//! This tracepoint also sees the kernel's own usermode-helper execs (e.g.
+//! orderly_poweroff running /sbin/poweroff), which syscall hooks would miss.
+use aya_ebpf::{
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf, generated},
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+    EbpfContext,
+};
+use lastgasp_common::{
+    tp::EXEC_FILENAME_LOC, ARGS_LEN, FLAG_ARGS_MISSING, FLAG_ARGS_TRUNCATED, FLAG_PATH_TRUNCATED,
+    PATH_LEN, SRC_EXEC, TOOL_BUSYBOX, TOOL_NAME_LEN,
+};
+
+use crate::event::{emit, fill_actor, global, scratch};
+
+/// Basename (zero-padded) -> tool id; filled by userspace.
+#[map]
+static TOOLS: HashMap<[u8; TOOL_NAME_LEN], u32> = HashMap::with_max_entries(64, 0);
+
+/// Offsets of task_struct.mm, mm_struct.arg_start and mm_struct.arg_end, read
+/// by userspace from the kernel's BTF (a hand-done CO-RE). 0: argv unknown.
+#[unsafe(no_mangle)]
+static TASK_MM_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static MM_ARG_START_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static MM_ARG_END_OFF: u64 = 0;
+
+#[tracepoint]
+pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
+    let _ = try_sched_process_exec(&ctx);
+    0
+}
+
+fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i32> {
+    let ev = scratch().ok_or(0)?;
+    let loc: u32 = unsafe { ctx.read_at(EXEC_FILENAME_LOC)? };
+    // __data_loc: offset in the low 16 bits, length (with the NUL) in the high.
+    let len = (loc >> 16) as usize;
+    let mut off = (loc & 0xffff) as usize;
+    let mut flags = 0;
+    if len > PATH_LEN {
+        off += len - PATH_LEN;
+        flags |= FLAG_PATH_TRUNCATED;
+    }
+    let src = unsafe { (ctx.as_ptr() as *const u8).add(off) };
+    unsafe { bpf_probe_read_kernel_buf(src, &mut ev.path)? };
+    let n = len.min(PATH_LEN);
+    let mut tool = match basename_key(&ev.path, 0, n) {
+        Some(key) => *unsafe { TOOLS.get(&key) }.ok_or(0)?,
+        None => return Ok(()),
+    };
+
+    let (args_len, args_flags) = read_args(ev)?;
+    if tool == TOOL_BUSYBOX {
+        // `busybox reboot -f`: the applet is argv[1].
+        let end = args_len as usize;
+        let mut argv1 = end;
+        for i in 0..ARGS_LEN {
+            if i >= end {
+                break;
+            }
+            if ev.args[i] == 0 {
+                argv1 = i + 1;
+                break;
+            }
+        }
+        let key = basename_key(&ev.args, argv1, end).ok_or(0)?;
+        tool = *unsafe { TOOLS.get(&key) }.ok_or(0)?;
+        if tool == TOOL_BUSYBOX {
+            return Ok(());
+        }
+    }
+    fill_actor(ev, SRC_EXEC);
+    ev.flags |= flags | args_flags;
+    ev.path_len = n as u32;
+    ev.args_len = args_len;
+    ev.a[0] = tool as u64;
+    emit(ev);
+    Ok(())
+}
+
+/// The basename of the NUL-terminated string at `buf[start..end]`, as a
+/// `TOOLS` key; `None` when it is longer than a key.
+#[inline(always)]
+fn basename_key<const N: usize>(buf: &[u8; N], start: usize, end: usize) -> Option<[u8; TOOL_NAME_LEN]> {
+    let mut base = start;
+    let mut stop = end;
+    for i in 0..N {
+        if i < start {
+            continue;
+        }
+        if i >= end || buf[i] == 0 {
+            stop = i;
+            break;
+        }
+        if buf[i] == b'/' {
+            base = i + 1;
+        }
+    }
+    if stop <= base || stop - base > TOOL_NAME_LEN {
+        return None;
+    }
+    let mut key = [0u8; TOOL_NAME_LEN];
+    for (j, k) in key.iter_mut().enumerate() {
+        let i = base + j;
+        if i >= stop || i >= N {
+            break;
+        }
+        *k = buf[i];
+    }
+    Some(key)
+}
+
+/// Reads the new image's argv (NUL-separated) into `ev.args`; returns its
+/// length and the `FLAG_ARGS_*` that apply.
+fn read_args(ev: &mut lastgasp_common::RawEvent) -> Result<(u32, u32), i32> {
+    let mm_off = global(&TASK_MM_OFF);
+    if mm_off == 0 {
+        return Ok((0, FLAG_ARGS_MISSING));
+    }
+    let task = unsafe { generated::bpf_get_current_task() } as *const u8;
+    let mm: u64 = unsafe { bpf_probe_read_kernel(task.add(mm_off as usize) as *const u64)? };
+    let start: u64 =
+        unsafe { bpf_probe_read_kernel((mm + global(&MM_ARG_START_OFF)) as *const u64)? };
+    let end: u64 = unsafe { bpf_probe_read_kernel((mm + global(&MM_ARG_END_OFF)) as *const u64)? };
+    let mut len = end.wrapping_sub(start);
+    let mut flags = 0;
+    if len > ARGS_LEN as u64 {
+        len = ARGS_LEN as u64;
+        flags = FLAG_ARGS_TRUNCATED;
+    }
+    let rc = unsafe {
+        generated::bpf_probe_read_user(
+            ev.args.as_mut_ptr() as *mut _,
+            len as u32,
+            start as *const _,
+        )
+    };
+    if rc != 0 {
+        return Ok((0, FLAG_ARGS_MISSING));
+    }
+    Ok((len as u32, flags))
+}

@@ -1,0 +1,146 @@
+//! The one event type that flows from detection to decision to action.
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+/// Which detector saw it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    /// `syscalls/sys_enter_reboot`.
+    RebootSyscall,
+    /// `sched/sched_process_exec` of a shutdown tool.
+    Exec,
+    /// `signal/signal_generate` to the node's PID 1.
+    SignalPid1,
+    /// fentry/kprobe on the kernel's power-off functions.
+    KernelHook,
+    /// logind over D-Bus.
+    Logind,
+    /// systemd's job queue over D-Bus.
+    Systemd,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    Poweroff,
+    Halt,
+    Reboot,
+    Kexec,
+    SoftReboot,
+    Unknown,
+}
+
+/// Whose world ends: the node (its initial PID namespace), or only a
+/// container's PID namespace.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    Node,
+    Container,
+}
+
+/// What the request does if it succeeds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case", tag = "effect")]
+pub enum Effect {
+    /// The shutdown starts now.
+    Now,
+    /// A shutdown is scheduled (`shutdown +5`); `at` when known exactly.
+    Scheduled {
+        #[serde(default, with = "humantime_serde")]
+        at: Option<SystemTime>,
+        spec: String,
+    },
+    /// A scheduled or delayed shutdown is cancelled.
+    Cancel,
+    /// Nothing is shut down (a query, `shutdown -k`, bad reboot magic...).
+    None { why: String },
+}
+
+/// Who asked.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Actor {
+    /// Global (host) pid of the thread group.
+    pub pid: u32,
+    /// The pid as seen in the node's PID namespace; 0 outside it.
+    pub ns_pid: u32,
+    pub comm: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
+    pub uid: u32,
+    pub cgroup_id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    /// Parent chain, nearest first, as far as /proc still had it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<Parent>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Parent {
+    pub pid: u32,
+    pub comm: String,
+}
+
+/// The detector's own raw facts, kept for the audit.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case", tag = "hook")]
+pub enum Detail {
+    Reboot {
+        magic1: u32,
+        magic2: u32,
+        cmd: u32,
+        valid_magic: bool,
+    },
+    Exec {
+        path: String,
+        argv: Vec<String>,
+        /// argv as captured, NUL-separated, with non-printable bytes escaped.
+        raw: String,
+        truncated: bool,
+    },
+    Signal {
+        signo: u32,
+        name: String,
+        /// The kernel's verdict: delivered, ignored, already pending...
+        result: String,
+    },
+    Kernel {
+        function: String,
+        via: String,
+    },
+    Dbus {
+        member: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        unit: Option<String>,
+    },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ShutdownSignal {
+    pub source: Source,
+    pub kind: Kind,
+    /// The path skips service stop jobs: the node is gone within moments.
+    pub forced: bool,
+    /// The path does not go through logind, so no delay lock protects it.
+    pub bypasses_logind: bool,
+    pub scope: Scope,
+    #[serde(flatten)]
+    pub effect: Effect,
+    pub actor: Option<Actor>,
+    /// When the kernel saw it (wall clock).
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+    /// CLOCK_BOOTTIME of the event, ns (for latency and ordering).
+    pub boot_ns: u64,
+    /// When the shutdown will go ahead regardless (a delay lock's limit).
+    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<SystemTime>,
+    pub detail: Detail,
+}
