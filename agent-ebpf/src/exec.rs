@@ -1,10 +1,10 @@
 //! `sched/sched_process_exec`: a successful exec whose basename names a
 //! shutdown tool (the `TOOLS` map), with its first arguments. Any other exec
-//! costs one string read and one hash lookup, and never reaches the ring buffer.
+//! costs one comm read and one hash lookup, and never reaches the ring buffer.
 //! This tracepoint also sees the kernel's own usermode-helper execs (e.g.
 //! orderly_poweroff running /sbin/poweroff), which syscall hooks would miss.
 use aya_ebpf::{
-    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf, generated},
+    helpers::{bpf_get_current_comm, bpf_probe_read_kernel, bpf_probe_read_kernel_buf, generated},
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
@@ -37,83 +37,68 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 }
 
 fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i32> {
+    // The kernel has just set comm to the basename of the exec'd file (cut to
+    // 15 bytes, zero-padded): the `TOOLS` key as it is. No loop, no copy.
+    let comm = bpf_get_current_comm()?;
+    let mut tool = *unsafe { TOOLS.get(&comm) }.ok_or(0)?;
+
     let ev = scratch().ok_or(0)?;
+    let (args_len, args_flags) = read_args(ev)?;
+    if tool == TOOL_BUSYBOX {
+        // `busybox reboot -f`: the applet is argv[1].
+        tool = *unsafe { TOOLS.get(&argv1_key(&ev.args, args_len as usize)?) }.ok_or(0)?;
+        if tool == TOOL_BUSYBOX {
+            return Ok(());
+        }
+    }
+
     let loc: u32 = unsafe { ctx.read_at(EXEC_FILENAME_LOC)? };
     // __data_loc: offset in the low 16 bits, length (with the NUL) in the high.
+    // A long path keeps its tail, where the basename is.
     let len = (loc >> 16) as usize;
     let mut off = (loc & 0xffff) as usize;
-    let mut flags = 0;
+    let mut flags = args_flags;
     if len > PATH_LEN {
         off += len - PATH_LEN;
         flags |= FLAG_PATH_TRUNCATED;
     }
     let src = unsafe { (ctx.as_ptr() as *const u8).add(off) };
     unsafe { bpf_probe_read_kernel_buf(src, &mut ev.path)? };
-    let n = len.min(PATH_LEN);
-    let mut tool = match basename_key(&ev.path, 0, n) {
-        Some(key) => *unsafe { TOOLS.get(&key) }.ok_or(0)?,
-        None => return Ok(()),
-    };
 
-    let (args_len, args_flags) = read_args(ev)?;
-    if tool == TOOL_BUSYBOX {
-        // `busybox reboot -f`: the applet is argv[1].
-        let end = args_len as usize;
-        let mut argv1 = end;
-        for i in 0..ARGS_LEN {
-            if i >= end {
-                break;
-            }
-            if ev.args[i] == 0 {
-                argv1 = i + 1;
-                break;
-            }
-        }
-        let key = basename_key(&ev.args, argv1, end).ok_or(0)?;
-        tool = *unsafe { TOOLS.get(&key) }.ok_or(0)?;
-        if tool == TOOL_BUSYBOX {
-            return Ok(());
-        }
-    }
     fill_actor(ev, SRC_EXEC);
-    ev.flags |= flags | args_flags;
-    ev.path_len = n as u32;
+    ev.flags |= flags;
+    ev.path_len = len.min(PATH_LEN) as u32;
     ev.args_len = args_len;
     ev.a[0] = tool as u64;
     emit(ev);
     Ok(())
 }
 
-/// The basename of the NUL-terminated string at `buf[start..end]`, as a
-/// `TOOLS` key; `None` when it is longer than a key.
+/// argv[1] as a `TOOLS` key, when argv[0] is short (as busybox's is).
 #[inline(always)]
-fn basename_key<const N: usize>(buf: &[u8; N], start: usize, end: usize) -> Option<[u8; TOOL_NAME_LEN]> {
-    let mut base = start;
-    let mut stop = end;
-    for i in 0..N {
-        if i < start {
-            continue;
-        }
-        if i >= end || buf[i] == 0 {
-            stop = i;
+fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<[u8; TOOL_NAME_LEN], i32> {
+    const ARGV0_MAX: usize = 32;
+    let mut start = 0;
+    for i in 0..ARGV0_MAX {
+        if args[i] == 0 {
+            start = i + 1;
             break;
         }
-        if buf[i] == b'/' {
-            base = i + 1;
+    }
+    if start == 0 || start >= len {
+        return Err(0);
+    }
+    let mut key: [u8; TOOL_NAME_LEN] =
+        unsafe { bpf_probe_read_kernel(args.as_ptr().add(start) as *const [u8; TOOL_NAME_LEN])? };
+    key[TOOL_NAME_LEN - 1] = 0;
+    let mut ended = false;
+    for b in key.iter_mut() {
+        ended |= *b == 0;
+        if ended {
+            *b = 0;
         }
     }
-    if stop <= base || stop - base > TOOL_NAME_LEN {
-        return None;
-    }
-    let mut key = [0u8; TOOL_NAME_LEN];
-    for (j, k) in key.iter_mut().enumerate() {
-        let i = base + j;
-        if i >= stop || i >= N {
-            break;
-        }
-        *k = buf[i];
-    }
-    Some(key)
+    Ok(key)
 }
 
 /// Reads the new image's argv (NUL-separated) into `ev.args`; returns its

@@ -140,7 +140,11 @@ pub struct ShutdownSignal {
     /// CLOCK_BOOTTIME of the event, ns (for latency and ordering).
     pub boot_ns: u64,
     /// When the shutdown will go ahead regardless (a delay lock's limit).
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub deadline: Option<SystemTime>,
     pub detail: Detail,
 }

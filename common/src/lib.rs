@@ -6,7 +6,8 @@ pub const COMM_LEN: usize = 16;
 pub const PATH_LEN: usize = 128;
 /// Bytes of the NUL-separated argv kept for a matched exec.
 pub const ARGS_LEN: usize = 256;
-/// Basenames longer than this never match a shutdown tool.
+/// Tools are matched on the exec'd task's comm: the basename's first 15
+/// bytes, zero-padded to 16 (TASK_COMM_LEN).
 pub const TOOL_NAME_LEN: usize = 16;
 
 /// `RawEvent::source`.
@@ -44,9 +45,8 @@ pub const SIGRTMIN_GLIBC: u32 = 34;
 /// Signals to PID 1 that systemd treats as shutdown requests (systemd(1)):
 /// SIGINT (ctrl-alt-del), SIGRTMIN+3..+7 (halt, poweroff, reboot, kexec,
 /// soft-reboot) and SIGRTMIN+13..+17 (their immediate forms).
-pub const SHUTDOWN_SIGNAL_MASK: u64 = (1 << SIGINT)
-    | (0b11111 << (SIGRTMIN_GLIBC + 3))
-    | (0b11111 << (SIGRTMIN_GLIBC + 13));
+pub const SHUTDOWN_SIGNAL_MASK: u64 =
+    (1 << SIGINT) | (0b11111 << (SIGRTMIN_GLIBC + 3)) | (0b11111 << (SIGRTMIN_GLIBC + 13));
 
 /// Tracepoint field offsets (from `events/*/format`, checked by a test).
 pub mod tp {
@@ -123,11 +123,12 @@ impl RawEvent {
     }
 }
 
-/// Packs a basename into the `TOOLS` map key (zero-padded).
+/// Packs a basename into a `TOOLS` map key, as the kernel makes comm: cut to
+/// 15 bytes, zero-padded.
 pub const fn tool_key(name: &[u8]) -> [u8; TOOL_NAME_LEN] {
     let mut key = [0u8; TOOL_NAME_LEN];
     let mut i = 0;
-    while i < name.len() && i < TOOL_NAME_LEN {
+    while i < name.len() && i < TOOL_NAME_LEN - 1 {
         key[i] = name[i];
         i += 1;
     }

@@ -1,0 +1,249 @@
+//! The durable shutdown audit: JSON lines, one per detection, each fsync'd
+//! before anything else acts on it, because the machine may die a millisecond
+//! later.
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::signal::ShutdownSignal;
+
+pub const FILE_NAME: &str = "audit.jsonl";
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Record {
+    pub boot_id: String,
+    /// Order within the boot.
+    pub seq: u64,
+    #[serde(with = "humantime_serde")]
+    pub written_at: SystemTime,
+    pub signal: ShutdownSignal,
+}
+
+pub struct AuditLog {
+    file: File,
+    path: PathBuf,
+    boot_id: String,
+    next_seq: u64,
+}
+
+impl AuditLog {
+    pub fn open(dir: &Path, boot_id: &str) -> Result<Self> {
+        fs::create_dir_all(dir)
+            .with_context(|| format!("creating audit directory {}", dir.display()))?;
+        let path = dir.join(FILE_NAME);
+        let next_seq = read(&path)?
+            .records
+            .iter()
+            .filter(|r| r.boot_id == boot_id)
+            .count() as u64;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening audit log {}", path.display()))?;
+        // Make the file's own directory entry durable too.
+        File::open(dir).and_then(|d| d.sync_all()).ok();
+        Ok(AuditLog {
+            file,
+            path,
+            boot_id: boot_id.to_string(),
+            next_seq,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one record and waits until it is on disk.
+    pub fn append(&mut self, signal: &ShutdownSignal) -> Result<Record> {
+        let record = Record {
+            boot_id: self.boot_id.clone(),
+            seq: self.next_seq,
+            written_at: SystemTime::now(),
+            signal: signal.clone(),
+        };
+        let mut line = serde_json::to_vec(&record)?;
+        line.push(b'\n');
+        // One write(2) on an O_APPEND file: a record is never interleaved.
+        self.file
+            .write_all(&line)
+            .context("writing the audit log")?;
+        self.file.sync_data().context("fsync of the audit log")?;
+        self.next_seq += 1;
+        Ok(record)
+    }
+}
+
+/// What the log holds, and how many lines could not be read (a line torn by
+/// a power loss, say).
+#[derive(Debug, Default)]
+pub struct Contents {
+    pub records: Vec<Record>,
+    pub unreadable: Vec<(usize, String)>,
+}
+
+pub fn read(path: &Path) -> Result<Contents> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Contents::default()),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
+    let mut out = Contents::default();
+    for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
+        let line = line?;
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<Record>(&line) {
+            Ok(r) => out.records.push(r),
+            Err(e) => out.unreadable.push((i + 1, e.to_string())),
+        }
+    }
+    Ok(out)
+}
+
+/// Which boots `history` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BootFilter {
+    Current,
+    /// The last boot before the current one that has records.
+    Previous,
+    Id(String),
+    All,
+}
+
+impl std::str::FromStr for BootFilter {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "current" => BootFilter::Current,
+            "previous" => BootFilter::Previous,
+            "all" => BootFilter::All,
+            id => BootFilter::Id(id.to_string()),
+        })
+    }
+}
+
+/// Boot ids in the order they first appear in the log.
+pub fn boots(records: &[Record]) -> Vec<&str> {
+    let mut seen: Vec<&str> = Vec::new();
+    for r in records {
+        if !seen.contains(&r.boot_id.as_str()) {
+            seen.push(&r.boot_id);
+        }
+    }
+    seen
+}
+
+pub fn select<'a>(
+    records: &'a [Record],
+    filter: &BootFilter,
+    current_boot: &str,
+) -> Vec<&'a Record> {
+    let want: Option<String> = match filter {
+        BootFilter::All => None,
+        BootFilter::Current => Some(current_boot.to_string()),
+        BootFilter::Id(id) => Some(id.clone()),
+        BootFilter::Previous => Some(
+            boots(records)
+                .into_iter()
+                .rfind(|b| *b != current_boot)
+                .unwrap_or("")
+                .to_string(),
+        ),
+    };
+    records
+        .iter()
+        .filter(|r| want.as_deref().is_none_or(|w| r.boot_id == w))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signal::{Detail, Effect, Kind, Scope, Source};
+
+    fn signal(kind: Kind) -> ShutdownSignal {
+        ShutdownSignal {
+            source: Source::RebootSyscall,
+            kind,
+            forced: true,
+            bypasses_logind: true,
+            scope: Scope::Node,
+            effect: Effect::Now,
+            actor: None,
+            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789),
+            boot_ns: 42,
+            deadline: None,
+            detail: Detail::Reboot {
+                magic1: 0xfee1dead,
+                magic2: 672274793,
+                cmd: 0x4321fedc,
+                valid_magic: true,
+            },
+        }
+    }
+
+    #[test]
+    fn round_trip_across_boots_and_torn_lines() {
+        let dir = std::env::temp_dir().join(format!("lastgasp-audit-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut a = AuditLog::open(&dir, "boot-a").unwrap();
+        a.append(&signal(Kind::Reboot)).unwrap();
+        a.append(&signal(Kind::Poweroff)).unwrap();
+        drop(a);
+        // A power loss mid-write leaves a torn line.
+        OpenOptions::new()
+            .append(true)
+            .open(dir.join(FILE_NAME))
+            .unwrap()
+            .write_all(b"{\"boot_id\":\"bo")
+            .unwrap();
+        OpenOptions::new()
+            .append(true)
+            .open(dir.join(FILE_NAME))
+            .unwrap()
+            .write_all(b"\n")
+            .unwrap();
+        let mut b = AuditLog::open(&dir, "boot-b").unwrap();
+        let rec = b.append(&signal(Kind::Halt)).unwrap();
+        assert_eq!(rec.seq, 0);
+        let mut a2 = AuditLog::open(&dir, "boot-a").unwrap();
+        assert_eq!(
+            a2.append(&signal(Kind::Kexec)).unwrap().seq,
+            2,
+            "seq continues within a boot"
+        );
+
+        let c = read(&dir.join(FILE_NAME)).unwrap();
+        assert_eq!(c.records.len(), 4);
+        assert_eq!(c.unreadable.len(), 1);
+        assert_eq!(
+            c.records[0].signal,
+            signal(Kind::Reboot),
+            "a record reads back exactly"
+        );
+        let kinds = |f: BootFilter, cur: &str| -> Vec<Kind> {
+            select(&c.records, &f, cur)
+                .iter()
+                .map(|r| r.signal.kind)
+                .collect()
+        };
+        assert_eq!(kinds(BootFilter::Current, "boot-b"), vec![Kind::Halt]);
+        assert_eq!(
+            kinds(BootFilter::Previous, "boot-b"),
+            vec![Kind::Reboot, Kind::Poweroff, Kind::Kexec]
+        );
+        assert_eq!(kinds(BootFilter::Previous, "boot-c"), vec![Kind::Halt]);
+        assert_eq!(kinds(BootFilter::Id("boot-a".into()), "x").len(), 3);
+        assert_eq!(kinds(BootFilter::All, "x").len(), 4);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

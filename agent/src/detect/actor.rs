@@ -1,0 +1,173 @@
+//! Fills in what the kernel record does not carry: the executable, the cgroup
+//! path and the pod/container it maps to, and the parent chain. Best-effort:
+//! the process may already be gone (that is often the point).
+use std::{fs, os::unix::fs::MetadataExt, path::Path};
+
+use crate::signal::{Actor, Parent};
+
+const MAX_PARENTS: usize = 8;
+
+pub fn enrich(actor: &mut Actor) {
+    let proc = format!("/proc/{}", actor.pid);
+    if actor.exe.is_none() {
+        actor.exe = fs::read_link(format!("{proc}/exe"))
+            .ok()
+            .map(|p| p.display().to_string());
+    }
+    let cgroup = fs::read_to_string(format!("{proc}/cgroup"))
+        .ok()
+        .and_then(|s| cgroup_v2_path(&s))
+        .or_else(|| find_cgroup_by_id(Path::new("/sys/fs/cgroup"), actor.cgroup_id, 12));
+    if let Some(path) = cgroup {
+        let (pod, container) = pod_and_container(&path);
+        actor.pod_uid = pod;
+        actor.container_id = container;
+        actor.cgroup = Some(path);
+    }
+    actor.parents = parents(actor.pid);
+}
+
+/// The unified-hierarchy line (`0::/path`) of /proc/PID/cgroup.
+fn cgroup_v2_path(content: &str) -> Option<String> {
+    content
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// cgroup v2 directory inode numbers are cgroup ids.
+fn find_cgroup_by_id(root: &Path, id: u64, depth: usize) -> Option<String> {
+    fn walk(root: &Path, dir: &Path, id: u64, depth: usize) -> Option<String> {
+        if fs::metadata(dir).ok()?.ino() == id {
+            let rel = dir.strip_prefix(root).ok()?;
+            return Some(format!("/{}", rel.display()));
+        }
+        if depth == 0 {
+            return None;
+        }
+        for entry in fs::read_dir(dir).ok()?.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if let Some(found) = walk(root, &entry.path(), id, depth - 1) {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+    if id == 0 {
+        return None;
+    }
+    walk(root, root, id, depth)
+}
+
+/// Pod UID and container id from a kubelet cgroup path, for both cgroup
+/// drivers:
+/// - systemd: `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`
+/// - cgroupfs: `/kubepods/burstable/pod<uid>/<id>`
+pub fn pod_and_container(path: &str) -> (Option<String>, Option<String>) {
+    if !path.contains("kubepods") {
+        return (None, None);
+    }
+    let mut pod = None;
+    let mut container = None;
+    for part in path.split('/') {
+        if let Some(rest) = part.strip_suffix(".slice") {
+            if let Some(i) = rest.rfind("-pod") {
+                pod = Some(rest[i + 4..].replace('_', "-"));
+            }
+        } else if let Some(uid) = part.strip_prefix("pod") {
+            pod = Some(uid.to_string());
+        } else if let Some(scope) = part.strip_suffix(".scope") {
+            // cri-containerd-<id>, crio-<id>, docker-<id>
+            container = scope.rsplit('-').next().map(str::to_string);
+        } else if pod.is_some() && part.len() == 64 && part.bytes().all(|b| b.is_ascii_hexdigit()) {
+            container = Some(part.to_string());
+        }
+    }
+    (pod, container)
+}
+
+fn parents(pid: u32) -> Vec<Parent> {
+    let mut out = Vec::new();
+    let mut cur = pid;
+    while out.len() < MAX_PARENTS {
+        let Some(ppid) = ppid_of(cur) else { break };
+        if ppid == 0 {
+            break;
+        }
+        let comm = fs::read_to_string(format!("/proc/{ppid}/comm"))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_default();
+        out.push(Parent { pid: ppid, comm });
+        if ppid == 1 {
+            break;
+        }
+        cur = ppid;
+    }
+    out
+}
+
+fn ppid_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // comm may hold spaces and parentheses: the fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systemd_driver_paths() {
+        let p = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod6b0c3f4e_1d2a_4c5b_9e8f_0a1b2c3d4e5f.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope";
+        let (pod, c) = pod_and_container(p);
+        assert_eq!(pod.as_deref(), Some("6b0c3f4e-1d2a-4c5b-9e8f-0a1b2c3d4e5f"));
+        assert_eq!(
+            c.as_deref(),
+            Some("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+        );
+        let (pod, c) =
+            pod_and_container("/kubepods.slice/kubepods-podabc_def.slice/crio-ff00.scope");
+        assert_eq!(
+            (pod.as_deref(), c.as_deref()),
+            (Some("abc-def"), Some("ff00"))
+        );
+    }
+
+    #[test]
+    fn cgroupfs_driver_paths() {
+        let id = "a".repeat(64);
+        let (pod, c) = pod_and_container(&format!("/kubepods/besteffort/pod1111-2222/{id}"));
+        assert_eq!(pod.as_deref(), Some("1111-2222"));
+        assert_eq!(c.as_deref(), Some(id.as_str()));
+    }
+
+    #[test]
+    fn non_pod_paths() {
+        assert_eq!(pod_and_container("/system.slice/ssh.service"), (None, None));
+        assert_eq!(
+            pod_and_container("/user.slice/user-0.slice/session-1.scope"),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn own_process_resolves() {
+        let mut a = Actor {
+            pid: std::process::id(),
+            ..Default::default()
+        };
+        enrich(&mut a);
+        assert!(a.exe.is_some(), "our own exe must be readable");
+        assert!(!a.parents.is_empty(), "a test process has a parent");
+    }
+
+    #[test]
+    fn ppid_with_odd_comm() {
+        assert_eq!(
+            ppid_of(std::process::id()),
+            Some(std::os::unix::process::parent_id())
+        );
+    }
+}

@@ -1,0 +1,496 @@
+//! Loads the eBPF programs, arms each hook (naming the ones the kernel
+//! refuses), and turns ring-buffer records into `ShutdownSignal`s.
+use std::{
+    fmt,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{bail, Context, Result};
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{FEntry, KProbe, TracePoint},
+    Btf, Ebpf, EbpfLoader,
+};
+use lastgasp_common::{self as common, RawEvent};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+
+use super::decode::{self, Intent};
+use crate::{
+    node::NodePidNs,
+    signal::{Actor, Detail, Effect, Scope, ShutdownSignal, Source},
+};
+
+static EBPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lastgasp.bpf.o"));
+
+/// Basenames the exec hook matches, and their `TOOLS` ids.
+pub const TOOLS: &[(&str, u32)] = &[
+    ("systemctl", 1),
+    ("shutdown", 2),
+    ("reboot", 3),
+    ("poweroff", 4),
+    ("halt", 5),
+    ("init", 6),
+    ("telinit", 7),
+    ("kexec", 8),
+    ("systemd-shutdown", 9),
+    ("busybox", common::TOOL_BUSYBOX),
+];
+
+const TRACEPOINTS: &[(&str, &str, &str)] = &[
+    ("sys_enter_reboot", "syscalls", "sys_enter_reboot"),
+    ("sched_process_exec", "sched", "sched_process_exec"),
+    ("signal_generate", "signal", "signal_generate"),
+];
+
+const KERNEL_FUNCTIONS: &[&str] = &[
+    "kernel_power_off",
+    "kernel_restart",
+    "kernel_halt",
+    "emergency_restart",
+];
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookState {
+    Armed,
+    /// Armed, but without part of what it captures.
+    Degraded(String),
+    Unavailable(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct HookReport {
+    pub hook: String,
+    pub attach: String,
+    pub state: HookState,
+}
+
+impl fmt::Display for HookReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            HookState::Armed => "armed".to_string(),
+            HookState::Degraded(why) => format!("armed, degraded: {why}"),
+            HookState::Unavailable(why) => format!("unavailable: {why}"),
+        };
+        write!(f, "{:<20} {:<34} {}", self.hook, self.attach, state)
+    }
+}
+
+pub struct EbpfDetector {
+    // Owns the programs and links: dropping it detaches everything.
+    _bpf: Ebpf,
+    events: AsyncFd<RingBuf<MapData>>,
+    drops: PerCpuArray<MapData, u64>,
+    pub report: Vec<HookReport>,
+}
+
+/// Offsets for reading argv at exec, from the running kernel's BTF.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArgvOffsets {
+    pub task_mm: u64,
+    pub mm_arg_start: u64,
+    pub mm_arg_end: u64,
+}
+
+impl ArgvOffsets {
+    pub fn from_btf(path: &str) -> Result<Self> {
+        let btf = btf_rs::Btf::from_file(path).with_context(|| format!("parsing {path}"))?;
+        Ok(ArgvOffsets {
+            task_mm: member_offset(&btf, "task_struct", "mm")?,
+            mm_arg_start: member_offset(&btf, "mm_struct", "arg_start")?,
+            mm_arg_end: member_offset(&btf, "mm_struct", "arg_end")?,
+        })
+    }
+}
+
+/// Byte offset of `field` in struct `name`, looking into anonymous members.
+fn member_offset(btf: &btf_rs::Btf, name: &str, field: &str) -> Result<u64> {
+    fn find(btf: &btf_rs::Btf, s: &btf_rs::Struct, field: &str) -> Option<u64> {
+        for m in &s.members {
+            let name = btf.resolve_name(m).unwrap_or_default();
+            if name == field {
+                return Some(m.bit_offset() as u64 / 8);
+            }
+            if name.is_empty() {
+                if let Ok(btf_rs::Type::Struct(inner) | btf_rs::Type::Union(inner)) =
+                    btf.resolve_chained_type(m)
+                {
+                    if let Some(off) = find(btf, &inner, field) {
+                        return Some(m.bit_offset() as u64 / 8 + off);
+                    }
+                }
+            }
+        }
+        None
+    }
+    for ty in btf.resolve_types_by_name(name)? {
+        if let btf_rs::Type::Struct(s) = ty {
+            if let Some(off) = find(btf, &s, field) {
+                return Ok(off);
+            }
+        }
+    }
+    bail!("no {name}.{field} in the kernel's BTF")
+}
+
+impl EbpfDetector {
+    /// Loads and attaches every hook. Fails only when nothing could be armed.
+    pub fn load(node: NodePidNs) -> Result<Self> {
+        if EBPF_OBJ.is_empty() {
+            bail!("this lastgasp binary was built without its eBPF object; build it with `cargo xtask build`");
+        }
+        crate::node::require_bpf_caps()?;
+        crate::node::ensure_tracefs()?;
+        let mut report = Vec::new();
+
+        let offsets = match ArgvOffsets::from_btf("/sys/kernel/btf/vmlinux") {
+            Ok(o) => Some(o),
+            Err(e) => {
+                report.push(HookReport {
+                    hook: "exec argv".into(),
+                    attach: "/sys/kernel/btf/vmlinux".into(),
+                    state: HookState::Degraded(format!("no kernel BTF ({e:#}): tool names only")),
+                });
+                None
+            }
+        };
+        let o = offsets.unwrap_or_default();
+        let mut bpf = EbpfLoader::new()
+            .override_global("NODE_PIDNS_DEV", &node.dev, true)
+            .override_global("NODE_PIDNS_INO", &node.ino, true)
+            .override_global("NODE_INIT_PID", &node.init_pid, true)
+            .override_global("TASK_MM_OFF", &o.task_mm, true)
+            .override_global("MM_ARG_START_OFF", &o.mm_arg_start, true)
+            .override_global("MM_ARG_END_OFF", &o.mm_arg_end, true)
+            .load(EBPF_OBJ)
+            .context("loading the eBPF object")?;
+
+        let mut tools: HashMap<_, [u8; common::TOOL_NAME_LEN], u32> =
+            HashMap::try_from(bpf.map_mut("TOOLS").context("no TOOLS map")?)?;
+        for (name, id) in TOOLS {
+            tools.insert(common::tool_key(name.as_bytes()), id, 0)?;
+        }
+
+        for (prog, category, name) in TRACEPOINTS {
+            let state = match attach_tracepoint(&mut bpf, prog, category, name) {
+                Ok(()) => HookState::Armed,
+                Err(e) => HookState::Unavailable(format!("{e:#}")),
+            };
+            report.push(HookReport {
+                hook: prog.to_string(),
+                attach: format!("tracepoint {category}/{name}"),
+                state,
+            });
+        }
+        if report
+            .iter()
+            .all(|r| r.hook != "sys_enter_reboot" || r.state != HookState::Armed)
+        {
+            let why = report
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            bail!("the kernel refused the reboot(2) tracepoint, so lastgasp cannot work: {why}");
+        }
+        arm_kernel_hooks(&mut bpf, &mut report);
+
+        let events = RingBuf::try_from(bpf.take_map("EVENTS").context("no EVENTS map")?)?;
+        let drops = PerCpuArray::try_from(bpf.take_map("DROPS").context("no DROPS map")?)?;
+        // SAFETY: the ring buffer owns its fd and keeps it open while the
+        // AsyncFd holds it.
+        let events = unsafe { AsyncFd::register(events)? };
+        Ok(EbpfDetector {
+            _bpf: bpf,
+            events,
+            drops,
+            report,
+        })
+    }
+
+    /// Records the kernel could not queue (ring buffer full), all CPUs.
+    pub fn drops(&self) -> u64 {
+        self.drops.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+
+    /// Waits for the next records and returns them decoded (not yet enriched
+    /// from /proc: see `actor::enrich`).
+    pub async fn next_batch(&mut self) -> Result<Vec<ShutdownSignal>> {
+        loop {
+            let mut guard = self.events.readable_mut().await?;
+            let rb = guard.get_inner_mut();
+            let mut out = Vec::new();
+            while let Some(item) = rb.next() {
+                match RawEvent::from_bytes(&item) {
+                    Some(raw) => out.push(decode_raw(&raw, now_pair())),
+                    None => tracing::warn!(len = item.len(), "short ring-buffer record"),
+                }
+            }
+            guard.clear_ready();
+            if !out.is_empty() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Runs forever, sending each decoded signal on `tx`.
+    pub async fn run(mut self, tx: mpsc::Sender<ShutdownSignal>) -> Result<()> {
+        loop {
+            for s in self.next_batch().await? {
+                if tx.send(s).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+fn attach_tracepoint(bpf: &mut Ebpf, prog: &str, category: &str, name: &str) -> Result<()> {
+    let p: &mut TracePoint = bpf
+        .program_mut(prog)
+        .context("program missing from the object")?
+        .try_into()?;
+    p.load()?;
+    p.attach(category, name)?;
+    Ok(())
+}
+
+/// fentry first, kprobe second; both feature-probed by trying them.
+fn arm_kernel_hooks(bpf: &mut Ebpf, report: &mut Vec<HookReport>) {
+    let btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"));
+    for func in KERNEL_FUNCTIONS {
+        let fentry = match &btf {
+            Ok(btf) => (|| -> Result<()> {
+                let p: &mut FEntry = bpf
+                    .program_mut(&format!("fentry_{func}"))
+                    .context("missing")?
+                    .try_into()?;
+                p.load(func, btf)?;
+                p.attach()?;
+                Ok(())
+            })()
+            .map_err(|e| format!("{e:#}")),
+            Err(e) => Err(e.clone()),
+        };
+        let state = match fentry {
+            Ok(()) => {
+                report.push(HookReport {
+                    hook: func.to_string(),
+                    attach: format!("fentry {func}"),
+                    state: HookState::Armed,
+                });
+                continue;
+            }
+            Err(fentry_err) => {
+                let kprobe = (|| -> Result<()> {
+                    let p: &mut KProbe = bpf
+                        .program_mut(&format!("kprobe_{func}"))
+                        .context("missing")?
+                        .try_into()?;
+                    p.load()?;
+                    p.attach(func, 0)?;
+                    Ok(())
+                })();
+                match kprobe {
+                    Ok(()) => HookState::Armed,
+                    Err(e) => HookState::Unavailable(format!(
+                        "fentry: {fentry_err}; kprobe: {}",
+                        errno_hint(&e)
+                    )),
+                }
+            }
+        };
+        let attach = if state == HookState::Armed {
+            format!("kprobe {func}")
+        } else {
+            format!("fentry|kprobe {func}")
+        };
+        report.push(HookReport {
+            hook: func.to_string(),
+            attach,
+            state,
+        });
+    }
+}
+
+fn errno_hint(e: &anyhow::Error) -> String {
+    let s = format!("{e:#}");
+    if s.contains("kprobe_events") || s.contains("No such file") {
+        format!("{s} (kernel without CONFIG_KPROBES?)")
+    } else {
+        s
+    }
+}
+
+/// (wall clock, CLOCK_BOOTTIME) read together, to date kernel timestamps.
+pub fn now_pair() -> (SystemTime, u64) {
+    let wall = SystemTime::now();
+    (wall, boottime_ns())
+}
+
+pub fn boottime_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).expect("CLOCK_BOOTTIME");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+fn cstr(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+const SIGNAL_RESULTS: &[&str] = &[
+    "delivered",
+    "ignored",
+    "already-pending",
+    "overflow-fail",
+    "lose-info",
+];
+
+/// Turns one kernel record into a signal. Pure: `now` is (wall, boottime ns).
+pub fn decode_raw(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
+    let at = now.0 - Duration::from_nanos(now.1.saturating_sub(raw.boot_ns));
+    let in_node = raw.flags & common::FLAG_NODE_PIDNS != 0;
+    let actor = Actor {
+        pid: raw.tgid,
+        ns_pid: raw.ns_tgid,
+        comm: cstr(&raw.comm),
+        uid: raw.uid,
+        cgroup_id: raw.cgroup_id,
+        ..Default::default()
+    };
+    let mut scope = if in_node {
+        Scope::Node
+    } else {
+        Scope::Container
+    };
+    let (source, intent, detail) = match raw.source {
+        common::SRC_REBOOT => {
+            let (m1, m2, cmd) = (raw.a[0] as u32, raw.a[1] as u32, raw.a[2] as u32);
+            let mut intent = decode::decode_reboot(m1, m2, cmd);
+            if in_node && raw.ns_tgid == 1 {
+                // The node's init finishing an orderly shutdown (systemd-shutdown).
+                intent.forced = false;
+                intent.bypasses_logind = false;
+            }
+            let valid_magic = decode::valid_reboot_magic(m1, m2);
+            (
+                Source::RebootSyscall,
+                intent,
+                Detail::Reboot {
+                    magic1: m1,
+                    magic2: m2,
+                    cmd,
+                    valid_magic,
+                },
+            )
+        }
+        common::SRC_EXEC => {
+            let path_len = (raw.path_len as usize).min(common::PATH_LEN);
+            let path = &raw.path[..path_len];
+            let path = &path[..path.iter().position(|&b| b == 0).unwrap_or(path.len())];
+            let args = &raw.args[..(raw.args_len as usize).min(common::ARGS_LEN)];
+            let truncated = raw.flags & common::FLAG_ARGS_TRUNCATED != 0;
+            let argv = decode::split_argv(args);
+            let mut intent = decode::decode_exec(path, &argv, truncated, at);
+            if raw.flags & common::FLAG_ARGS_MISSING != 0 {
+                intent = Intent {
+                    effect: Effect::Now,
+                    ..intent
+                };
+                intent.kind = crate::signal::Kind::Unknown;
+            }
+            let mut path_s = String::from_utf8_lossy(path).into_owned();
+            if raw.flags & common::FLAG_PATH_TRUNCATED != 0 {
+                path_s.insert_str(0, "...");
+            }
+            let detail = Detail::Exec {
+                path: path_s,
+                argv: argv
+                    .iter()
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect(),
+                raw: decode::escape_bytes(args),
+                truncated,
+            };
+            (Source::Exec, intent, detail)
+        }
+        common::SRC_SIGNAL => {
+            let signo = raw.a[0] as u32;
+            scope = Scope::Node;
+            let result = SIGNAL_RESULTS
+                .get(raw.a[2] as usize)
+                .unwrap_or(&"unknown")
+                .to_string();
+            let detail = Detail::Signal {
+                signo,
+                name: decode::signal_name(signo),
+                result,
+            };
+            (
+                Source::SignalPid1,
+                decode::decode_signal_to_init(signo),
+                detail,
+            )
+        }
+        common::SRC_KERNEL => {
+            use crate::signal::Kind;
+            let (function, kind) = match raw.a[0] {
+                common::KHOOK_POWER_OFF => ("kernel_power_off", Kind::Poweroff),
+                common::KHOOK_RESTART => ("kernel_restart", Kind::Reboot),
+                common::KHOOK_HALT => ("kernel_halt", Kind::Halt),
+                common::KHOOK_EMERGENCY_RESTART => ("emergency_restart", Kind::Reboot),
+                _ => ("unknown", Kind::Unknown),
+            };
+            scope = Scope::Node;
+            let via = if raw.flags & common::FLAG_FENTRY != 0 {
+                "fentry"
+            } else {
+                "kprobe"
+            };
+            let intent = Intent {
+                kind,
+                forced: true,
+                bypasses_logind: true,
+                effect: Effect::Now,
+            };
+            (
+                Source::KernelHook,
+                intent,
+                Detail::Kernel {
+                    function: function.into(),
+                    via: via.into(),
+                },
+            )
+        }
+        other => {
+            let intent = Intent {
+                kind: crate::signal::Kind::Unknown,
+                forced: false,
+                bypasses_logind: false,
+                effect: Effect::None {
+                    why: format!("unknown record source {other}"),
+                },
+            };
+            (
+                Source::KernelHook,
+                intent,
+                Detail::Kernel {
+                    function: format!("source {other}"),
+                    via: "?".into(),
+                },
+            )
+        }
+    };
+    ShutdownSignal {
+        source,
+        kind: intent.kind,
+        forced: intent.forced,
+        bypasses_logind: intent.bypasses_logind,
+        scope,
+        effect: intent.effect,
+        actor: Some(actor),
+        at,
+        boot_ns: raw.boot_ns,
+        deadline: None,
+        detail,
+    }
+}

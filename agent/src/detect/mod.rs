@@ -1,0 +1,4 @@
+//! Detectors: each turns what it sees into `ShutdownSignal`s.
+pub mod actor;
+pub mod decode;
+pub mod ebpf;

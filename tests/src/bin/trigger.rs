@@ -1,0 +1,152 @@
+//! Safe shutdown triggers for tests, in a single-threaded process of its own.
+//!
+//! A reboot(2) with valid magic powers off whatever PID namespace it runs in.
+//! Here it only ever runs as PID 1 of a PID namespace this process created,
+//! after checking in code that getpid() == 1 and that the namespace is neither
+//! the parent's nor the initial one. Then it only ends that namespace.
+use std::{os::unix::fs::MetadataExt, process::exit};
+
+use nix::{
+    sched::{unshare, CloneFlags},
+    sys::wait::{waitpid, WaitStatus},
+    unistd::{fork, getpid, ForkResult},
+};
+
+const INIT_PIDNS_INO: u64 = 0xEFFF_FFFC;
+const MAGIC1: libc::c_long = 0xfee1dead;
+const MAGIC2: libc::c_long = 672274793;
+const CMD_RESTART: libc::c_long = 0x01234567;
+const CMD_HALT: libc::c_long = 0xCDEF0123;
+const CMD_POWER_OFF: libc::c_long = 0x4321FEDC;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init"
+    );
+    exit(2)
+}
+
+fn pidns_ino() -> u64 {
+    std::fs::metadata("/proc/self/ns/pid")
+        .expect("stat /proc/self/ns/pid")
+        .ino()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("bad-magic-reboot") => {
+            let cmd = args
+                .get(2)
+                .map(|s| i64::from_str_radix(s.trim_start_matches("0x"), 16))
+                .unwrap_or_else(|| usage());
+            let cmd = cmd.unwrap_or_else(|_| usage());
+            // magic1 = 0 is never valid: the kernel answers EINVAL and does nothing.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_reboot,
+                    0 as libc::c_long,
+                    0 as libc::c_long,
+                    cmd,
+                    0,
+                )
+            };
+            let errno = std::io::Error::last_os_error();
+            println!("rc {rc} {errno}");
+            exit(if rc == -1 && errno.raw_os_error() == Some(libc::EINVAL) {
+                0
+            } else {
+                1
+            });
+        }
+        Some("pidns-reboot") => {
+            let cmd = match args.get(2).map(String::as_str) {
+                Some("poweroff") => CMD_POWER_OFF,
+                Some("restart") => CMD_RESTART,
+                Some("halt") => CMD_HALT,
+                _ => usage(),
+            };
+            in_fresh_pidns(|| namespace_reboot(cmd))
+        }
+        Some("fake-init") => in_fresh_pidns(|| fake_init()),
+        _ => usage(),
+    }
+}
+
+/// Runs `init` as PID 1 of a new PID namespace; prints its global pid, then
+/// how it ended, and exits.
+fn in_fresh_pidns<F: FnOnce()>(init: F) -> ! {
+    let parent_ns = pidns_ino();
+    unshare(CloneFlags::CLONE_NEWPID).expect("unshare(CLONE_NEWPID) (needs CAP_SYS_ADMIN)");
+    // SAFETY: single-threaded process.
+    match unsafe { fork() }.expect("fork") {
+        ForkResult::Child => {
+            if getpid().as_raw() != 1 || pidns_ino() == parent_ns || pidns_ino() == INIT_PIDNS_INO {
+                eprintln!("refusing: not PID 1 of a fresh PID namespace");
+                exit(99);
+            }
+            init();
+            exit(3)
+        }
+        ForkResult::Parent { child } => {
+            println!("init {}", child.as_raw());
+            let how = match waitpid(child, None).expect("waitpid") {
+                WaitStatus::Signaled(_, sig, _) => format!("signal {sig:?}"),
+                WaitStatus::Exited(_, code) => format!("exit {code}"),
+                other => format!("{other:?}"),
+            };
+            println!("ended {how}");
+            exit(0)
+        }
+    }
+}
+
+/// reboot(2) with valid magic, as PID 1 of a child PID namespace (checked by
+/// the caller): the kernel ends this namespace only.
+fn namespace_reboot(cmd: libc::c_long) -> ! {
+    assert_eq!(
+        getpid().as_raw(),
+        1,
+        "namespace_reboot outside a fresh PID namespace"
+    );
+    let rc = unsafe { libc::syscall(libc::SYS_reboot, MAGIC1, MAGIC2, cmd, 0) };
+    eprintln!("reboot returned {rc}: {}", std::io::Error::last_os_error());
+    exit(3)
+}
+
+extern "C" fn noop(_: libc::c_int) {}
+
+/// A tiny init that does what systemd does with the shutdown signals: ends
+/// its namespace with the matching reboot(2) command.
+fn fake_init() -> ! {
+    let rtmin = libc::SIGRTMIN();
+    let signals: Vec<i32> = std::iter::once(libc::SIGINT)
+        .chain((3..=7).chain(13..=17).map(|o| rtmin + o))
+        .collect();
+    // SAFETY: plain libc signal set-up in a single-threaded process. A
+    // handler (not SIG_DFL) is needed: an init ignores default-action signals.
+    let sig = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for &s in &signals {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = noop as usize;
+            libc::sigaction(s, &act, std::ptr::null_mut());
+            libc::sigaddset(&mut set, s);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        loop {
+            let s = libc::sigwaitinfo(&set, std::ptr::null_mut());
+            if s > 0 {
+                break s;
+            }
+        }
+    };
+    let cmd = match (sig, sig - rtmin) {
+        (libc::SIGINT, _) => CMD_RESTART,
+        (_, 3 | 13) => CMD_HALT,
+        (_, 4 | 14) => CMD_POWER_OFF,
+        _ => CMD_RESTART,
+    };
+    namespace_reboot(cmd)
+}

@@ -1,0 +1,2 @@
+//! Shared helpers for the integration tests and benchmarks.
+pub mod support;

@@ -1,0 +1,164 @@
+//! `cargo xtask`: sets up the toolchain on a fresh machine (idempotently,
+//! cached), builds the eBPF object and the agent, runs, tests and benchmarks.
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the build needs (nightly, rust-src, bpf-linker), cached.
+    Setup,
+    /// Build the eBPF object and the agent.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build and start the agent standalone (no cluster); extra args go to `lastgasp run`.
+    Run {
+        #[arg(long)]
+        release: bool,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run every test.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run the benchmarks and print their table.
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.command {
+        Cmd::Setup => {
+            setup::ensure(&root)?;
+        }
+        Cmd::Build { release } => {
+            build(&root, release)?;
+        }
+        Cmd::Run { release, args } => {
+            let bin = build(&root, release)?;
+            let mut cmd = Command::new(bin);
+            cmd.arg("run");
+            if args.is_empty() {
+                cmd.args(["--standalone", "--audit-dir"])
+                    .arg(root.join("target/audit"));
+            } else {
+                cmd.args(args);
+            }
+            run(&mut cmd)?;
+        }
+        Cmd::Test { args } => {
+            let bin = build(&root, false)?;
+            let obj = ebpf_object(&root);
+            let mut cmd = cargo();
+            cmd.current_dir(&root)
+                .args(["test", "--workspace"])
+                .env("LASTGASP_EBPF_OBJ", &obj)
+                .env("LASTGASP_BIN", &bin)
+                .args(&args);
+            // eBPF tests share the kernel's hooks: one at a time.
+            if !args.iter().any(|a| a == "--") {
+                cmd.args(["--", "--test-threads=1"]);
+            }
+            run(&mut cmd)?;
+        }
+        Cmd::Bench { args } => {
+            let bin = build(&root, true)?;
+            let mut cmd = cargo();
+            cmd.current_dir(&root)
+                .args([
+                    "run",
+                    "--release",
+                    "--package",
+                    "lastgasp-tests",
+                    "--bin",
+                    "lastgasp-bench",
+                    "--",
+                ])
+                .env("LASTGASP_EBPF_OBJ", ebpf_object(&root))
+                .env("LASTGASP_BIN", &bin)
+                .args(args);
+            run(&mut cmd)?;
+        }
+    }
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn ebpf_object(root: &Path) -> PathBuf {
+    root.join("target/ebpf/bpfel-unknown-none/release/lastgasp")
+}
+
+/// Builds the eBPF object, then the agent around it; returns the binary.
+fn build(root: &Path, release: bool) -> Result<PathBuf> {
+    let tools = setup::ensure(root)?;
+    let mut cmd = Command::new("cargo");
+    setup::clean_toolchain_env(&mut cmd);
+    cmd.current_dir(root.join("agent-ebpf"))
+        .arg(format!("+{}", tools.nightly))
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(root.join("target/ebpf"))
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .env("PATH", tools.path_with_linker()?);
+    run(&mut cmd).context("building the eBPF object (agent-ebpf)")?;
+
+    let mut cmd = cargo();
+    cmd.current_dir(root)
+        .args(["build", "--package", "lastgasp"])
+        .env("LASTGASP_EBPF_OBJ", ebpf_object(root));
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd).context("building the agent")?;
+    Ok(root.join(if release {
+        "target/release/lastgasp"
+    } else {
+        "target/debug/lastgasp"
+    }))
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{:?} failed: {status}", cmd.get_program());
+    }
+    Ok(())
+}

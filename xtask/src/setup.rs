@@ -1,0 +1,182 @@
+//! The eBPF toolchain, installed explicitly and cached (RUSTUP_AUTO_INSTALL=0
+//! on these machines, so nothing installs itself):
+//! - a pinned nightly with rust-src, for `-Z build-std=core` on bpfel;
+//! - bpf-linker, built against that nightly's own libLLVM (no system LLVM
+//!   of the right major version is packaged).
+use std::{
+    env,
+    ffi::OsString,
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+/// The nightly the eBPF crate is built with (rustc 1.97, LLVM 22). Machines
+/// of this kind ship it preinstalled as `nightly`; elsewhere it is installed.
+pub const NIGHTLY_DATE: &str = "2026-05-19";
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub struct Tools {
+    pub nightly: String,
+    pub linker_dir: PathBuf,
+}
+
+impl Tools {
+    pub fn path_with_linker(&self) -> Result<OsString> {
+        let mut paths = vec![self.linker_dir.clone()];
+        paths.extend(env::split_paths(&env::var_os("PATH").unwrap_or_default()));
+        Ok(env::join_paths(paths)?)
+    }
+}
+
+/// Toolchain variables cargo sets for the xtask itself would leak into the
+/// nightly build.
+pub fn clean_toolchain_env(cmd: &mut Command) {
+    for var in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTDOC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO",
+        "CARGO_ENCODED_RUSTFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        })
+        .join("lastgasp")
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn rustup() -> Command {
+    let mut cmd = Command::new("rustup");
+    clean_toolchain_env(&mut cmd);
+    cmd
+}
+
+/// The installed toolchain name for the pinned nightly: `nightly` when that
+/// is the same build, else `nightly-DATE`, installed if missing.
+fn nightly() -> Result<String> {
+    let rustc_v = |tc: &str| output(rustup().args(["run", tc, "rustc", "-V"]));
+    if rustc_v("nightly").is_ok_and(|v| v.contains(NIGHTLY_DATE)) {
+        return Ok("nightly".into());
+    }
+    let pinned = format!("nightly-{NIGHTLY_DATE}");
+    if rustc_v(&pinned).is_err() {
+        eprintln!("xtask: installing {pinned} (the eBPF crate's compiler)");
+        output(rustup().args(["toolchain", "install", &pinned, "--profile", "minimal"])).with_context(|| {
+            format!("the eBPF build needs {pinned}; install it with: rustup toolchain install {pinned} --profile minimal")
+        })?;
+    }
+    Ok(pinned)
+}
+
+pub fn ensure(_root: &Path) -> Result<Tools> {
+    let nightly = nightly()?;
+    let installed =
+        output(rustup().args(["component", "list", "--installed", "--toolchain", &nightly]))?;
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        eprintln!("xtask: adding rust-src to {nightly}");
+        output(rustup().args(["component", "add", "rust-src", "--toolchain", &nightly])).with_context(|| {
+            format!("the eBPF build needs rust-src; install it with: rustup component add rust-src --toolchain {nightly}")
+        })?;
+    }
+
+    // bpf-linker must use the nightly's LLVM major version.
+    let verbose = output(rustup().args(["run", &nightly, "rustc", "-vV"]))?;
+    let llvm_major: u32 = verbose
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next()?.parse().ok())
+        .context("cannot read the nightly's LLVM version")?;
+    let sysroot = output(rustup().args(["run", &nightly, "rustc", "--print", "sysroot"]))?;
+    let nightly_lib = Path::new(sysroot.trim()).join("lib");
+    let cache = cache_dir();
+    let linker_root = cache.join(format!("bpf-linker-{BPF_LINKER_VERSION}-llvm{llvm_major}"));
+    let linker = linker_root.join("bin/bpf-linker");
+    // It loads the nightly's libLLVM, which rustc puts on its library path.
+    let works = || {
+        Command::new(&linker)
+            .arg("--version")
+            .env("LD_LIBRARY_PATH", &nightly_lib)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !works() {
+        build_bpf_linker(&nightly_lib, llvm_major, &cache, &linker_root)?;
+        if !works() {
+            bail!(
+                "bpf-linker at {} was built but does not run",
+                linker.display()
+            );
+        }
+    }
+    Ok(Tools {
+        nightly,
+        linker_dir: linker_root.join("bin"),
+    })
+}
+
+fn build_bpf_linker(nightly_lib: &Path, llvm_major: u32, cache: &Path, root: &Path) -> Result<()> {
+    let libllvm = fs::read_dir(nightly_lib)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("libLLVM.so.{llvm_major}")))
+        })
+        .with_context(|| format!("no libLLVM.so.{llvm_major}.* in {}", nightly_lib.display()))?;
+    let prefix = cache.join(format!("llvm-{llvm_major}"));
+    fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(&libllvm, &link)?;
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute, once)",
+        libllvm.display()
+    );
+    let mut cmd = Command::new("cargo");
+    clean_toolchain_env(&mut cmd);
+    let status = cmd
+        .args([
+            "install",
+            "--force",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--no-default-features",
+        ])
+        .args(["--features", &format!("llvm-{llvm_major}")])
+        .arg("--root")
+        .arg(root)
+        .env("LLVM_PREFIX", &prefix)
+        .status()?;
+    if !status.success() {
+        bail!(
+            "building bpf-linker failed; by hand: LLVM_PREFIX={} cargo install bpf-linker@{BPF_LINKER_VERSION} \
+             --no-default-features --features llvm-{llvm_major} --root {}",
+            prefix.display(),
+            root.display()
+        );
+    }
+    Ok(())
+}
