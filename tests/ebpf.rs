@@ -1,1 +1,457 @@
+//! The kernel hooks, loaded into the real kernel and triggered for real
+//! (safely: bad magic, reboot(2) in a fresh PID namespace, stand-in tools,
+//! signals to the init of a fresh PID namespace). Needs root; skips otherwise.
+use std::process::Command;
 
+use lastgasp::{
+    detect::ebpf::HookState,
+    node::NodePidNs,
+    signal::{Detail, Effect, Kind, Scope, Source},
+};
+use lastgasp_tests::support::*;
+
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("lastgasp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[tokio::test]
+async fn start_report_arms_every_tracepoint_and_names_refused_hooks() {
+    if !can_load_ebpf("start_report") {
+        return;
+    }
+    let det = load(NodePidNs::initial().unwrap());
+    for tp in ["sys_enter_reboot", "sched_process_exec", "signal_generate"] {
+        let r = det
+            .det
+            .report
+            .iter()
+            .find(|r| r.hook == tp)
+            .unwrap_or_else(|| panic!("{tp} not in the report"));
+        assert_eq!(r.state, HookState::Armed, "{tp}: {r}");
+    }
+    for f in [
+        "kernel_power_off",
+        "kernel_restart",
+        "kernel_halt",
+        "emergency_restart",
+    ] {
+        let r = det
+            .det
+            .report
+            .iter()
+            .find(|r| r.hook == f)
+            .unwrap_or_else(|| panic!("{f} not in the report"));
+        match &r.state {
+            HookState::Armed => println!("{f}: armed ({})", r.attach),
+            HookState::Unavailable(why) => {
+                assert!(why.contains("fentry") && why.contains("kprobe"), "{why}")
+            }
+            HookState::Degraded(why) => panic!("{f} degraded: {why}"),
+        }
+    }
+    assert_eq!(det.det.drops(), 0);
+}
+
+#[tokio::test]
+async fn bad_magic_reboot_is_seen_and_marked_ineffective() {
+    if !can_load_ebpf("bad_magic_reboot") {
+        return;
+    }
+    let mut det = load(NodePidNs::initial().unwrap());
+    let child = trigger(&["bad-magic-reboot", "4321fedc"]).spawn().unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the kernel must refuse bad magic with EINVAL"
+    );
+    let s = det
+        .wait_for("bad-magic reboot", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == pid)
+        })
+        .await;
+    assert_eq!(s.source, Source::RebootSyscall);
+    assert_eq!(s.kind, Kind::Poweroff);
+    assert_eq!(s.scope, Scope::Node);
+    assert!(matches!(s.effect, Effect::None { .. }), "{:?}", s.effect);
+    let a = s.actor.unwrap();
+    assert_eq!(a.comm, "lastgasp-trigge");
+    assert_eq!(
+        a.ns_pid, pid,
+        "in the initial namespace the ns pid is the pid"
+    );
+    assert_eq!(
+        s.detail,
+        Detail::Reboot {
+            magic1: 0,
+            magic2: 0,
+            cmd: 0x4321fedc,
+            valid_magic: false
+        }
+    );
+}
+
+/// A valid-magic reboot(2) inside a fresh PID namespace ends only that
+/// namespace, and is classified as container scope in the kernel.
+#[tokio::test]
+async fn valid_magic_reboots_in_a_child_pid_namespace_are_container_scope() {
+    if !can_load_ebpf("child_pidns_reboot") {
+        return;
+    }
+    let mut det = load(NodePidNs::initial().unwrap());
+    for (arg, kind, cmd, death) in [
+        ("poweroff", Kind::Poweroff, 0x4321fedc, "signal SIGINT"),
+        ("restart", Kind::Reboot, 0x01234567, "signal SIGHUP"),
+        ("halt", Kind::Halt, 0xcdef0123, "signal SIGINT"),
+    ] {
+        let child = PidNsChild::spawn(&["pidns-reboot", arg]);
+        let pid = child.init_pid;
+        assert_eq!(
+            child.ended(),
+            death,
+            "the namespace's init ends as the kernel documents"
+        );
+        let s = det
+            .wait_for(arg, |s| s.actor.as_ref().is_some_and(|a| a.pid == pid))
+            .await;
+        assert_eq!(
+            (s.source, s.kind, s.scope),
+            (Source::RebootSyscall, kind, Scope::Container),
+            "{arg}"
+        );
+        assert_eq!(s.effect, Effect::Now);
+        assert!(s.forced, "a direct reboot(2) is forced");
+        let a = s.actor.unwrap();
+        assert_eq!(a.comm, "lastgasp-trigge");
+        assert_eq!(a.ns_pid, 0, "outside the node's namespace");
+        assert!(matches!(s.detail, Detail::Reboot { cmd: c, valid_magic: true, .. } if c == cmd));
+    }
+}
+
+/// A child namespace plays the node: a signal to its init, then the init's
+/// own power-off, are a node-scope shutdown end to end.
+#[tokio::test]
+async fn a_child_namespace_playing_the_node_powers_off_by_signal() {
+    if !can_load_ebpf("node_signal_poweroff") {
+        return;
+    }
+    let rtmin = libc::SIGRTMIN();
+    for (sig, name, kind, forced, death) in [
+        (
+            rtmin + 4,
+            "SIGRTMIN+4",
+            Kind::Poweroff,
+            false,
+            "signal SIGINT",
+        ),
+        (
+            rtmin + 14,
+            "SIGRTMIN+14",
+            Kind::Poweroff,
+            true,
+            "signal SIGINT",
+        ),
+        (
+            rtmin + 5,
+            "SIGRTMIN+5",
+            Kind::Reboot,
+            false,
+            "signal SIGHUP",
+        ),
+        (rtmin + 13, "SIGRTMIN+13", Kind::Halt, true, "signal SIGINT"),
+        (libc::SIGINT, "SIGINT", Kind::Reboot, false, "signal SIGHUP"),
+    ] {
+        let node = PidNsChild::spawn(&["fake-init"]);
+        let init = node.init_pid;
+        let mut det = load(NodePidNs::from_path(&node.pidns_path()).unwrap());
+        // Not a shutdown signal: must not be reported.
+        unsafe { libc::kill(init as i32, libc::SIGUSR1) };
+        unsafe { libc::kill(init as i32, sig) };
+        let s = det.wait_for(name, |s| s.source == Source::SignalPid1).await;
+        assert_eq!(
+            (s.kind, s.forced, s.scope),
+            (kind, forced, Scope::Node),
+            "{name}"
+        );
+        assert!(s.bypasses_logind);
+        assert_eq!(
+            s.actor.as_ref().unwrap().pid,
+            std::process::id(),
+            "the sender is the actor"
+        );
+        assert!(
+            matches!(&s.detail, Detail::Signal { name: n, result, .. } if n == name && result == "delivered"),
+            "{:?}",
+            s.detail
+        );
+        let r = det
+            .wait_for("the init's reboot(2)", |s| {
+                s.source == Source::RebootSyscall
+            })
+            .await;
+        let a = r.actor.clone().unwrap();
+        assert_eq!((a.pid, a.ns_pid), (init, 1), "the node's own PID 1");
+        assert_eq!((r.scope, r.effect.clone()), (Scope::Node, Effect::Now));
+        assert!(!r.forced, "PID 1 ending an orderly shutdown is not forced");
+        assert_eq!(node.ended(), death);
+    }
+}
+
+#[tokio::test]
+async fn signals_to_other_processes_are_not_reported() {
+    if !can_load_ebpf("other_signals") {
+        return;
+    }
+    let node = PidNsChild::spawn(&["fake-init"]);
+    let mut det = load(NodePidNs::from_path(&node.pidns_path()).unwrap());
+    let mut bystander = Command::new("sleep").arg("30").spawn().unwrap();
+    unsafe { libc::kill(bystander.id() as i32, libc::SIGRTMIN() + 4) };
+    bystander.wait().unwrap();
+    unsafe { libc::kill(node.init_pid as i32, libc::SIGRTMIN() + 4) };
+    let first = det.wait_for("any", |_| true).await;
+    assert_eq!(first.source, Source::SignalPid1);
+    assert_eq!(first.actor.unwrap().pid, std::process::id());
+    node.ended();
+}
+
+struct ExecCase {
+    argv: &'static [&'static str],
+    kind: Kind,
+    forced: bool,
+}
+
+/// Stand-ins named like the real tools: the kernel matches them by name and
+/// captures their arguments; userspace decodes them.
+#[tokio::test]
+async fn exec_of_shutdown_tools_is_decoded() {
+    if !can_load_ebpf("exec_tools") {
+        return;
+    }
+    let dir = tmpdir("tools");
+    let mut det = load(NodePidNs::initial().unwrap());
+    let cases = [
+        ExecCase {
+            argv: &["systemctl", "poweroff"],
+            kind: Kind::Poweroff,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["systemctl", "poweroff", "--force", "--force"],
+            kind: Kind::Poweroff,
+            forced: true,
+        },
+        ExecCase {
+            argv: &["systemctl", "start", "poweroff.target"],
+            kind: Kind::Poweroff,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["systemctl", "soft-reboot"],
+            kind: Kind::SoftReboot,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["systemctl", "kexec"],
+            kind: Kind::Kexec,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["shutdown", "-r", "+5"],
+            kind: Kind::Reboot,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["reboot", "-ff"],
+            kind: Kind::Reboot,
+            forced: true,
+        },
+        ExecCase {
+            argv: &["halt", "-f"],
+            kind: Kind::Halt,
+            forced: true,
+        },
+        ExecCase {
+            argv: &["poweroff"],
+            kind: Kind::Poweroff,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["init", "0"],
+            kind: Kind::Poweroff,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["telinit", "6"],
+            kind: Kind::Reboot,
+            forced: false,
+        },
+        ExecCase {
+            argv: &["kexec", "-e"],
+            kind: Kind::Kexec,
+            forced: true,
+        },
+        ExecCase {
+            argv: &["systemd-shutdown", "reboot"],
+            kind: Kind::Reboot,
+            forced: false,
+        },
+    ];
+    for case in &cases {
+        let tool = stand_in(&dir, case.argv[0]);
+        let child = Command::new(&tool).args(&case.argv[1..]).spawn().unwrap();
+        let pid = child.id();
+        child.wait_with_output().unwrap();
+        let what = case.argv.join(" ");
+        let s = det
+            .wait_for(&what, |s| s.actor.as_ref().is_some_and(|a| a.pid == pid))
+            .await;
+        assert_eq!(
+            (s.source, s.kind, s.forced, s.scope),
+            (Source::Exec, case.kind, case.forced, Scope::Node),
+            "{what}"
+        );
+        let a = s.actor.as_ref().unwrap();
+        let comm: String = case.argv[0].chars().take(15).collect();
+        assert_eq!(a.comm, comm, "{what}");
+        match &s.detail {
+            Detail::Exec {
+                path,
+                argv,
+                truncated,
+                ..
+            } => {
+                assert_eq!(path, &tool.display().to_string());
+                assert_eq!(argv[0], tool.display().to_string());
+                assert_eq!(&argv[1..], &case.argv[1..]);
+                assert!(!truncated);
+            }
+            d => panic!("{what}: {d:?}"),
+        }
+    }
+    // `shutdown -c` cancels; `shutdown -k` only warns.
+    for (args, effect) in [(&["-c"][..], "cancel"), (&["-k", "now"][..], "none")] {
+        let child = Command::new(stand_in(&dir, "shutdown"))
+            .args(args)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        child.wait_with_output().unwrap();
+        let s = det
+            .wait_for("shutdown -c/-k", |s| {
+                s.actor.as_ref().is_some_and(|a| a.pid == pid)
+            })
+            .await;
+        let got = match s.effect {
+            Effect::Cancel => "cancel",
+            Effect::None { .. } => "none",
+            _ => "other",
+        };
+        assert_eq!(got, effect, "shutdown {args:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Execs that do not name a tool never reach userspace; busybox counts only
+/// with a shutdown applet.
+#[tokio::test]
+async fn other_execs_are_filtered_in_the_kernel() {
+    if !can_load_ebpf("exec_filter") {
+        return;
+    }
+    let dir = tmpdir("filter");
+    let mut det = load(NodePidNs::initial().unwrap());
+    for name in ["ls", "systemctl2", "rebooter", "xreboot", "shutdownd"] {
+        Command::new(stand_in(&dir, name))
+            .arg("poweroff")
+            .status()
+            .unwrap();
+    }
+    Command::new(stand_in(&dir, "busybox"))
+        .args(["ls", "-l"])
+        .status()
+        .unwrap();
+    let child = Command::new(stand_in(&dir, "busybox"))
+        .args(["reboot", "-f"])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    child.wait_with_output().unwrap();
+    let first = det.wait_for("anything", |_| true).await;
+    assert_eq!(
+        first.actor.as_ref().unwrap().pid,
+        pid,
+        "the first record must be busybox reboot, got {first:#?}"
+    );
+    assert_eq!((first.kind, first.forced), (Kind::Reboot, true));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn exec_in_a_child_pid_namespace_is_container_scope() {
+    if !can_load_ebpf("exec_container") {
+        return;
+    }
+    let dir = tmpdir("ctr");
+    let mut det = load(NodePidNs::initial().unwrap());
+    let tool = stand_in(&dir, "reboot");
+    let child = PidNsChild::spawn(&["exec-in-pidns", tool.to_str().unwrap(), "-f"]);
+    let pid = child.init_pid;
+    assert_eq!(child.ended(), "exit 0");
+    let s = det
+        .wait_for("reboot -f in a pid ns", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == pid)
+        })
+        .await;
+    assert_eq!(
+        (s.source, s.kind, s.scope),
+        (Source::Exec, Kind::Reboot, Scope::Container)
+    );
+    assert_eq!(s.actor.unwrap().ns_pid, 0);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A path longer than the capture keeps its tail, so the tool is still named.
+#[tokio::test]
+async fn long_paths_and_long_argv_are_cut_not_lost() {
+    if !can_load_ebpf("exec_long") {
+        return;
+    }
+    let mut dir = tmpdir("long");
+    for _ in 0..4 {
+        dir.push("a-rather-long-directory-name-to-push-the-path-past-the-limit");
+    }
+    let mut det = load(NodePidNs::initial().unwrap());
+    let tool = stand_in(&dir, "systemctl");
+    let long_arg = "x".repeat(300);
+    let child = Command::new(&tool)
+        .args(["poweroff", &long_arg])
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    child.wait_with_output().unwrap();
+    let s = det
+        .wait_for("long exec", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == pid)
+        })
+        .await;
+    match &s.detail {
+        Detail::Exec {
+            path,
+            truncated,
+            raw,
+            ..
+        } => {
+            assert!(
+                path.starts_with("...") && path.ends_with("/systemctl"),
+                "{path}"
+            );
+            assert!(*truncated);
+            assert!(raw.len() >= 256);
+        }
+        d => panic!("{d:?}"),
+    }
+    assert_eq!(s.kind, Kind::Unknown, "a cut argv decodes as unknown");
+    std::fs::remove_dir_all(tmpdir("long")).ok();
+}

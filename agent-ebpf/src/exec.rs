@@ -74,10 +74,10 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i32> {
     Ok(())
 }
 
-/// argv[1] as a `TOOLS` key, when argv[0] is short (as busybox's is).
+/// argv[1] as a `TOOLS` key, when argv[0] (busybox's path) is under 64 bytes.
 #[inline(always)]
 fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<[u8; TOOL_NAME_LEN], i32> {
-    const ARGV0_MAX: usize = 32;
+    const ARGV0_MAX: usize = 64;
     let mut start = 0;
     for i in 0..ARGV0_MAX {
         if args[i] == 0 {

@@ -93,43 +93,14 @@ pub struct ArgvOffsets {
 
 impl ArgvOffsets {
     pub fn from_btf(path: &str) -> Result<Self> {
-        let btf = btf_rs::Btf::from_file(path).with_context(|| format!("parsing {path}"))?;
+        let data = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+        let btf = super::btf::Btf::parse(&data)?;
         Ok(ArgvOffsets {
-            task_mm: member_offset(&btf, "task_struct", "mm")?,
-            mm_arg_start: member_offset(&btf, "mm_struct", "arg_start")?,
-            mm_arg_end: member_offset(&btf, "mm_struct", "arg_end")?,
+            task_mm: btf.member_offset("task_struct", "mm")?,
+            mm_arg_start: btf.member_offset("mm_struct", "arg_start")?,
+            mm_arg_end: btf.member_offset("mm_struct", "arg_end")?,
         })
     }
-}
-
-/// Byte offset of `field` in struct `name`, looking into anonymous members.
-fn member_offset(btf: &btf_rs::Btf, name: &str, field: &str) -> Result<u64> {
-    fn find(btf: &btf_rs::Btf, s: &btf_rs::Struct, field: &str) -> Option<u64> {
-        for m in &s.members {
-            let name = btf.resolve_name(m).unwrap_or_default();
-            if name == field {
-                return Some(m.bit_offset() as u64 / 8);
-            }
-            if name.is_empty() {
-                if let Ok(btf_rs::Type::Struct(inner) | btf_rs::Type::Union(inner)) =
-                    btf.resolve_chained_type(m)
-                {
-                    if let Some(off) = find(btf, &inner, field) {
-                        return Some(m.bit_offset() as u64 / 8 + off);
-                    }
-                }
-            }
-        }
-        None
-    }
-    for ty in btf.resolve_types_by_name(name)? {
-        if let btf_rs::Type::Struct(s) = ty {
-            if let Some(off) = find(btf, &s, field) {
-                return Ok(off);
-            }
-        }
-    }
-    bail!("no {name}.{field} in the kernel's BTF")
 }
 
 impl EbpfDetector {

@@ -1,4 +1,5 @@
 //! Detectors: each turns what it sees into `ShutdownSignal`s.
 pub mod actor;
+pub mod btf;
 pub mod decode;
 pub mod ebpf;

@@ -4,7 +4,11 @@
 //! Here it only ever runs as PID 1 of a PID namespace this process created,
 //! after checking in code that getpid() == 1 and that the namespace is neither
 //! the parent's nor the initial one. Then it only ends that namespace.
-use std::{os::unix::fs::MetadataExt, process::exit};
+use std::{
+    os::unix::fs::MetadataExt,
+    process::exit,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 use nix::{
     sched::{unshare, CloneFlags},
@@ -21,7 +25,7 @@ const CMD_POWER_OFF: libc::c_long = 0x4321FEDC;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init"
+        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | exec-in-pidns PATH [ARGS...]"
     );
     exit(2)
 }
@@ -69,6 +73,11 @@ fn main() {
             in_fresh_pidns(|| namespace_reboot(cmd))
         }
         Some("fake-init") => in_fresh_pidns(|| fake_init()),
+        Some("exec-in-pidns") if args.len() > 2 => in_fresh_pidns(|| {
+            use std::os::unix::process::CommandExt;
+            let err = std::process::Command::new(&args[2]).args(&args[3..]).exec();
+            eprintln!("exec {}: {err}", args[2]);
+        }),
         _ => usage(),
     }
 }
@@ -77,11 +86,12 @@ fn main() {
 /// how it ended, and exits.
 fn in_fresh_pidns<F: FnOnce()>(init: F) -> ! {
     let parent_ns = pidns_ino();
+    PARENT_NS.store(parent_ns, Ordering::SeqCst);
     unshare(CloneFlags::CLONE_NEWPID).expect("unshare(CLONE_NEWPID) (needs CAP_SYS_ADMIN)");
     // SAFETY: single-threaded process.
     match unsafe { fork() }.expect("fork") {
         ForkResult::Child => {
-            if getpid().as_raw() != 1 || pidns_ino() == parent_ns || pidns_ino() == INIT_PIDNS_INO {
+            if !in_fresh_pidns_as_init() {
                 eprintln!("refusing: not PID 1 of a fresh PID namespace");
                 exit(99);
             }
@@ -101,14 +111,21 @@ fn in_fresh_pidns<F: FnOnce()>(init: F) -> ! {
     }
 }
 
-/// reboot(2) with valid magic, as PID 1 of a child PID namespace (checked by
-/// the caller): the kernel ends this namespace only.
+static PARENT_NS: AtomicU64 = AtomicU64::new(INIT_PIDNS_INO);
+
+/// PID 1 of a PID namespace that is neither our parent's nor the initial one.
+fn in_fresh_pidns_as_init() -> bool {
+    let ns = pidns_ino();
+    getpid().as_raw() == 1 && ns != PARENT_NS.load(Ordering::SeqCst) && ns != INIT_PIDNS_INO
+}
+
+/// reboot(2) with valid magic, only as PID 1 of a fresh PID namespace
+/// (checked here again): the kernel then ends this namespace only.
 fn namespace_reboot(cmd: libc::c_long) -> ! {
-    assert_eq!(
-        getpid().as_raw(),
-        1,
-        "namespace_reboot outside a fresh PID namespace"
-    );
+    if !in_fresh_pidns_as_init() {
+        eprintln!("refusing reboot(2): not PID 1 of a fresh PID namespace");
+        exit(99);
+    }
     let rc = unsafe { libc::syscall(libc::SYS_reboot, MAGIC1, MAGIC2, cmd, 0) };
     eprintln!("reboot returned {rc}: {}", std::io::Error::last_os_error());
     exit(3)
@@ -130,7 +147,7 @@ fn fake_init() -> ! {
         libc::sigemptyset(&mut set);
         for &s in &signals {
             let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = noop as usize;
+            act.sa_sigaction = noop as extern "C" fn(libc::c_int) as usize;
             libc::sigaction(s, &act, std::ptr::null_mut());
             libc::sigaddset(&mut set, s);
         }
