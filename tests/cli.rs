@@ -1,1 +1,150 @@
+//! The `lastgasp` binary as an operator runs it: `run --standalone` prints
+//! each signal as a JSON line and audits it; `history` reads the audit back.
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
 
+use lastgasp::{act::audit::Record, signal::ShutdownSignal};
+use lastgasp_tests::support::*;
+
+#[test]
+fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
+    if !can_load_ebpf("cli_standalone") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lastgasp-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut agent = Command::new(agent_bin())
+        .args(["run", "--standalone", "--audit-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting lastgasp (build it with cargo xtask build)");
+    let mut err = BufReader::new(agent.stderr.take().unwrap());
+    let mut report = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "agent exited before arming:\n{report}"
+        );
+        report.push_str(&line);
+        if line.contains(" armed") && line.contains("armed_ms") {
+            break;
+        }
+    }
+    for hook in ["sys_enter_reboot", "sched_process_exec", "signal_generate"] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.contains(hook) && l.trim_end().ends_with("armed")),
+            "{hook} not armed:\n{report}"
+        );
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+
+    let (tx, rx) = mpsc::channel();
+    let out = agent.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+
+    let child = PidNsChild::spawn(&["pidns-reboot", "poweroff"]);
+    let pid = child.init_pid;
+    assert_eq!(child.ended(), "signal SIGINT");
+    let signal = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("no JSON line within 5 s");
+        let s: ShutdownSignal =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if s.actor.as_ref().is_some_and(|a| a.pid == pid) {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["source"], "reboot-syscall");
+            assert_eq!(v["kind"], "poweroff");
+            assert_eq!(v["scope"], "container");
+            assert_eq!(v["effect"], "now");
+            assert_eq!(v["forced"], true);
+            assert_eq!(v["actor"]["comm"], "lastgasp-trigge");
+            assert_eq!(v["detail"]["valid_magic"], true);
+            break s;
+        }
+    };
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(agent.wait().unwrap().success(), "SIGTERM is a clean stop");
+
+    let history = |boot: &str| -> Vec<Record> {
+        let out = Command::new(agent_bin())
+            .args(["history", "--boot", boot, "--audit-dir"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let current = history("current");
+    let rec = current
+        .iter()
+        .find(|r| r.signal.actor.as_ref().is_some_and(|a| a.pid == pid))
+        .expect("audited");
+    assert_eq!(
+        rec.signal, signal,
+        "the audit holds exactly what was printed"
+    );
+    assert_eq!(
+        rec.boot_id,
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .unwrap()
+            .trim()
+    );
+    assert!(
+        history("previous").is_empty(),
+        "no earlier boot in a fresh log"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn cluster_mode_is_refused_clearly_until_it_exists() {
+    let out = Command::new(agent_bin()).arg("run").output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--standalone"));
+}
+
+#[test]
+fn history_reports_torn_lines_and_keeps_the_rest() {
+    let dir = std::env::temp_dir().join(format!("lastgasp-hist-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("audit.jsonl"), "{\"boot_id\":\"x\",\"seq\n").unwrap();
+    let out = Command::new(agent_bin())
+        .args(["history", "--audit-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("audit.jsonl:1: unreadable record"));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -108,6 +108,7 @@ async fn valid_magic_reboots_in_a_child_pid_namespace_are_container_scope() {
     ] {
         let child = PidNsChild::spawn(&["pidns-reboot", arg]);
         let pid = child.init_pid;
+        let parent = child.child.id();
         assert_eq!(
             child.ended(),
             death,
@@ -126,6 +127,11 @@ async fn valid_magic_reboots_in_a_child_pid_namespace_are_container_scope() {
         let a = s.actor.unwrap();
         assert_eq!(a.comm, "lastgasp-trigge");
         assert_eq!(a.ns_pid, 0, "outside the node's namespace");
+        // Read in the kernel: the parent is gone from /proc by now.
+        assert_eq!(
+            a.parents.first().map(|p| (p.pid, p.comm.as_str())),
+            Some((parent, "lastgasp-trigge"))
+        );
         assert!(matches!(s.detail, Detail::Reboot { cmd: c, valid_magic: true, .. } if c == cmd));
     }
 }
@@ -315,6 +321,11 @@ async fn exec_of_shutdown_tools_is_decoded() {
         let a = s.actor.as_ref().unwrap();
         let comm: String = case.argv[0].chars().take(15).collect();
         assert_eq!(a.comm, comm, "{what}");
+        assert_eq!(
+            a.parents.first().map(|p| p.pid),
+            Some(std::process::id()),
+            "{what}: spawned by the test"
+        );
         match &s.detail {
             Detail::Exec {
                 path,
@@ -454,4 +465,54 @@ async fn long_paths_and_long_argv_are_cut_not_lost() {
     }
     assert_eq!(s.kind, Kind::Unknown, "a cut argv decodes as unknown");
     std::fs::remove_dir_all(tmpdir("long")).ok();
+}
+
+/// The programs read tracepoint fields at fixed offsets (lastgasp_common::tp);
+/// this kernel's format files must agree.
+#[test]
+fn tracepoint_field_offsets_match_this_kernel() {
+    if !can_load_ebpf("tracepoint_offsets") {
+        return;
+    }
+    use lastgasp_common::tp;
+    let tracefs = lastgasp::node::ensure_tracefs().unwrap();
+    let offset = |event: &str, field: &str| -> usize {
+        let fmt =
+            std::fs::read_to_string(tracefs.join("events").join(event).join("format")).unwrap();
+        let line = fmt
+            .lines()
+            .find(|l| {
+                l.contains("field:") && l.split(';').next().unwrap().ends_with(&format!(" {field}"))
+            })
+            .unwrap_or_else(|| panic!("no {field} in {event}:\n{fmt}"));
+        line.split("offset:")
+            .nth(1)
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        offset("syscalls/sys_enter_reboot", "magic1"),
+        tp::SYSCALL_ARG0
+    );
+    assert_eq!(
+        offset("syscalls/sys_enter_reboot", "magic2"),
+        tp::SYSCALL_ARG0 + 8
+    );
+    assert_eq!(
+        offset("syscalls/sys_enter_reboot", "cmd"),
+        tp::SYSCALL_ARG0 + 16
+    );
+    assert_eq!(
+        offset("sched/sched_process_exec", "filename"),
+        tp::EXEC_FILENAME_LOC
+    );
+    assert_eq!(offset("signal/signal_generate", "sig"), tp::SIG_SIG);
+    assert_eq!(offset("signal/signal_generate", "code"), tp::SIG_CODE);
+    assert_eq!(offset("signal/signal_generate", "pid"), tp::SIG_PID);
+    assert_eq!(offset("signal/signal_generate", "group"), tp::SIG_GROUP);
+    assert_eq!(offset("signal/signal_generate", "result"), tp::SIG_RESULT);
 }

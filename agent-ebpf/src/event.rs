@@ -3,7 +3,11 @@ use aya_ebpf::{
     bindings::bpf_pidns_info,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
-        generated::{bpf_get_current_cgroup_id, bpf_get_ns_current_pid_tgid, bpf_ktime_get_boot_ns},
+        bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_ns_current_pid_tgid,
+            bpf_ktime_get_boot_ns,
+        },
     },
     macros::map,
     maps::{PerCpuArray, RingBuf},
@@ -18,6 +22,15 @@ static NODE_PIDNS_DEV: u64 = 0;
 static NODE_PIDNS_INO: u64 = 0;
 #[unsafe(no_mangle)]
 pub static NODE_INIT_PID: u32 = 1;
+
+/// Offsets of task_struct.real_parent, .tgid and .comm from the kernel's BTF
+/// (0: the parent is not read).
+#[unsafe(no_mangle)]
+static TASK_REAL_PARENT_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static TASK_TGID_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static TASK_COMM_OFF: u64 = 0;
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -68,6 +81,20 @@ pub fn fill_actor(ev: &mut RawEvent, source: u32) {
     ev.gid = (uid_gid >> 32) as u32;
     ev.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     ev.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    // The parent as it is now: userspace may find it gone from /proc.
+    ev.ppid = 0;
+    ev.parent_comm = [0; 16];
+    let parent_off = global(&TASK_REAL_PARENT_OFF);
+    if parent_off != 0 {
+        unsafe {
+            let task = bpf_get_current_task() as *const u8;
+            if let Ok(parent) = bpf_probe_read_kernel(task.add(parent_off as usize) as *const *const u8) {
+                ev.ppid = bpf_probe_read_kernel(parent.add(global(&TASK_TGID_OFF) as usize) as *const u32).unwrap_or(0);
+                ev.parent_comm = bpf_probe_read_kernel(parent.add(global(&TASK_COMM_OFF) as usize) as *const [u8; 16])
+                    .unwrap_or([0; 16]);
+            }
+        }
+    }
     ev.a = [0; 4];
     let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
     let rc = unsafe {

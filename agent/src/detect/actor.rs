@@ -24,7 +24,15 @@ pub fn enrich(actor: &mut Actor) {
         actor.container_id = container;
         actor.cgroup = Some(path);
     }
-    actor.parents = parents(actor.pid);
+    // The kernel's record may already name the parent; go on from there.
+    match actor.parents.last().map(|p| p.pid) {
+        None => actor.parents = parents(actor.pid),
+        Some(1) => {}
+        Some(last) => {
+            let more = parents(last);
+            actor.parents.extend(more);
+        }
+    }
 }
 
 /// The unified-hierarchy line (`0::/path`) of /proc/PID/cgroup.

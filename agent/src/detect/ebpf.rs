@@ -17,7 +17,7 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use super::decode::{self, Intent};
 use crate::{
     node::NodePidNs,
-    signal::{Actor, Detail, Effect, Scope, ShutdownSignal, Source},
+    signal::{Actor, Detail, Effect, Parent, Scope, ShutdownSignal, Source},
 };
 
 static EBPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lastgasp.bpf.o"));
@@ -83,22 +83,29 @@ pub struct EbpfDetector {
     pub report: Vec<HookReport>,
 }
 
-/// Offsets for reading argv at exec, from the running kernel's BTF.
+/// Kernel struct offsets the programs need, from the running kernel's BTF:
+/// argv at exec, and the acting task's parent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ArgvOffsets {
+pub struct TaskOffsets {
     pub task_mm: u64,
     pub mm_arg_start: u64,
     pub mm_arg_end: u64,
+    pub task_real_parent: u64,
+    pub task_tgid: u64,
+    pub task_comm: u64,
 }
 
-impl ArgvOffsets {
+impl TaskOffsets {
     pub fn from_btf(path: &str) -> Result<Self> {
         let data = std::fs::read(path).with_context(|| format!("reading {path}"))?;
         let btf = super::btf::Btf::parse(&data)?;
-        Ok(ArgvOffsets {
+        Ok(TaskOffsets {
             task_mm: btf.member_offset("task_struct", "mm")?,
             mm_arg_start: btf.member_offset("mm_struct", "arg_start")?,
             mm_arg_end: btf.member_offset("mm_struct", "arg_end")?,
+            task_real_parent: btf.member_offset("task_struct", "real_parent")?,
+            task_tgid: btf.member_offset("task_struct", "tgid")?,
+            task_comm: btf.member_offset("task_struct", "comm")?,
         })
     }
 }
@@ -113,13 +120,15 @@ impl EbpfDetector {
         crate::node::ensure_tracefs()?;
         let mut report = Vec::new();
 
-        let offsets = match ArgvOffsets::from_btf("/sys/kernel/btf/vmlinux") {
+        let offsets = match TaskOffsets::from_btf("/sys/kernel/btf/vmlinux") {
             Ok(o) => Some(o),
             Err(e) => {
                 report.push(HookReport {
-                    hook: "exec argv".into(),
+                    hook: "task offsets".into(),
                     attach: "/sys/kernel/btf/vmlinux".into(),
-                    state: HookState::Degraded(format!("no kernel BTF ({e:#}): tool names only")),
+                    state: HookState::Degraded(format!(
+                        "no kernel BTF ({e:#}): exec without argv, actors without parent"
+                    )),
                 });
                 None
             }
@@ -132,6 +141,9 @@ impl EbpfDetector {
             .override_global("TASK_MM_OFF", &o.task_mm, true)
             .override_global("MM_ARG_START_OFF", &o.mm_arg_start, true)
             .override_global("MM_ARG_END_OFF", &o.mm_arg_end, true)
+            .override_global("TASK_REAL_PARENT_OFF", &o.task_real_parent, true)
+            .override_global("TASK_TGID_OFF", &o.task_tgid, true)
+            .override_global("TASK_COMM_OFF", &o.task_comm, true)
             .load(EBPF_OBJ)
             .context("loading the eBPF object")?;
 
@@ -239,7 +251,7 @@ fn arm_kernel_hooks(bpf: &mut Ebpf, report: &mut Vec<HookReport>) {
                 p.attach()?;
                 Ok(())
             })()
-            .map_err(|e| format!("{e:#}")),
+            .map_err(|e| refusal(&e)),
             Err(e) => Err(e.clone()),
         };
         let state = match fentry {
@@ -265,7 +277,7 @@ fn arm_kernel_hooks(bpf: &mut Ebpf, report: &mut Vec<HookReport>) {
                     Ok(()) => HookState::Armed,
                     Err(e) => HookState::Unavailable(format!(
                         "fentry: {fentry_err}; kprobe: {}",
-                        errno_hint(&e)
+                        refusal(&e)
                     )),
                 }
             }
@@ -283,10 +295,13 @@ fn arm_kernel_hooks(bpf: &mut Ebpf, report: &mut Vec<HookReport>) {
     }
 }
 
-fn errno_hint(e: &anyhow::Error) -> String {
+/// A short reason for a refused hook, naming the usual causes.
+fn refusal(e: &anyhow::Error) -> String {
     let s = format!("{e:#}");
-    if s.contains("kprobe_events") || s.contains("No such file") {
-        format!("{s} (kernel without CONFIG_KPROBES?)")
+    if s.contains("kprobe/type") {
+        "the kernel has no kprobes (CONFIG_KPROBES off)".into()
+    } else if s.contains("Operation not permitted") {
+        "program load refused with EPERM (kernel lockdown, or no BPF trampoline)".into()
     } else {
         s
     }
@@ -326,6 +341,14 @@ pub fn decode_raw(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
         comm: cstr(&raw.comm),
         uid: raw.uid,
         cgroup_id: raw.cgroup_id,
+        parents: if raw.ppid != 0 {
+            vec![Parent {
+                pid: raw.ppid,
+                comm: cstr(&raw.parent_comm),
+            }]
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     };
     let mut scope = if in_node {
@@ -463,5 +486,98 @@ pub fn decode_raw(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
         boot_ns: raw.boot_ns,
         deadline: None,
         detail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signal::Kind;
+
+    fn raw(source: u32, flags: u32) -> RawEvent {
+        let mut r = RawEvent::ZERO;
+        r.source = source;
+        r.flags = flags;
+        r.tgid = 4242;
+        r.boot_ns = 1_000_000_000;
+        r.comm[..4].copy_from_slice(b"test");
+        r
+    }
+
+    fn now() -> (SystemTime, u64) {
+        (
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            3_000_000_000,
+        )
+    }
+
+    #[test]
+    fn kernel_hook_records_are_forced_node_shutdowns() {
+        let mut r = raw(common::SRC_KERNEL, common::FLAG_FENTRY);
+        r.a[0] = common::KHOOK_POWER_OFF;
+        let s = decode_raw(&r, now());
+        assert_eq!(
+            (s.source, s.kind, s.forced, s.scope),
+            (Source::KernelHook, Kind::Poweroff, true, Scope::Node)
+        );
+        assert_eq!(
+            s.detail,
+            Detail::Kernel {
+                function: "kernel_power_off".into(),
+                via: "fentry".into()
+            }
+        );
+        assert_eq!(
+            s.at,
+            now().0 - Duration::from_secs(2),
+            "dated from CLOCK_BOOTTIME"
+        );
+    }
+
+    #[test]
+    fn exec_without_argv_is_unknown_but_kept() {
+        let mut r = raw(
+            common::SRC_EXEC,
+            common::FLAG_NODE_PIDNS | common::FLAG_ARGS_MISSING,
+        );
+        r.path[..13].copy_from_slice(b"/sbin/reboot\0");
+        r.path_len = 13;
+        let s = decode_raw(&r, now());
+        assert_eq!(
+            (s.kind, s.effect.clone(), s.scope),
+            (Kind::Unknown, Effect::Now, Scope::Node)
+        );
+        assert!(matches!(s.detail, Detail::Exec { ref path, .. } if path == "/sbin/reboot"));
+    }
+
+    #[test]
+    fn init_of_the_node_finishing_a_shutdown_is_not_forced() {
+        let mut r = raw(common::SRC_REBOOT, common::FLAG_NODE_PIDNS);
+        r.ns_tgid = 1;
+        r.a = [0xfee1dead, 672274793, 0x4321fedc, 0];
+        let s = decode_raw(&r, now());
+        assert_eq!(
+            (s.kind, s.forced, s.effect.clone()),
+            (Kind::Poweroff, false, Effect::Now)
+        );
+        r.ns_tgid = 77;
+        assert!(
+            decode_raw(&r, now()).forced,
+            "anyone else's reboot(2) is forced"
+        );
+    }
+
+    #[test]
+    fn garbage_records_never_panic() {
+        let mut r = raw(99, 0xffff_ffff);
+        r.path_len = u32::MAX;
+        r.args_len = u32::MAX;
+        r.a = [u64::MAX; 4];
+        let s = decode_raw(&r, now());
+        assert!(matches!(s.effect, Effect::None { .. }));
+        for src in 1..=4 {
+            r.source = src;
+            let _ = decode_raw(&r, now());
+        }
     }
 }

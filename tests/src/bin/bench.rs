@@ -1,1 +1,300 @@
-fn main() {}
+//! `cargo xtask bench`: measures lastgasp on the real kernel and prints a
+//! table. Each figure comes from this one run; nothing is asserted here.
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use lastgasp::{
+    detect::ebpf::{boottime_ns, EbpfDetector},
+    node::NodePidNs,
+    signal::Source,
+};
+use lastgasp_tests::support::{agent_bin, trigger_bin};
+
+const LATENCY_TRIGGERS: usize = 2000;
+const EXEC_ROUNDS: usize = 12;
+const EXECS_PER_ROUND: usize = 1000;
+const IDLE_SECS: u64 = 30;
+const ARMED_RUNS: usize = 7;
+
+struct Row {
+    what: String,
+    figure: String,
+    target: String,
+}
+
+fn main() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the benchmarks load eBPF programs: run them as root");
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let mut rows = Vec::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(detection_latency(
+        &mut rows,
+        if quick { 300 } else { LATENCY_TRIGGERS },
+    ))?;
+    exec_overhead(&mut rows, if quick { 3 } else { EXEC_ROUNDS })?;
+    armed_and_idle(&mut rows, if quick { 5 } else { IDLE_SECS })?;
+
+    println!("\n| measure | figure | target |\n|---|---|---|");
+    for r in &rows {
+        println!("| {} | {} | {} |", r.what, r.figure, r.target);
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn distribution(mut v: Vec<f64>) -> String {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    format!(
+        "n={} min {:.1} p50 {:.1} p90 {:.1} p99 {:.1} max {:.1}",
+        v.len(),
+        v[0],
+        percentile(&v, 0.5),
+        percentile(&v, 0.9),
+        percentile(&v, 0.99),
+        v[v.len() - 1]
+    )
+}
+
+/// Bad-magic reboot(2) from a thread, one at a time; latency = CLOCK_BOOTTIME
+/// when the decoded signal is in hand minus the tracepoint's own timestamp.
+async fn detection_latency(rows: &mut Vec<Row>, n: usize) -> Result<()> {
+    let mut det = EbpfDetector::load(NodePidNs::initial()?)?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let trigger = thread::spawn(move || {
+        for _ in 0..n {
+            if go_rx.recv().is_err() {
+                return;
+            }
+            // magic1 = 0: EINVAL, nothing else happens.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_reboot,
+                    0 as libc::c_long,
+                    0 as libc::c_long,
+                    0x4321fedc_i64,
+                    0,
+                )
+            };
+            let _ = tx.send(());
+        }
+    });
+    let me = std::process::id();
+    let mut lat_us = Vec::with_capacity(n);
+    for _ in 0..n {
+        go_tx.send(())?;
+        loop {
+            let batch = tokio::time::timeout(Duration::from_secs(5), det.next_batch())
+                .await
+                .context("no event in 5 s")??;
+            let now = boottime_ns();
+            let mine = batch.iter().find(|s| {
+                s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.pid == me)
+            });
+            if let Some(s) = mine {
+                lat_us.push((now - s.boot_ns) as f64 / 1e3);
+                break;
+            }
+        }
+        rx.recv().await;
+        tokio::time::sleep(Duration::from_micros(300)).await;
+    }
+    drop(go_tx);
+    trigger.join().unwrap();
+    let drops = det.drops();
+    let mut sorted = lat_us.clone();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    rows.push(Row {
+        what: "detection latency, reboot(2) entry -> decoded signal (µs)".into(),
+        figure: distribution(lat_us),
+        target: format!(
+            "p50 ≤ 50 ({}), p99 ≤ 250 ({})",
+            verdict(percentile(&sorted, 0.5) <= 50.0),
+            verdict(percentile(&sorted, 0.99) <= 250.0)
+        ),
+    });
+    rows.push(Row {
+        what: "ring-buffer drops during the latency run".into(),
+        figure: drops.to_string(),
+        target: "0".into(),
+    });
+    Ok(())
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+/// fork+exec+wait of /usr/bin/true from a separate process, with the agent
+/// binary running (attached) and not (detached), rounds interleaved.
+fn exec_overhead(rows: &mut Vec<Row>, rounds: usize) -> Result<()> {
+    // Loading and unloading leave the kernel busy for a moment (freeing
+    // programs, RCU): each side is measured after it settles.
+    let per_exec_us = || -> Result<f64> {
+        thread::sleep(Duration::from_secs(1));
+        let out = Command::new(trigger_bin())
+            .args(["exec-loop", &EXECS_PER_ROUND.to_string()])
+            .output()?;
+        Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+    };
+    let dir = std::env::temp_dir().join(format!("lastgasp-bench-exec-{}", std::process::id()));
+    let attached = |f: &dyn Fn() -> Result<f64>| -> Result<f64> {
+        let mut agent = start_agent(&dir)?;
+        let r = f();
+        agent.kill()?;
+        agent.wait()?;
+        r
+    };
+    let mut ratios = Vec::new();
+    let (mut off_all, mut on_all) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate which goes first, so drift does not favour one side.
+        let (off, on) = if round % 2 == 0 {
+            let off = per_exec_us()?;
+            (off, attached(&per_exec_us)?)
+        } else {
+            let on = attached(&per_exec_us)?;
+            (per_exec_us()?, on)
+        };
+        ratios.push(on / off);
+        off_all.push(off);
+        on_all.push(on);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    ratios.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let med = percentile(&ratios, 0.5);
+    rows.push(Row {
+        what: format!("exec overhead, agent running/not ({rounds} interleaved rounds × {EXECS_PER_ROUND} fork+exec)"),
+        figure: format!(
+            "median ratio {med:.4} (rounds {:.4}..{:.4}); per exec {:.0} µs without, {:.0} µs with",
+            ratios[0],
+            ratios[ratios.len() - 1],
+            mean(&off_all),
+            mean(&on_all)
+        ),
+        target: format!("≤ 1.01 ({})", verdict(med <= 1.01)),
+    });
+    Ok(())
+}
+
+/// Starts the agent binary and returns once it is armed (stderr drained).
+fn start_agent(audit_dir: &std::path::Path) -> Result<std::process::Child> {
+    let mut child = Command::new(agent_bin())
+        .args(["run", "--standalone", "--audit-dir"])
+        .arg(audit_dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the agent (LASTGASP_BIN)")?;
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if err.read_line(&mut line)? == 0 {
+            bail!("the agent exited before arming");
+        }
+        if line.contains(" armed") {
+            break;
+        }
+    }
+    thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    Ok(child)
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// Time from spawn to the "armed" log line, then RSS and CPU of the real
+/// binary over idle seconds.
+fn armed_and_idle(rows: &mut Vec<Row>, idle_secs: u64) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("lastgasp-bench-{}", std::process::id()));
+    let mut armed = Vec::new();
+    let mut last = None;
+    for i in 0..ARMED_RUNS {
+        let start = Instant::now();
+        let mut child = start_agent(&dir)?;
+        armed.push(start.elapsed().as_secs_f64() * 1e3);
+        if i == ARMED_RUNS - 1 {
+            last = Some(child);
+        } else {
+            child.kill()?;
+            child.wait()?;
+        }
+    }
+    let mut child = last.unwrap();
+    let idle = idle_stats(child.id(), idle_secs);
+    child.kill()?;
+    child.wait()?;
+    let (cpu_secs, rss_mib, peak_mib) = idle?;
+    std::fs::remove_dir_all(&dir).ok();
+
+    armed.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let med = percentile(&armed, 0.5);
+    rows.push(Row {
+        what: format!("start to armed, release binary ({ARMED_RUNS} runs, ms)"),
+        figure: format!(
+            "median {med:.0}, min {:.0}, max {:.0}",
+            armed[0],
+            armed[armed.len() - 1]
+        ),
+        target: format!("≤ 300 ({})", verdict(med <= 300.0)),
+    });
+    rows.push(Row {
+        what: "agent RSS after arming and idling (MiB)".into(),
+        figure: format!("{rss_mib:.1} (peak {peak_mib:.1})"),
+        target: format!("≤ 30 ({})", verdict(rss_mib <= 30.0)),
+    });
+    rows.push(Row {
+        what: format!("agent CPU over {idle_secs} idle seconds"),
+        figure: format!(
+            "{cpu_secs:.3} s ({:.3} %)",
+            cpu_secs / idle_secs as f64 * 100.0
+        ),
+        target: "-".into(),
+    });
+    Ok(())
+}
+
+/// CPU seconds used over `secs` idle seconds, then RSS and peak RSS (MiB).
+fn idle_stats(pid: u32, secs: u64) -> Result<(f64, f64, f64)> {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as f64;
+    let cpu = || -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .collect();
+        Ok((f[11].parse::<f64>()? + f[12].parse::<f64>()?) / ticks)
+    };
+    let cpu0 = cpu()?;
+    thread::sleep(Duration::from_secs(secs));
+    let cpu1 = cpu()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let mib = |key: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    Ok((cpu1 - cpu0, mib("VmRSS:"), mib("VmHWM:")))
+}

@@ -25,7 +25,7 @@ const CMD_POWER_OFF: libc::c_long = 0x4321FEDC;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | exec-in-pidns PATH [ARGS...]"
+        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | exec-in-pidns PATH [ARGS...] | exec-loop N"
     );
     exit(2)
 }
@@ -73,6 +73,20 @@ fn main() {
             in_fresh_pidns(|| namespace_reboot(cmd))
         }
         Some("fake-init") => in_fresh_pidns(|| fake_init()),
+        Some("exec-loop") => {
+            // fork+exec+wait of /usr/bin/true N times; prints µs per exec.
+            let n: u32 = args
+                .get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage());
+            let start = std::time::Instant::now();
+            for _ in 0..n {
+                std::process::Command::new("/usr/bin/true")
+                    .status()
+                    .expect("exec /usr/bin/true");
+            }
+            println!("{:.3}", start.elapsed().as_secs_f64() * 1e6 / n as f64);
+        }
         Some("exec-in-pidns") if args.len() > 2 => in_fresh_pidns(|| {
             use std::os::unix::process::CommandExt;
             let err = std::process::Command::new(&args[2]).args(&args[3..]).exec();
