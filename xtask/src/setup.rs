@@ -180,3 +180,42 @@ fn build_bpf_linker(nightly_lib: &Path, llvm_major: u32, cache: &Path, root: &Pa
     }
     Ok(())
 }
+
+/// Installs Debian packages whose command is missing (`(command, package)`).
+/// One package at a time: a combined install has failed here with "held
+/// broken packages" where single ones worked.
+#[allow(dead_code)] // used by the D-Bus and VM test set-up
+pub fn ensure_debs(wanted: &[(&str, &str)]) -> Result<()> {
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|(cmd, _)| !command_exists(cmd))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
+    // Only reached when something is missing, so the update is rare.
+    let st = Command::new("apt-get").args(["update", "-qq"]).status()?;
+    if !st.success() {
+        bail!("apt-get update failed");
+    }
+    for pkg in missing {
+        let st = Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends", pkg])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()?;
+        if !st.success() {
+            bail!("installing {pkg} failed; by hand: apt-get update && apt-get install -y {pkg}");
+        }
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+pub fn command_exists(cmd: &str) -> bool {
+    if cmd.contains('/') {
+        return Path::new(cmd).exists();
+    }
+    env::split_paths(&env::var_os("PATH").unwrap_or_default()).any(|d| d.join(cmd).is_file())
+}

@@ -1,0 +1,1 @@
+//! A faithful Kubernetes API server double (see README.md).
