@@ -4,6 +4,7 @@ use std::{env, fs, path::PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LASTGASP_EBPF_OBJ");
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let obj = env::var_os("LASTGASP_EBPF_OBJ")
         .map(PathBuf::from)

@@ -111,8 +111,15 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `CARGO_TARGET_DIR` when set, else `target/` of the workspace.
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
 fn ebpf_object(root: &Path) -> PathBuf {
-    root.join("target/ebpf/bpfel-unknown-none/release/lastgasp")
+    target_dir(root).join("ebpf/bpfel-unknown-none/release/lastgasp")
 }
 
 /// Builds the eBPF object, then the agent around it; returns the binary.
@@ -131,7 +138,7 @@ fn build(root: &Path, release: bool) -> Result<PathBuf> {
             "build-std=core",
         ])
         .arg("--target-dir")
-        .arg(root.join("target/ebpf"))
+        .arg(target_dir(root).join("ebpf"))
         .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
         .env("PATH", tools.path_with_linker()?);
     run(&mut cmd).context("building the eBPF object (agent-ebpf)")?;
