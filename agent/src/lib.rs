@@ -1,5 +1,7 @@
 //! lastgasp: sees every way a Linux node can shut down, and tells the cluster.
 pub mod act;
+pub mod decide;
 pub mod detect;
+pub mod grace;
 pub mod node;
 pub mod signal;
