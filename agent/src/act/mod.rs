@@ -1,1 +1,3 @@
 pub mod audit;
+pub mod kube;
+pub mod metrics;

@@ -1,0 +1,335 @@
+//! The graceful path on the agent's own node: condition, taint and Event,
+//! then pods bucket by bucket (lowest priority first), with the kubelet's
+//! grace-period semantics; the state file and gauges at the end.
+use std::{
+    fs::{self, File},
+    io::Write,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, Result};
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    api::{DeleteParams, EvictParams, Preconditions},
+    runtime::events::EventType,
+    Api, ResourceExt,
+};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::{retry::retryable, NodeClient};
+use crate::{
+    act::metrics::Metrics,
+    decide::Episode,
+    grace::{bucket_index, pod_grace_seconds, Bucket},
+};
+
+/// How pods are removed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Removal {
+    /// DELETE with gracePeriodSeconds (the kubelet's own behaviour).
+    #[default]
+    Delete,
+    /// The Eviction API, honouring PodDisruptionBudgets; DELETE once the
+    /// bucket's time is nearly out.
+    Evict,
+}
+
+/// Eviction gives way to DELETE when this share of the bucket is left.
+const EVICT_FALLBACK_SHARE: f64 = 0.25;
+const EVICT_RETRY: Duration = Duration::from_millis(500);
+const POLL: Duration = Duration::from_millis(50);
+
+pub struct GracefulOptions {
+    pub buckets: Vec<Bucket>,
+    pub removal: Removal,
+    /// The agent's own pod (namespace, name): it goes last.
+    pub own_pod: Option<(String, String)>,
+    /// The kubelet-compatible `graceful_node_shutdown_state` file.
+    pub state_file: PathBuf,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PodOutcome {
+    pub namespace: String,
+    pub name: String,
+    pub priority: Option<i32>,
+    pub bucket: i32,
+    pub grace_seconds: i64,
+    /// delete, evict, delete-after-pdb, skipped-mirror, skipped-finished
+    pub how: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Milliseconds after the graceful path started.
+    pub requested_ms: u64,
+    pub gone_ms: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct BucketRun {
+    pub priority: i32,
+    pub seconds: i64,
+    pub pods: usize,
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    /// Its time ran out with pods still there.
+    pub timed_out: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct GracefulReport {
+    #[serde(with = "humantime_serde")]
+    pub started: Option<SystemTime>,
+    #[serde(with = "humantime_serde")]
+    pub ended: Option<SystemTime>,
+    pub buckets: Vec<BucketRun>,
+    pub pods: Vec<PodOutcome>,
+}
+
+impl GracefulReport {
+    pub fn terminated(&self) -> usize {
+        self.pods.iter().filter(|p| p.gone_ms.is_some() && !p.how.starts_with("skipped")).count()
+    }
+    pub fn remaining(&self) -> usize {
+        self.pods.iter().filter(|p| p.gone_ms.is_none() && !p.how.starts_with("skipped")).count()
+    }
+}
+
+fn is_mirror(pod: &Pod) -> bool {
+    pod.annotations().contains_key("kubernetes.io/config.mirror")
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+}
+
+/// Runs the graceful path to its end (or until the caller drops it, on a
+/// cancellation or an escalation).
+pub async fn run(nc: &NodeClient, opts: &GracefulOptions, ep: &Episode, metrics: &Metrics) -> Result<GracefulReport> {
+    let t0 = Instant::now();
+    let started = SystemTime::now();
+    let ms = move || t0.elapsed().as_millis() as u64;
+    let mut report = GracefulReport { started: Some(started), ..Default::default() };
+    write_state(&opts.state_file, started, None)?;
+    metrics.graceful_start.set(unix_secs(started));
+
+    let how = ep.timeline.first().map(|e| e.summary.clone()).unwrap_or_default();
+    let message = format!("graceful {:?} shutdown (episode {}): {how}", ep.kind, ep.id).to_lowercase();
+    let (c, t, e) = tokio::join!(
+        nc.set_condition(true, "GracefulShutdown", &message),
+        nc.set_taint(true),
+        nc.event(EventType::Normal, "Shutdown", format!("Shutdown manager detected shutdown event: {message}")),
+    );
+    for r in [c, t, e] {
+        if let Err(err) = r {
+            tracing::error!("graceful start: {err:#}");
+        }
+    }
+
+    // The pods as the warm watch has them: no list at shutdown time.
+    let mut by_bucket: Vec<Vec<Arc<Pod>>> = vec![Vec::new(); opts.buckets.len()];
+    let mut own = None;
+    for pod in nc.pods.state() {
+        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let priority = pod.spec.as_ref().and_then(|s| s.priority);
+        let b = bucket_index(&opts.buckets, priority);
+        if is_mirror(&pod) || is_finished(&pod) {
+            let how = if is_mirror(&pod) { "skipped-mirror" } else { "skipped-finished" };
+            report.pods.push(PodOutcome {
+                namespace: ns,
+                name,
+                priority,
+                bucket: opts.buckets[b].priority,
+                grace_seconds: 0,
+                how: how.into(),
+                note: None,
+                requested_ms: ms(),
+                gone_ms: None,
+            });
+            continue;
+        }
+        if opts.own_pod.as_ref() == Some(&(ns, name)) {
+            own = Some(pod);
+            continue;
+        }
+        by_bucket[b].push(pod);
+    }
+
+    for (i, bucket) in opts.buckets.iter().enumerate() {
+        let pods = &by_bucket[i];
+        if pods.is_empty() {
+            continue;
+        }
+        let started_ms = ms();
+        let deadline = Instant::now() + Duration::from_secs(bucket.seconds.max(0) as u64);
+        let outcomes = join_all(pods.iter().map(|p| terminate(nc, opts.removal, bucket, p, deadline, ms))).await;
+        let timed_out = outcomes.iter().any(|o| o.gone_ms.is_none());
+        report.buckets.push(BucketRun {
+            priority: bucket.priority,
+            seconds: bucket.seconds,
+            pods: pods.len(),
+            started_ms,
+            ended_ms: ms(),
+            timed_out,
+        });
+        report.pods.extend(outcomes);
+    }
+
+    let ended = SystemTime::now();
+    write_state(&opts.state_file, started, Some(ended))?;
+    metrics.graceful_end.set(unix_secs(ended));
+    report.ended = Some(ended);
+    let note = format!(
+        "graceful shutdown done: {} pods terminated, {} still running",
+        report.terminated(),
+        report.remaining()
+    );
+    if let Err(err) = nc.event(EventType::Normal, "Shutdown", note).await {
+        tracing::error!("graceful end event: {err:#}");
+    }
+    if let Some(pod) = own {
+        // Last: our own pod, now that the record is out.
+        let b = opts.buckets[bucket_index(&opts.buckets, pod.spec.as_ref().and_then(|s| s.priority))];
+        let o = terminate(nc, Removal::Delete, &b, &pod, Instant::now(), ms).await;
+        report.pods.push(o);
+    }
+    Ok(report)
+}
+
+/// Removes one pod and waits until it is gone or `deadline` passes.
+async fn terminate(
+    nc: &NodeClient,
+    removal: Removal,
+    bucket: &Bucket,
+    pod: &Pod,
+    deadline: Instant,
+    ms: impl Fn() -> u64,
+) -> PodOutcome {
+    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let own_grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds);
+    let grace = pod_grace_seconds(bucket, own_grace);
+    let api: Api<Pod> = Api::namespaced(nc.client.clone(), &ns);
+    let mut out = PodOutcome {
+        namespace: ns.clone(),
+        name: name.clone(),
+        priority: pod.spec.as_ref().and_then(|s| s.priority),
+        bucket: bucket.priority,
+        grace_seconds: grace,
+        how: "delete".into(),
+        note: None,
+        requested_ms: ms(),
+        gone_ms: None,
+    };
+    let delete = |grace: i64| DeleteParams {
+        grace_period_seconds: Some(grace.max(0) as u32),
+        preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+        ..Default::default()
+    };
+
+    let sent = match removal {
+        Removal::Delete => send_delete(&api, &name, &delete(grace)).await,
+        Removal::Evict => {
+            out.how = "evict".into();
+            let fallback_at = deadline - Duration::from_secs_f64(bucket.seconds.max(0) as f64 * EVICT_FALLBACK_SHARE);
+            loop {
+                let ep = EvictParams { delete_options: Some(delete(grace)), ..Default::default() };
+                match api.evict(&name, &ep).await {
+                    Ok(_) => break Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => break Ok(()),
+                    Err(kube::Error::Api(s)) if s.code == 429 => {
+                        if Instant::now() + EVICT_RETRY >= fallback_at {
+                            let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+                            let grace = grace.min(left);
+                            tracing::warn!(pod = %format!("{ns}/{name}"), pdb = %s.message,
+                                "the disruption budget still refuses eviction with the bucket's time nearly out: deleting");
+                            out.how = "delete-after-pdb".into();
+                            out.note = Some(s.message.clone());
+                            out.grace_seconds = grace;
+                            break send_delete(&api, &name, &delete(grace)).await;
+                        }
+                        out.note = Some(s.message.clone());
+                        tokio::time::sleep(EVICT_RETRY).await;
+                    }
+                    Err(e) if retryable(&e) => tokio::time::sleep(EVICT_RETRY).await,
+                    Err(e) => break Err(e),
+                }
+            }
+        }
+    };
+    out.requested_ms = ms();
+    if let Err(e) = sent {
+        tracing::error!(pod = %format!("{ns}/{name}"), "removal failed: {e}");
+        out.note = Some(format!("removal failed: {e}"));
+        return out;
+    }
+    let key = kube::runtime::reflector::ObjectRef::<Pod>::new(&name).within(&ns);
+    loop {
+        let present = nc.pods.get(&key).is_some_and(|p| p.uid() == pod.uid());
+        if !present {
+            out.gone_ms = Some(ms());
+            return out;
+        }
+        if Instant::now() >= deadline {
+            return out;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn send_delete(api: &Api<Pod>, name: &str, dp: &DeleteParams) -> Result<(), kube::Error> {
+    match super::retry::retry("delete pod", || api.delete(name, dp)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Undoes the graceful start: taint off, condition False, an Event.
+pub async fn cancel(nc: &NodeClient, ep: &Episode) -> Result<()> {
+    let message = format!("shutdown cancelled (episode {})", ep.id);
+    let (c, t, e) = tokio::join!(
+        nc.set_condition(false, "ShutdownCancelled", &message),
+        nc.set_taint(false),
+        nc.event(EventType::Normal, "ShutdownCancelled", format!("Shutdown manager detected shutdown cancellation: {message}")),
+    );
+    c.and(t).and(e)
+}
+
+fn unix_secs(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// The kubelet's `graceful_node_shutdown_state`: {"startTime","endTime"},
+/// written atomically (temp file, fsync, rename, fsync of the directory).
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct State {
+    pub start_time: String,
+    pub end_time: String,
+}
+
+pub fn write_state(path: &Path, start: SystemTime, end: Option<SystemTime>) -> Result<()> {
+    let fmt = |t: SystemTime| humantime::format_rfc3339_nanos(t).to_string();
+    let state = State { start_time: fmt(start), end_time: end.map(fmt).unwrap_or_else(|| "0001-01-01T00:00:00Z".into()) };
+    let dir = path.parent().context("state file has no directory")?;
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
+    let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(&serde_json::to_vec(&state)?)?;
+    f.sync_all()?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+pub fn read_state(path: &Path) -> Result<Option<State>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(serde_json::from_slice(&b).with_context(|| format!("parsing {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}

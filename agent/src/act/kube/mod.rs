@@ -1,0 +1,143 @@
+//! What the cluster sees: the node's condition and taint, Events, and the
+//! graceful termination of the node's pods.
+pub mod graceful;
+pub mod retry;
+
+use std::time::SystemTime;
+
+use anyhow::{Context, Result};
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    api::{Patch, PatchParams},
+    runtime::{
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::{self, Store},
+        watcher, WatchStreamExt,
+    },
+    Api, Client,
+};
+use serde_json::json;
+
+use self::retry::retry;
+
+/// The node condition the agent owns (the kubelet owns Ready).
+pub const CONDITION: &str = "ShutdownInProgress";
+/// The agent's own NoSchedule taint while a shutdown is under way.
+pub const TAINT_KEY: &str = "lastgasp.dev/shutting-down";
+/// Event reason, as the kubelet's shutdown manager uses.
+pub const EVENT_REASON: &str = "NodeShutdown";
+/// Annotation holding the last shutdown's record.
+pub const RECORD_ANNOTATION: &str = "lastgasp.dev/last-shutdown";
+
+/// The agent's view of its own node: the Node API, a watch of the node's pods
+/// (kept warm so that nothing is listed at shutdown time), and Events.
+#[derive(Clone)]
+pub struct NodeClient {
+    pub client: Client,
+    pub node: String,
+    pub nodes: Api<Node>,
+    pub pods: Store<Pod>,
+    recorder: Recorder,
+}
+
+impl NodeClient {
+    /// Starts the pod watch (field selector on spec.nodeName) and waits for
+    /// its first list.
+    pub async fn start(client: Client, node: &str) -> Result<Self> {
+        let (pods, writer) = reflector::store();
+        let api: Api<Pod> = Api::all(client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff().touched_objects();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                if let Err(e) = item {
+                    tracing::warn!("pod watch: {e}");
+                }
+            }
+        });
+        pods.wait_until_ready().await.context("the pod watch ended before its first list")?;
+        let reporter = Reporter { controller: "lastgasp".into(), instance: Some(node.to_string()) };
+        Ok(NodeClient {
+            nodes: Api::all(client.clone()),
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            node: node.to_string(),
+            pods,
+        })
+    }
+
+    fn reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node.clone()),
+            uid: Some(self.node.clone()),
+            ..Default::default()
+        }
+    }
+
+    pub async fn event(&self, type_: EventType, action: &str, note: String) -> Result<()> {
+        let ev = Event { type_, reason: EVENT_REASON.into(), note: Some(note), action: action.into(), secondary: None };
+        let reference = self.reference();
+        retry("event", || self.recorder.publish(&ev, &reference)).await?;
+        Ok(())
+    }
+
+    /// Sets the `ShutdownInProgress` condition (status subresource; the
+    /// strategic merge keeps the kubelet's conditions, merged by type).
+    pub async fn set_condition(&self, status: bool, reason: &str, message: &str) -> Result<()> {
+        let now = Time(Timestamp::now());
+        let cond = NodeCondition {
+            type_: CONDITION.into(),
+            status: if status { "True" } else { "False" }.into(),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            last_heartbeat_time: Some(now.clone()),
+            last_transition_time: Some(now),
+        };
+        let body = json!({ "status": { "conditions": [cond] } });
+        let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
+        retry("condition", || self.nodes.patch_status(&self.node, &params, &patch)).await?;
+        Ok(())
+    }
+
+    /// Adds or removes the agent's NoSchedule taint. Taints are replaced as a
+    /// list, so this reads the node and writes the whole list with its
+    /// resourceVersion: a concurrent change gives 409, and a retry.
+    pub async fn set_taint(&self, present: bool) -> Result<()> {
+        retry("taint", || async {
+            let node = self.nodes.get(&self.node).await?;
+            let mut taints: Vec<Taint> = node.spec.and_then(|s| s.taints).unwrap_or_default();
+            let had = taints.iter().any(|t| t.key == TAINT_KEY);
+            if had == present {
+                return Ok(());
+            }
+            taints.retain(|t| t.key != TAINT_KEY);
+            if present {
+                taints.push(shutdown_taint(SystemTime::now()));
+            }
+            let patch = json!({
+                "metadata": { "resourceVersion": node.metadata.resource_version },
+                "spec": { "taints": taints },
+            });
+            self.nodes.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+pub fn shutdown_taint(at: SystemTime) -> Taint {
+    Taint {
+        key: TAINT_KEY.into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: Timestamp::try_from(at).ok().map(Time),
+    }
+}
