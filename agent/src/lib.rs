@@ -1,7 +1,9 @@
 //! lastgasp: sees every way a Linux node can shut down, and tells the cluster.
 pub mod act;
+pub mod config;
 pub mod decide;
 pub mod detect;
 pub mod grace;
 pub mod node;
+pub mod report;
 pub mod signal;

@@ -108,7 +108,7 @@ async fn run(args: RunArgs) -> Result<()> {
                     if let Some(a) = s.actor.as_mut() {
                         actor::enrich(a);
                     }
-                    if let Err(e) = audit.append(&s) {
+                    if let Err(e) = audit.append(&s, None) {
                         tracing::error!("audit record NOT written: {e:#}");
                     }
                     println!("{}", serde_json::to_string(&s)?);

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::signal::ShutdownSignal;
+use crate::{decide::Decision, signal::ShutdownSignal};
 
 pub const FILE_NAME: &str = "audit.jsonl";
 
@@ -22,7 +22,54 @@ pub struct Record {
     pub seq: u64,
     #[serde(with = "humantime_serde")]
     pub written_at: SystemTime,
-    pub signal: ShutdownSignal,
+    #[serde(flatten)]
+    pub entry: Entry,
+}
+
+/// What a record holds: a detection and what was decided, or what an
+/// action achieved.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Entry {
+    Signal {
+        signal: ShutdownSignal,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decision: Option<Decision>,
+    },
+    Outcome {
+        episode: u32,
+        outcome: Outcome,
+    },
+    /// The agent started in this boot (so that a boot with no shutdown
+    /// record still shows up, and its end is known to be unannounced).
+    AgentStart {
+        version: String,
+    },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum Outcome {
+    /// The graceful path finished its buckets.
+    GracefulDone { terminated: usize, remaining: usize },
+    /// The last gasp reached the API server, `ms` after the kernel saw it.
+    LastGaspDelivered { ms: f64 },
+    /// The last gasp failed; the record is delivered after the next boot.
+    LastGaspFailed { error: String },
+    /// A cancellation was applied.
+    Cancelled,
+    /// Episode `episode` of boot `boot_id` reached the cluster only in this
+    /// later boot.
+    DeliveredLate { boot_id: String },
+}
+
+impl Record {
+    pub fn signal(&self) -> Option<&ShutdownSignal> {
+        match &self.entry {
+            Entry::Signal { signal, .. } => Some(signal),
+            Entry::Outcome { .. } | Entry::AgentStart { .. } => None,
+        }
+    }
 }
 
 pub struct AuditLog {
@@ -61,13 +108,34 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one record and waits until it is on disk.
-    pub fn append(&mut self, signal: &ShutdownSignal) -> Result<Record> {
+    /// Appends a detection and its decision, and waits until it is on disk.
+    pub fn append(
+        &mut self,
+        signal: &ShutdownSignal,
+        decision: Option<&Decision>,
+    ) -> Result<Record> {
+        self.write(Entry::Signal {
+            signal: signal.clone(),
+            decision: decision.cloned(),
+        })
+    }
+
+    pub fn agent_start(&mut self) -> Result<Record> {
+        self.write(Entry::AgentStart {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        })
+    }
+
+    pub fn outcome(&mut self, episode: u32, outcome: Outcome) -> Result<Record> {
+        self.write(Entry::Outcome { episode, outcome })
+    }
+
+    fn write(&mut self, entry: Entry) -> Result<Record> {
         let record = Record {
             boot_id: self.boot_id.clone(),
             seq: self.next_seq,
             written_at: SystemTime::now(),
-            signal: signal.clone(),
+            entry,
         };
         let mut line = serde_json::to_vec(&record)?;
         line.push(b'\n');
@@ -196,8 +264,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lastgasp-audit-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let mut a = AuditLog::open(&dir, "boot-a").unwrap();
-        a.append(&signal(Kind::Reboot)).unwrap();
-        a.append(&signal(Kind::Poweroff)).unwrap();
+        a.append(&signal(Kind::Reboot), None).unwrap();
+        a.append(&signal(Kind::Poweroff), None).unwrap();
         drop(a);
         // A power loss mid-write leaves a torn line.
         OpenOptions::new()
@@ -213,27 +281,36 @@ mod tests {
             .write_all(b"\n")
             .unwrap();
         let mut b = AuditLog::open(&dir, "boot-b").unwrap();
-        let rec = b.append(&signal(Kind::Halt)).unwrap();
+        let rec = b.append(&signal(Kind::Halt), None).unwrap();
         assert_eq!(rec.seq, 0);
         let mut a2 = AuditLog::open(&dir, "boot-a").unwrap();
         assert_eq!(
-            a2.append(&signal(Kind::Kexec)).unwrap().seq,
+            a2.outcome(1, Outcome::Cancelled).unwrap().seq,
             2,
             "seq continues within a boot"
         );
+        a2.append(&signal(Kind::Kexec), None).unwrap();
 
         let c = read(&dir.join(FILE_NAME)).unwrap();
-        assert_eq!(c.records.len(), 4);
+        assert_eq!(c.records.len(), 5);
         assert_eq!(c.unreadable.len(), 1);
         assert_eq!(
-            c.records[0].signal,
-            signal(Kind::Reboot),
+            c.records[0].signal(),
+            Some(&signal(Kind::Reboot)),
             "a record reads back exactly"
+        );
+        assert_eq!(
+            c.records[3].entry,
+            Entry::Outcome {
+                episode: 1,
+                outcome: Outcome::Cancelled
+            }
         );
         let kinds = |f: BootFilter, cur: &str| -> Vec<Kind> {
             select(&c.records, &f, cur)
                 .iter()
-                .map(|r| r.signal.kind)
+                .filter_map(|r| r.signal())
+                .map(|s| s.kind)
                 .collect()
         };
         assert_eq!(kinds(BootFilter::Current, "boot-b"), vec![Kind::Halt]);
@@ -244,6 +321,7 @@ mod tests {
         assert_eq!(kinds(BootFilter::Previous, "boot-c"), vec![Kind::Halt]);
         assert_eq!(kinds(BootFilter::Id("boot-a".into()), "x").len(), 3);
         assert_eq!(kinds(BootFilter::All, "x").len(), 4);
+        assert_eq!(select(&c.records, &BootFilter::All, "x").len(), 5);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,11 +2,7 @@
 //! `Metrics::encode`.
 use std::sync::{atomic::AtomicU64, Arc};
 
-use prometheus_client::{
-    encoding::text::encode,
-    metrics::gauge::Gauge,
-    registry::Registry,
-};
+use prometheus_client::{encoding::text::encode, metrics::gauge::Gauge, registry::Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -31,7 +27,11 @@ impl Default for Metrics {
             "Last graceful shutdown end time since unix epoch in seconds",
             graceful_end.clone(),
         );
-        Metrics { registry: Arc::new(registry), graceful_start, graceful_end }
+        Metrics {
+            registry: Arc::new(registry),
+            graceful_start,
+            graceful_end,
+        }
     }
 }
 

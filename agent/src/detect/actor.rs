@@ -8,6 +8,12 @@ use crate::signal::{Actor, Parent};
 const MAX_PARENTS: usize = 8;
 
 pub fn enrich(actor: &mut Actor) {
+    enrich_with(actor, true)
+}
+
+/// `walk_cgroups`: when the process is gone, look its cgroup up by id in
+/// /sys/fs/cgroup (slow on a big node: not on the last gasp's path).
+pub fn enrich_with(actor: &mut Actor, walk_cgroups: bool) {
     let proc = format!("/proc/{}", actor.pid);
     if actor.exe.is_none() {
         actor.exe = fs::read_link(format!("{proc}/exe"))
@@ -17,7 +23,11 @@ pub fn enrich(actor: &mut Actor) {
     let cgroup = fs::read_to_string(format!("{proc}/cgroup"))
         .ok()
         .and_then(|s| cgroup_v2_path(&s))
-        .or_else(|| find_cgroup_by_id(Path::new("/sys/fs/cgroup"), actor.cgroup_id, 12));
+        .or_else(|| {
+            walk_cgroups
+                .then(|| find_cgroup_by_id(Path::new("/sys/fs/cgroup"), actor.cgroup_id, 12))
+                .flatten()
+        });
     if let Some(path) = cgroup {
         let (pod, container) = pod_and_container(&path);
         actor.pod_uid = pod;

@@ -92,37 +92,64 @@ pub struct GracefulReport {
 
 impl GracefulReport {
     pub fn terminated(&self) -> usize {
-        self.pods.iter().filter(|p| p.gone_ms.is_some() && !p.how.starts_with("skipped")).count()
+        self.pods
+            .iter()
+            .filter(|p| p.gone_ms.is_some() && !p.how.starts_with("skipped"))
+            .count()
     }
     pub fn remaining(&self) -> usize {
-        self.pods.iter().filter(|p| p.gone_ms.is_none() && !p.how.starts_with("skipped")).count()
+        self.pods
+            .iter()
+            .filter(|p| p.gone_ms.is_none() && !p.how.starts_with("skipped"))
+            .count()
     }
 }
 
 fn is_mirror(pod: &Pod) -> bool {
-    pod.annotations().contains_key("kubernetes.io/config.mirror")
+    pod.annotations()
+        .contains_key("kubernetes.io/config.mirror")
 }
 
 fn is_finished(pod: &Pod) -> bool {
-    matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"))
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
 }
 
 /// Runs the graceful path to its end (or until the caller drops it, on a
 /// cancellation or an escalation).
-pub async fn run(nc: &NodeClient, opts: &GracefulOptions, ep: &Episode, metrics: &Metrics) -> Result<GracefulReport> {
+pub async fn run(
+    nc: &NodeClient,
+    opts: &GracefulOptions,
+    ep: &Episode,
+    metrics: &Metrics,
+) -> Result<GracefulReport> {
     let t0 = Instant::now();
     let started = SystemTime::now();
     let ms = move || t0.elapsed().as_millis() as u64;
-    let mut report = GracefulReport { started: Some(started), ..Default::default() };
+    let mut report = GracefulReport {
+        started: Some(started),
+        ..Default::default()
+    };
     write_state(&opts.state_file, started, None)?;
     metrics.graceful_start.set(unix_secs(started));
 
-    let how = ep.timeline.first().map(|e| e.summary.clone()).unwrap_or_default();
-    let message = format!("graceful {:?} shutdown (episode {}): {how}", ep.kind, ep.id).to_lowercase();
+    let how = ep
+        .timeline
+        .first()
+        .map(|e| e.summary.clone())
+        .unwrap_or_default();
+    let message =
+        format!("graceful {:?} shutdown (episode {}): {how}", ep.kind, ep.id).to_lowercase();
     let (c, t, e) = tokio::join!(
         nc.set_condition(true, "GracefulShutdown", &message),
         nc.set_taint(true),
-        nc.event(EventType::Normal, "Shutdown", format!("Shutdown manager detected shutdown event: {message}")),
+        nc.event(
+            EventType::Normal,
+            "Shutdown",
+            format!("Shutdown manager detected shutdown event: {message}")
+        ),
     );
     for r in [c, t, e] {
         if let Err(err) = r {
@@ -138,7 +165,11 @@ pub async fn run(nc: &NodeClient, opts: &GracefulOptions, ep: &Episode, metrics:
         let priority = pod.spec.as_ref().and_then(|s| s.priority);
         let b = bucket_index(&opts.buckets, priority);
         if is_mirror(&pod) || is_finished(&pod) {
-            let how = if is_mirror(&pod) { "skipped-mirror" } else { "skipped-finished" };
+            let how = if is_mirror(&pod) {
+                "skipped-mirror"
+            } else {
+                "skipped-finished"
+            };
             report.pods.push(PodOutcome {
                 namespace: ns,
                 name,
@@ -166,7 +197,11 @@ pub async fn run(nc: &NodeClient, opts: &GracefulOptions, ep: &Episode, metrics:
         }
         let started_ms = ms();
         let deadline = Instant::now() + Duration::from_secs(bucket.seconds.max(0) as u64);
-        let outcomes = join_all(pods.iter().map(|p| terminate(nc, opts.removal, bucket, p, deadline, ms))).await;
+        let outcomes = join_all(
+            pods.iter()
+                .map(|p| terminate(nc, opts.removal, bucket, p, deadline, ms)),
+        )
+        .await;
         let timed_out = outcomes.iter().any(|o| o.gone_ms.is_none());
         report.buckets.push(BucketRun {
             priority: bucket.priority,
@@ -193,7 +228,8 @@ pub async fn run(nc: &NodeClient, opts: &GracefulOptions, ep: &Episode, metrics:
     }
     if let Some(pod) = own {
         // Last: our own pod, now that the record is out.
-        let b = opts.buckets[bucket_index(&opts.buckets, pod.spec.as_ref().and_then(|s| s.priority))];
+        let b =
+            opts.buckets[bucket_index(&opts.buckets, pod.spec.as_ref().and_then(|s| s.priority))];
         let o = terminate(nc, Removal::Delete, &b, &pod, Instant::now(), ms).await;
         report.pods.push(o);
     }
@@ -210,7 +246,10 @@ async fn terminate(
     ms: impl Fn() -> u64,
 ) -> PodOutcome {
     let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-    let own_grace = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds);
+    let own_grace = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds);
     let grace = pod_grace_seconds(bucket, own_grace);
     let api: Api<Pod> = Api::namespaced(nc.client.clone(), &ns);
     let mut out = PodOutcome {
@@ -226,7 +265,10 @@ async fn terminate(
     };
     let delete = |grace: i64| DeleteParams {
         grace_period_seconds: Some(grace.max(0) as u32),
-        preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+        preconditions: Some(Preconditions {
+            uid: pod.uid(),
+            resource_version: None,
+        }),
         ..Default::default()
     };
 
@@ -234,15 +276,20 @@ async fn terminate(
         Removal::Delete => send_delete(&api, &name, &delete(grace)).await,
         Removal::Evict => {
             out.how = "evict".into();
-            let fallback_at = deadline - Duration::from_secs_f64(bucket.seconds.max(0) as f64 * EVICT_FALLBACK_SHARE);
+            let fallback_at = deadline
+                - Duration::from_secs_f64(bucket.seconds.max(0) as f64 * EVICT_FALLBACK_SHARE);
             loop {
-                let ep = EvictParams { delete_options: Some(delete(grace)), ..Default::default() };
+                let ep = EvictParams {
+                    delete_options: Some(delete(grace)),
+                    ..Default::default()
+                };
                 match api.evict(&name, &ep).await {
                     Ok(_) => break Ok(()),
                     Err(kube::Error::Api(s)) if s.code == 404 => break Ok(()),
                     Err(kube::Error::Api(s)) if s.code == 429 => {
                         if Instant::now() + EVICT_RETRY >= fallback_at {
-                            let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+                            let left =
+                                deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
                             let grace = grace.min(left);
                             tracing::warn!(pod = %format!("{ns}/{name}"), pdb = %s.message,
                                 "the disruption budget still refuses eviction with the bucket's time nearly out: deleting");
@@ -294,13 +341,19 @@ pub async fn cancel(nc: &NodeClient, ep: &Episode) -> Result<()> {
     let (c, t, e) = tokio::join!(
         nc.set_condition(false, "ShutdownCancelled", &message),
         nc.set_taint(false),
-        nc.event(EventType::Normal, "ShutdownCancelled", format!("Shutdown manager detected shutdown cancellation: {message}")),
+        nc.event(
+            EventType::Normal,
+            "ShutdownCancelled",
+            format!("Shutdown manager detected shutdown cancellation: {message}")
+        ),
     );
     c.and(t).and(e)
 }
 
 fn unix_secs(t: SystemTime) -> f64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// The kubelet's `graceful_node_shutdown_state`: {"startTime","endTime"},
@@ -314,10 +367,18 @@ pub struct State {
 
 pub fn write_state(path: &Path, start: SystemTime, end: Option<SystemTime>) -> Result<()> {
     let fmt = |t: SystemTime| humantime::format_rfc3339_nanos(t).to_string();
-    let state = State { start_time: fmt(start), end_time: end.map(fmt).unwrap_or_else(|| "0001-01-01T00:00:00Z".into()) };
+    let state = State {
+        start_time: fmt(start),
+        end_time: end
+            .map(fmt)
+            .unwrap_or_else(|| "0001-01-01T00:00:00Z".into()),
+    };
     let dir = path.parent().context("state file has no directory")?;
     fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap().to_string_lossy()));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().unwrap().to_string_lossy()
+    ));
     let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     f.write_all(&serde_json::to_vec(&state)?)?;
     f.sync_all()?;
@@ -328,7 +389,9 @@ pub fn write_state(path: &Path, start: SystemTime, end: Option<SystemTime>) -> R
 
 pub fn read_state(path: &Path) -> Result<Option<State>> {
     match fs::read(path) {
-        Ok(b) => Ok(Some(serde_json::from_slice(&b).with_context(|| format!("parsing {}", path.display()))?)),
+        Ok(b) => Ok(Some(
+            serde_json::from_slice(&b).with_context(|| format!("parsing {}", path.display()))?,
+        )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e.into()),
     }

@@ -1,6 +1,7 @@
 //! What the cluster sees: the node's condition and taint, Events, and the
 //! graceful termination of the node's pods.
 pub mod graceful;
+pub mod lastgasp;
 pub mod retry;
 
 use std::time::SystemTime;
@@ -51,7 +52,9 @@ impl NodeClient {
         let (pods, writer) = reflector::store();
         let api: Api<Pod> = Api::all(client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff().touched_objects();
+        let stream = reflector::reflector(writer, watcher(api, config))
+            .default_backoff()
+            .touched_objects();
         tokio::spawn(async move {
             use futures::StreamExt;
             let mut stream = std::pin::pin!(stream);
@@ -61,8 +64,13 @@ impl NodeClient {
                 }
             }
         });
-        pods.wait_until_ready().await.context("the pod watch ended before its first list")?;
-        let reporter = Reporter { controller: "lastgasp".into(), instance: Some(node.to_string()) };
+        pods.wait_until_ready()
+            .await
+            .context("the pod watch ended before its first list")?;
+        let reporter = Reporter {
+            controller: "lastgasp".into(),
+            instance: Some(node.to_string()),
+        };
         Ok(NodeClient {
             nodes: Api::all(client.clone()),
             recorder: Recorder::new(client.clone(), reporter),
@@ -83,7 +91,13 @@ impl NodeClient {
     }
 
     pub async fn event(&self, type_: EventType, action: &str, note: String) -> Result<()> {
-        let ev = Event { type_, reason: EVENT_REASON.into(), note: Some(note), action: action.into(), secondary: None };
+        let ev = Event {
+            type_,
+            reason: EVENT_REASON.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
         let reference = self.reference();
         retry("event", || self.recorder.publish(&ev, &reference)).await?;
         Ok(())
@@ -103,7 +117,10 @@ impl NodeClient {
         };
         let body = json!({ "status": { "conditions": [cond] } });
         let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
-        retry("condition", || self.nodes.patch_status(&self.node, &params, &patch)).await?;
+        retry("condition", || {
+            self.nodes.patch_status(&self.node, &params, &patch)
+        })
+        .await?;
         Ok(())
     }
 
@@ -126,7 +143,10 @@ impl NodeClient {
                 "metadata": { "resourceVersion": node.metadata.resource_version },
                 "spec": { "taints": taints },
             });
-            self.nodes.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(|_| ())
+            self.nodes
+                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ())
         })
         .await?;
         Ok(())

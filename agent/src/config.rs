@@ -1,0 +1,178 @@
+//! The agent's one typed configuration (YAML or JSON). Unknown fields, wrong
+//! types and impossible values fail at start with the field named: the agent
+//! never runs half-configured.
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::{
+    act::kube::graceful::Removal,
+    grace::{Bucket, GraceConfig, PriorityGrace},
+};
+
+#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// This node's name (default: $NODE_NAME).
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// Where the audit log and the graceful-shutdown state file live.
+    #[serde(default = "default_audit_dir")]
+    pub audit_dir: PathBuf,
+    /// How pods are removed: `delete` (default) or `evict` (honours PDBs).
+    #[serde(default)]
+    pub pod_removal: Removal,
+    // The kubelet's own field names.
+    #[serde(default)]
+    pub shutdown_grace_period: Option<String>,
+    #[serde(default)]
+    pub shutdown_grace_period_critical_pods: Option<String>,
+    #[serde(default)]
+    pub shutdown_grace_period_by_pod_priority: Option<Vec<PriorityGrace>>,
+    /// Read the three fields above from the node's KubeletConfiguration
+    /// instead (e.g. /var/lib/kubelet/config.yaml), so they are set once.
+    #[serde(default)]
+    pub kubelet_config_path: Option<PathBuf>,
+}
+
+fn default_audit_dir() -> PathBuf {
+    PathBuf::from("/var/lib/lastgasp")
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_name: None,
+            audit_dir: default_audit_dir(),
+            pod_removal: Removal::Delete,
+            shutdown_grace_period: None,
+            shutdown_grace_period_critical_pods: None,
+            shutdown_grace_period_by_pod_priority: None,
+            kubelet_config_path: None,
+        }
+    }
+}
+
+/// The grace fields of a KubeletConfiguration; everything else in it is
+/// the kubelet's business.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KubeletGrace {
+    #[serde(default)]
+    shutdown_grace_period: Option<String>,
+    #[serde(default)]
+    shutdown_grace_period_critical_pods: Option<String>,
+    #[serde(default)]
+    shutdown_grace_period_by_pod_priority: Option<Vec<PriorityGrace>>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("in {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Config> {
+        let cfg: Config = serde_norway::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        cfg.grace()?;
+        Ok(cfg)
+    }
+
+    /// The grace configuration: from this file, or from the kubelet's.
+    pub fn grace(&self) -> Result<GraceConfig> {
+        let own = GraceConfig {
+            shutdown_grace_period: self.shutdown_grace_period.clone(),
+            shutdown_grace_period_critical_pods: self.shutdown_grace_period_critical_pods.clone(),
+            shutdown_grace_period_by_pod_priority: self
+                .shutdown_grace_period_by_pod_priority
+                .clone(),
+        };
+        let Some(path) = &self.kubelet_config_path else {
+            own.buckets()?;
+            return Ok(own);
+        };
+        if own != GraceConfig::default() {
+            bail!("kubeletConfigPath: set the grace periods here or in the kubelet's configuration, not both");
+        }
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("kubeletConfigPath: reading {}", path.display()))?;
+        let k: KubeletGrace = serde_norway::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("kubeletConfigPath: {}: {e}", path.display()))?;
+        let g = GraceConfig {
+            shutdown_grace_period: k.shutdown_grace_period,
+            shutdown_grace_period_critical_pods: k.shutdown_grace_period_critical_pods,
+            shutdown_grace_period_by_pod_priority: k.shutdown_grace_period_by_pod_priority,
+        };
+        g.buckets()
+            .with_context(|| format!("in the kubelet's configuration {}", path.display()))?;
+        Ok(g)
+    }
+
+    pub fn buckets(&self) -> Result<Vec<Bucket>> {
+        Ok(self.grace()?.buckets()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_config() {
+        let c = Config::parse(
+            "nodeName: n1\nauditDir: /tmp/x\npodRemoval: evict\nshutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n",
+        )
+        .unwrap();
+        assert_eq!(c.pod_removal, Removal::Evict);
+        assert_eq!(c.buckets().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn bad_input_names_the_field() {
+        for (text, field) in [
+            ("shutdownGracePeriod: 30s\nfrobnicate: 1\n", "frobnicate"),
+            ("shutdownGracePeriod: 30s\npodRemoval: shred\n", "shred"),
+            ("shutdownGracePeriod: [1]\n", "shutdownGracePeriod"),
+            ("shutdownGracePeriod: 0s\n", "shutdownGracePeriod"),
+            ("shutdownGracePeriodByPodPriority: [{priority: x, shutdownGracePeriodSeconds: 1}]\n", "priority"),
+            ("{}", "shutdownGracePeriod"),
+        ] {
+            let e = format!("{:#}", Config::parse(text).unwrap_err());
+            assert!(e.contains(field), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn grace_from_the_kubelet_config() {
+        let dir = std::env::temp_dir().join(format!("lastgasp-kcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let k = dir.join("config.yaml");
+        std::fs::write(
+            &k,
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 2m\nshutdownGracePeriodCriticalPods: 30s\nmaxPods: 110\n",
+        )
+        .unwrap();
+        let c = Config::parse(&format!("kubeletConfigPath: {}\n", k.display())).unwrap();
+        assert_eq!(
+            c.buckets().unwrap(),
+            vec![
+                Bucket {
+                    priority: 0,
+                    seconds: 90
+                },
+                Bucket {
+                    priority: 2_000_000_000,
+                    seconds: 30
+                }
+            ]
+        );
+        let both = format!(
+            "kubeletConfigPath: {}\nshutdownGracePeriod: 1m\n",
+            k.display()
+        );
+        assert!(format!("{:#}", Config::parse(&both).unwrap_err()).contains("not both"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -1,0 +1,301 @@
+//! After a boot: how did the previous one end? Read from the audit log, so it
+//! works whatever the cluster saw at the time.
+//! - graceful: an episode whose graceful path completed;
+//! - forced: an episode on the immediate path;
+//! - interrupted: a graceful path that never finished;
+//! - unannounced: no episode at all (power loss, hypervisor reset, watchdog,
+//!   panic): pstore may hold the kernel's last words.
+use std::{fs, path::Path};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    act::audit::{boots, Entry, Outcome, Record},
+    decide::{Episode, Path as EpPath},
+};
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootEnd {
+    Graceful,
+    Forced,
+    Interrupted,
+    Unannounced,
+}
+
+impl BootEnd {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootEnd::Graceful => "graceful",
+            BootEnd::Forced => "forced",
+            BootEnd::Interrupted => "interrupted",
+            BootEnd::Unannounced => "unannounced",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct BootReport {
+    pub boot_id: String,
+    pub end: BootEnd,
+    /// The episode that ended the boot, as last recorded.
+    pub episode: Option<Episode>,
+    pub pods_terminated: Option<usize>,
+    pub pods_remaining: Option<usize>,
+    /// The last gasp never reached the cluster: deliver it now.
+    pub undelivered: bool,
+}
+
+/// How `boot_id` ended, from its records. Episodes that were cancelled do
+/// not count; the last one standing does.
+pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
+    let mine: Vec<&Record> = records.iter().filter(|r| r.boot_id == boot_id).collect();
+    let mut last: Option<Episode> = None;
+    for r in &mine {
+        if let Entry::Signal {
+            decision: Some(d), ..
+        } = &r.entry
+        {
+            if let Some(ep) = &d.episode {
+                last = Some(ep.clone());
+            }
+        }
+    }
+    let outcomes = |id: u32| {
+        mine.iter().filter_map(move |r| match &r.entry {
+            Entry::Outcome { episode, outcome } if *episode == id => Some(outcome),
+            _ => None,
+        })
+    };
+    let delivered_late = records.iter().any(|r| {
+        matches!(&r.entry, Entry::Outcome { outcome: Outcome::DeliveredLate { boot_id: b }, episode }
+            if b == boot_id && last.as_ref().is_some_and(|e| e.id == *episode))
+    });
+    let mut report = BootReport {
+        boot_id: boot_id.to_string(),
+        end: BootEnd::Unannounced,
+        episode: None,
+        pods_terminated: None,
+        pods_remaining: None,
+        undelivered: false,
+    };
+    let Some(ep) = last.filter(|e| matches!(e.path, EpPath::Graceful | EpPath::Immediate)) else {
+        return report;
+    };
+    let done = outcomes(ep.id).find_map(|o| match o {
+        Outcome::GracefulDone {
+            terminated,
+            remaining,
+        } => Some((*terminated, *remaining)),
+        _ => None,
+    });
+    if let Some((t, r)) = done {
+        report.pods_terminated = Some(t);
+        report.pods_remaining = Some(r);
+    }
+    report.end = match ep.path {
+        EpPath::Immediate => BootEnd::Forced,
+        _ if done.is_some() => BootEnd::Graceful,
+        _ => BootEnd::Interrupted,
+    };
+    if ep.path == EpPath::Immediate {
+        let delivered = outcomes(ep.id).any(|o| matches!(o, Outcome::LastGaspDelivered { .. }));
+        report.undelivered = !delivered && !delivered_late;
+    }
+    report.episode = Some(ep);
+    report
+}
+
+/// The boot before `current`, among those the log knows.
+pub fn previous_boot<'a>(records: &'a [Record], current: &str) -> Option<&'a str> {
+    boots(records).into_iter().rfind(|b| *b != current)
+}
+
+/// Kernel panic/oops records kept across the reboot in pstore: each file's
+/// name and first lines.
+pub fn pstore(dir: &Path, lines: usize) -> Vec<(String, String)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, String)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let text = fs::read(e.path()).ok()?;
+            let text = String::from_utf8_lossy(&text);
+            Some((
+                e.file_name().to_string_lossy().into_owned(),
+                text.lines().take(lines).collect::<Vec<_>>().join("\n"),
+            ))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::{
+        decide::{Action, Decision},
+        signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+    };
+
+    fn ep(id: u32, path: EpPath) -> Episode {
+        Episode {
+            id,
+            kind: Kind::Poweroff,
+            path,
+            timeline: vec![],
+            deadline: None,
+            protected: false,
+            forced: false,
+        }
+    }
+
+    fn sig_rec(boot: &str, seq: u64, action: Action, episode: Option<Episode>) -> Record {
+        let signal = ShutdownSignal {
+            source: Source::Logind,
+            kind: Kind::Poweroff,
+            forced: false,
+            bypasses_logind: false,
+            scope: Scope::Node,
+            effect: Effect::Now,
+            actor: None,
+            at: SystemTime::UNIX_EPOCH,
+            boot_ns: 0,
+            deadline: None,
+            detail: Detail::Dbus {
+                member: "PrepareForShutdown".into(),
+                unit: None,
+            },
+        };
+        Record {
+            boot_id: boot.into(),
+            seq,
+            written_at: SystemTime::UNIX_EPOCH,
+            entry: Entry::Signal {
+                signal,
+                decision: Some(Decision { action, episode }),
+            },
+        }
+    }
+
+    fn out(boot: &str, seq: u64, episode: u32, outcome: Outcome) -> Record {
+        Record {
+            boot_id: boot.into(),
+            seq,
+            written_at: SystemTime::UNIX_EPOCH,
+            entry: Entry::Outcome { episode, outcome },
+        }
+    }
+
+    fn start(boot: &str) -> Record {
+        Record {
+            boot_id: boot.into(),
+            seq: 0,
+            written_at: SystemTime::UNIX_EPOCH,
+            entry: Entry::AgentStart {
+                version: "t".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn each_way_a_boot_can_end() {
+        let g = Action::Graceful {
+            deadline: None,
+            protected: true,
+        };
+        let records = vec![
+            start("a"),
+            sig_rec("a", 1, g.clone(), Some(ep(1, EpPath::Graceful))),
+            out(
+                "a",
+                2,
+                1,
+                Outcome::GracefulDone {
+                    terminated: 4,
+                    remaining: 1,
+                },
+            ),
+            start("b"),
+            sig_rec(
+                "b",
+                1,
+                Action::Immediate { escalated: false },
+                Some(ep(1, EpPath::Immediate)),
+            ),
+            out(
+                "b",
+                2,
+                1,
+                Outcome::LastGaspFailed {
+                    error: "down".into(),
+                },
+            ),
+            start("c"),
+            sig_rec("c", 1, g.clone(), Some(ep(1, EpPath::Graceful))),
+            start("d"),
+            sig_rec("d", 1, g, Some(ep(1, EpPath::Graceful))),
+            sig_rec("d", 2, Action::Cancel, Some(ep(1, EpPath::Cancelled))),
+            start("e"),
+        ];
+        let a = classify(&records, "a");
+        assert_eq!(
+            (a.end, a.pods_terminated, a.pods_remaining, a.undelivered),
+            (BootEnd::Graceful, Some(4), Some(1), false)
+        );
+        let b = classify(&records, "b");
+        assert_eq!(
+            (b.end, b.undelivered),
+            (BootEnd::Forced, true),
+            "a failed last gasp is delivered after the boot"
+        );
+        assert_eq!(classify(&records, "c").end, BootEnd::Interrupted);
+        assert_eq!(
+            classify(&records, "d").end,
+            BootEnd::Unannounced,
+            "a cancelled shutdown did not end the boot"
+        );
+        assert_eq!(classify(&records, "e").end, BootEnd::Unannounced);
+        assert_eq!(previous_boot(&records, "e"), Some("d"));
+        assert_eq!(previous_boot(&records, "a"), Some("e"));
+
+        let mut later = records.clone();
+        later.push(out(
+            "e",
+            1,
+            1,
+            Outcome::DeliveredLate {
+                boot_id: "b".into(),
+            },
+        ));
+        assert!(
+            !classify(&later, "b").undelivered,
+            "delivered once, not again"
+        );
+    }
+
+    #[test]
+    fn pstore_quotes_first_lines() {
+        let dir = std::env::temp_dir().join(format!("lastgasp-pstore-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("dmesg-ramoops-0"),
+            "Oops#1 Part1\n<0>Kernel panic - not syncing: VFS\nmore\n",
+        )
+        .unwrap();
+        let p = pstore(&dir, 2);
+        assert_eq!(
+            p,
+            vec![(
+                "dmesg-ramoops-0".into(),
+                "Oops#1 Part1\n<0>Kernel panic - not syncing: VFS".into()
+            )]
+        );
+        assert!(pstore(&dir.join("missing"), 2).is_empty());
+        fs::remove_dir_all(&dir).ok();
+    }
+}
