@@ -7,6 +7,10 @@ use lastgasp::{
     detect::{actor, ebpf::EbpfDetector},
     node::{self, NodePidNs},
 };
+use lastgasp::{
+    detect::dbus::{self, DbusArgs},
+    signal::{Effect, ShutdownSignal, Source},
+};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Parser)]
@@ -35,6 +39,9 @@ enum Command {
         #[arg(long, default_value = "all")]
         boot: BootFilter,
     },
+    /// Preflight: would graceful shutdown through logind work here? Exits 1
+    /// with a report when something would make it fail.
+    Check(DbusArgs),
 }
 
 const DEFAULT_AUDIT_DIR: &str = "/var/lib/lastgasp";
@@ -50,6 +57,8 @@ struct RunArgs {
     node_pid_ns: Option<PathBuf>,
     #[arg(long, default_value = DEFAULT_AUDIT_DIR)]
     audit_dir: PathBuf,
+    #[command(flatten)]
+    dbus: DbusArgs,
 }
 
 fn main() -> Result<()> {
@@ -70,6 +79,12 @@ fn main() -> Result<()> {
             .build()?
             .block_on(run(args)),
         Command::History { audit_dir, boot } => history(&audit_dir, &boot),
+        Command::Check(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            std::process::exit(rt.block_on(lastgasp::check::main(&args)))
+        }
     }
 }
 
@@ -94,6 +109,9 @@ async fn run(args: RunArgs) -> Result<()> {
         eprintln!("  {r}");
     }
     tracing::info!(armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
+    // logind and systemd over D-Bus feed the same loop.
+    let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
+    let logind = dbus::spawn_detectors(&args.dbus, dbus_tx).await?;
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -104,16 +122,16 @@ async fn run(args: RunArgs) -> Result<()> {
             // Records first: on SIGTERM mid-shutdown, what was seen is written out before exiting.
             biased;
             batch = det.next_batch() => {
-                for mut s in batch? {
-                    if let Some(a) = s.actor.as_mut() {
-                        actor::enrich(a);
-                    }
-                    if let Err(e) = audit.append(&s, None) {
-                        tracing::error!("audit record NOT written: {e:#}");
-                    }
-                    println!("{}", serde_json::to_string(&s)?);
-                    tracing::info!(source = ?s.source, kind = ?s.kind, forced = s.forced, scope = ?s.scope,
-                        pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()), "shutdown signal");
+                for s in batch? {
+                    report(&mut audit, s)?;
+                }
+            }
+            Some(s) = dbus_rx.recv() => {
+                let graceful = s.source == Source::Logind && s.effect == Effect::Now;
+                report(&mut audit, s)?;
+                // Standalone, the graceful work is the audit record: let the shutdown go on.
+                if let (true, Some(l)) = (graceful, &logind) {
+                    l.release();
                 }
             }
             _ = tick.tick() => {
@@ -128,6 +146,19 @@ async fn run(args: RunArgs) -> Result<()> {
         }
     }
     tracing::info!(ring_buffer_drops = det.drops(), "stopping");
+    Ok(())
+}
+
+fn report(audit: &mut AuditLog, mut s: ShutdownSignal) -> Result<()> {
+    if let Some(a) = s.actor.as_mut() {
+        actor::enrich(a);
+    }
+    if let Err(e) = audit.append(&s, None) {
+        tracing::error!("audit record NOT written: {e:#}");
+    }
+    println!("{}", serde_json::to_string(&s)?);
+    tracing::info!(source = ?s.source, kind = ?s.kind, forced = s.forced, scope = ?s.scope,
+        pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()), "shutdown signal");
     Ok(())
 }
 

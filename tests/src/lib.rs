@@ -1,2 +1,3 @@
 //! Shared helpers for the integration tests and benchmarks.
+pub mod bus;
 pub mod support;

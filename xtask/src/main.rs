@@ -1,6 +1,7 @@
 //! `cargo xtask`: sets up the toolchain on a fresh machine (idempotently,
 //! cached), builds the eBPF object and the agent, runs, tests and benchmarks.
 mod setup;
+mod vm;
 
 use std::{
     path::{Path, PathBuf},
@@ -38,6 +39,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Real shutdowns in a QEMU guest: the scenario matrix and the last-gasp race.
+    VmTest(vm::Args),
     /// Run the benchmarks and print their table.
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -68,6 +71,8 @@ fn main() -> Result<()> {
             run(&mut cmd)?;
         }
         Cmd::Test { args } => {
+            // The D-Bus tests run a private dbus-daemon and use dbus-send.
+            setup::ensure_debs(&[("dbus-daemon", "dbus-daemon"), ("dbus-send", "dbus-bin")])?;
             let bin = build(&root, false)?;
             let obj = ebpf_object(&root);
             let mut cmd = cargo();
@@ -81,6 +86,16 @@ fn main() -> Result<()> {
                 cmd.args(["--", "--test-threads=1"]);
             }
             run(&mut cmd)?;
+            // Last: real shutdowns in a QEMU guest (a named subset), or SKIPPED.
+            if args.is_empty() {
+                // The debug agent `test` just built: no second (release) build within CI's budget.
+                vm::ci(&root, || build(&root, false))?;
+            } else {
+                println!("SKIPPED VM scenarios: a test filter was given (`cargo xtask vm-test` runs them)");
+            }
+        }
+        Cmd::VmTest(args) => {
+            vm::vm_test(&root, args, |release| build(&root, release))?;
         }
         Cmd::Bench { args } => {
             let bin = build(&root, true)?;
@@ -151,10 +166,10 @@ fn build(root: &Path, release: bool) -> Result<PathBuf> {
         cmd.arg("--release");
     }
     run(&mut cmd).context("building the agent")?;
-    Ok(root.join(if release {
-        "target/release/lastgasp"
+    Ok(target_dir(root).join(if release {
+        "release/lastgasp"
     } else {
-        "target/debug/lastgasp"
+        "debug/lastgasp"
     }))
 }
 

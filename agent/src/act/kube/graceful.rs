@@ -12,8 +12,14 @@ use std::{
 use anyhow::{Context, Result};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{
+    api::policy::v1::Eviction,
+    apimachinery::pkg::apis::meta::v1::{
+        DeleteOptions as K8sDeleteOptions, ObjectMeta, Preconditions as K8sPreconditions,
+    },
+};
 use kube::{
-    api::{DeleteParams, EvictParams, Preconditions},
+    api::{DeleteParams, PostParams, Preconditions},
     runtime::events::EventType,
     Api, ResourceExt,
 };
@@ -91,17 +97,16 @@ pub struct GracefulReport {
 }
 
 impl GracefulReport {
+    /// Pods the graceful path stopped and waited for (not the skipped ones,
+    /// nor the agent's own pod, which goes last and is not waited for).
+    fn counted(&self) -> impl Iterator<Item = &PodOutcome> {
+        self.pods.iter().filter(|p| !p.how.starts_with("skipped") && p.how != "delete-self")
+    }
     pub fn terminated(&self) -> usize {
-        self.pods
-            .iter()
-            .filter(|p| p.gone_ms.is_some() && !p.how.starts_with("skipped"))
-            .count()
+        self.counted().filter(|p| p.gone_ms.is_some()).count()
     }
     pub fn remaining(&self) -> usize {
-        self.pods
-            .iter()
-            .filter(|p| p.gone_ms.is_none() && !p.how.starts_with("skipped"))
-            .count()
+        self.counted().filter(|p| p.gone_ms.is_none()).count()
     }
 }
 
@@ -123,6 +128,7 @@ pub async fn run(
     nc: &NodeClient,
     opts: &GracefulOptions,
     ep: &Episode,
+    record: &serde_json::Value,
     metrics: &Metrics,
 ) -> Result<GracefulReport> {
     let t0 = Instant::now();
@@ -142,16 +148,17 @@ pub async fn run(
         .unwrap_or_default();
     let message =
         format!("graceful {:?} shutdown (episode {}): {how}", ep.kind, ep.id).to_lowercase();
-    let (c, t, e) = tokio::join!(
+    let (c, t, r, e) = tokio::join!(
         nc.set_condition(true, "GracefulShutdown", &message),
         nc.set_taint(true),
+        nc.set_record(record),
         nc.event(
             EventType::Normal,
             "Shutdown",
             format!("Shutdown manager detected shutdown event: {message}")
         ),
     );
-    for r in [c, t, e] {
+    for r in [c, t, r, e] {
         if let Err(err) = r {
             tracing::error!("graceful start: {err:#}");
         }
@@ -230,7 +237,8 @@ pub async fn run(
         // Last: our own pod, now that the record is out.
         let b =
             opts.buckets[bucket_index(&opts.buckets, pod.spec.as_ref().and_then(|s| s.priority))];
-        let o = terminate(nc, Removal::Delete, &b, &pod, Instant::now(), ms).await;
+        let mut o = terminate(nc, Removal::Delete, &b, &pod, Instant::now(), ms).await;
+        o.how = "delete-self".into();
         report.pods.push(o);
     }
     Ok(report)
@@ -263,6 +271,11 @@ async fn terminate(
         requested_ms: ms(),
         gone_ms: None,
     };
+    let delete_options = |grace: i64| K8sDeleteOptions {
+        grace_period_seconds: Some(grace.max(0)),
+        preconditions: Some(K8sPreconditions { uid: pod.uid(), resource_version: None }),
+        ..Default::default()
+    };
     let delete = |grace: i64| DeleteParams {
         grace_period_seconds: Some(grace.max(0) as u32),
         preconditions: Some(Preconditions {
@@ -279,31 +292,33 @@ async fn terminate(
             let fallback_at = deadline
                 - Duration::from_secs_f64(bucket.seconds.max(0) as f64 * EVICT_FALLBACK_SHARE);
             loop {
-                let ep = EvictParams {
-                    delete_options: Some(delete(grace)),
-                    ..Default::default()
+                // Built by hand: kube 5's EvictParams serialises its delete
+                // options as `delete_options`, which the API server ignores
+                // (the grace period would be lost).
+                let eviction = Eviction {
+                    metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(ns.clone()), ..Default::default() },
+                    delete_options: Some(delete_options(grace)),
                 };
-                match api.evict(&name, &ep).await {
+                let sent = api.create_subresource::<_, kube::core::Status>("eviction", &name, &PostParams::default(), &eviction).await;
+                let refusal = match sent {
                     Ok(_) => break Ok(()),
                     Err(kube::Error::Api(s)) if s.code == 404 => break Ok(()),
-                    Err(kube::Error::Api(s)) if s.code == 429 => {
-                        if Instant::now() + EVICT_RETRY >= fallback_at {
-                            let left =
-                                deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
-                            let grace = grace.min(left);
-                            tracing::warn!(pod = %format!("{ns}/{name}"), pdb = %s.message,
-                                "the disruption budget still refuses eviction with the bucket's time nearly out: deleting");
-                            out.how = "delete-after-pdb".into();
-                            out.note = Some(s.message.clone());
-                            out.grace_seconds = grace;
-                            break send_delete(&api, &name, &delete(grace)).await;
-                        }
-                        out.note = Some(s.message.clone());
-                        tokio::time::sleep(EVICT_RETRY).await;
-                    }
-                    Err(e) if retryable(&e) => tokio::time::sleep(EVICT_RETRY).await,
+                    // 429: a disruption budget says no; the causes name it.
+                    Err(kube::Error::Api(s)) if s.code == 429 => status_text(&s),
+                    Err(e) if retryable(&e) => e.to_string(),
                     Err(e) => break Err(e),
+                };
+                out.note = Some(refusal.clone());
+                if Instant::now() + EVICT_RETRY >= fallback_at {
+                    let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+                    let grace = grace.min(left);
+                    tracing::warn!(pod = %format!("{ns}/{name}"), refusal = %refusal,
+                        "eviction still refused with the bucket's time nearly out: deleting");
+                    out.how = "delete-after-pdb".into();
+                    out.grace_seconds = grace;
+                    break send_delete(&api, &name, &delete(grace)).await;
                 }
+                tokio::time::sleep(EVICT_RETRY).await;
             }
         }
     };
@@ -325,6 +340,15 @@ async fn terminate(
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// A Status's message and its causes (where an eviction names the budget).
+fn status_text(s: &kube::core::Status) -> String {
+    let mut text = s.message.clone();
+    for c in s.details.iter().flat_map(|d| d.causes.iter()) {
+        text.push_str(&format!(" {}", c.message));
+    }
+    text
 }
 
 async fn send_delete(api: &Api<Pod>, name: &str, dp: &DeleteParams) -> Result<(), kube::Error> {

@@ -153,6 +153,53 @@ impl NodeClient {
     }
 }
 
+impl NodeClient {
+    /// Writes the shutdown record annotation (merge patch on metadata).
+    pub async fn set_record(&self, record: &serde_json::Value) -> Result<()> {
+        let body = json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_string() } } });
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+        retry("record", || self.nodes.patch(&self.node, &params, &patch)).await?;
+        Ok(())
+    }
+
+    /// Once the kubelet reports the node Ready: the agent's taint off, its
+    /// condition False, and the record marked as back (so the controller
+    /// never acts on it again).
+    pub async fn clear_when_ready(&self) -> Result<()> {
+        loop {
+            let node = retry("get node", || self.nodes.get(&self.node)).await?;
+            let conds = node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
+            let ready = conds.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready {
+                let ours_on = conds.iter().any(|c| c.type_ == CONDITION && c.status == "True");
+                if ours_on {
+                    self.set_condition(false, "NodeReady", "the node is back and Ready").await?;
+                }
+                self.set_taint(false).await?;
+                if let Some(mut rec) = self.record().await? {
+                    if rec.get("back") != Some(&serde_json::Value::Bool(true)) {
+                        rec["back"] = serde_json::Value::Bool(true);
+                        self.set_record(&rec).await?;
+                    }
+                }
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        }
+    }
+
+    /// The record annotation as it stands, if any.
+    pub async fn record(&self) -> Result<Option<serde_json::Value>> {
+        let node = retry("get node", || self.nodes.get(&self.node)).await?;
+        Ok(node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RECORD_ANNOTATION))
+            .and_then(|r| serde_json::from_str(r).ok()))
+    }
+}
+
 pub fn shutdown_taint(at: SystemTime) -> Taint {
     Taint {
         key: TAINT_KEY.into(),

@@ -1,0 +1,366 @@
+//! `lastgasp controller`: completes the non-graceful shutdown procedure
+//! (KEP-2268) by itself. One active replica, elected through a Lease.
+//!
+//! A node whose agent recorded a power-off or halt, and which then goes
+//! NotReady/Unknown, is really down: it gets
+//! `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, so that its
+//! StatefulSet pods and volumes move on. A reboot is never tainted, unless it
+//! has not come back after a configured time. Once the node is Ready again,
+//! the taint goes (the docs leave that to a human). Flapping nodes are
+//! tainted at most `max_taints_per_hour` times an hour.
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, Result};
+use k8s_openapi::{
+    api::{
+        coordination::v1::{Lease, LeaseSpec},
+        core::v1::{Node, ObjectReference, Taint},
+    },
+    apimachinery::pkg::apis::meta::v1::{MicroTime, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    api::{Patch, PatchParams, PostParams},
+    runtime::{
+        events::{Event, EventType, Recorder, Reporter},
+        reflector, watcher, WatchStreamExt,
+    },
+    Api, Client, ResourceExt,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::{act::kube::RECORD_ANNOTATION, signal::Kind};
+
+pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+/// Marks a taint as ours, so that only ours is ever removed.
+pub const TAINTED_BY_ANNOTATION: &str = "lastgasp.dev/out-of-service-by";
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    Off,
+    PoweroffOnly,
+    /// Also reboots that have not come back after `reboot_timeout`.
+    AlsoReboots,
+}
+
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    pub policy: Policy,
+    pub reboot_timeout: Duration,
+    pub max_taints_per_hour: usize,
+    pub lease_namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+}
+
+/// What the agent's record says, as far as the controller needs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    pub kind: Kind,
+    pub at: SystemTime,
+    /// The agent saw the node come back after this record.
+    pub back: bool,
+}
+
+pub fn parse_record(node: &Node) -> Option<NodeRecord> {
+    let raw = node.annotations().get(RECORD_ANNOTATION)?;
+    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let signal = &v["signal"];
+    let kind: Kind = serde_json::from_value(signal["kind"].clone()).ok()?;
+    let at = humantime::parse_rfc3339(signal["at"].as_str()?).ok()?;
+    Some(NodeRecord { kind, at, back: v["back"].as_bool().unwrap_or(false) })
+}
+
+fn ready(node: &Node) -> Option<(String, Option<SystemTime>)> {
+    let c = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
+    let since = c.last_transition_time.as_ref().and_then(|t| SystemTime::try_from(t.0).ok());
+    Some((c.status.clone(), since))
+}
+
+fn has_out_of_service(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Taint { why: String },
+    Untaint,
+    /// Would taint, but the node flaps too often.
+    RateLimited,
+    Nothing,
+}
+
+/// The pure rule, for one node at time `now`. `recent` is how many times
+/// this node was tainted in the last hour.
+pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize) -> Verdict {
+    let tainted = has_out_of_service(node);
+    let ours = node.annotations().contains_key(TAINTED_BY_ANNOTATION);
+    let status = ready(node).map(|r| r.0).unwrap_or_else(|| "Unknown".into());
+    if status == "True" {
+        return if tainted && ours { Verdict::Untaint } else { Verdict::Nothing };
+    }
+    if tainted || cfg.policy == Policy::Off {
+        return Verdict::Nothing;
+    }
+    let Some(rec) = parse_record(node).filter(|r| !r.back) else { return Verdict::Nothing };
+    let why = match rec.kind {
+        Kind::Poweroff | Kind::Halt => format!("{:?} recorded at {}; node {status}", rec.kind, humantime::format_rfc3339_seconds(rec.at)).to_lowercase(),
+        Kind::Reboot | Kind::Kexec | Kind::SoftReboot | Kind::Unknown if cfg.policy == Policy::AlsoReboots => {
+            let waited = now.duration_since(rec.at).unwrap_or_default();
+            if waited < cfg.reboot_timeout {
+                return Verdict::Nothing;
+            }
+            format!("{:?} recorded {}s ago never came back; node {status}", rec.kind, waited.as_secs()).to_lowercase()
+        }
+        _ => return Verdict::Nothing,
+    };
+    if recent >= cfg.max_taints_per_hour {
+        return Verdict::RateLimited;
+    }
+    Verdict::Taint { why }
+}
+
+/// Leader election over a coordination.k8s.io Lease: take it when free or
+/// expired, renew while held. Conflicts (409) mean someone else won.
+pub async fn try_lead(leases: &Api<Lease>, cfg: &ControllerConfig, now: SystemTime) -> Result<bool> {
+    let micro = |t: SystemTime| MicroTime(Timestamp::try_from(t).unwrap_or_else(|_| Timestamp::now()));
+    let spec = |transitions: i32, acquire: Option<MicroTime>| LeaseSpec {
+        holder_identity: Some(cfg.identity.clone()),
+        lease_duration_seconds: Some(cfg.lease_duration.as_secs() as i32),
+        acquire_time: acquire,
+        renew_time: Some(micro(now)),
+        lease_transitions: Some(transitions),
+        ..Default::default()
+    };
+    match leases.get_opt(&cfg.lease_name).await? {
+        None => {
+            let lease = Lease {
+                metadata: kube::api::ObjectMeta { name: Some(cfg.lease_name.clone()), ..Default::default() },
+                spec: Some(spec(0, Some(micro(now)))),
+            };
+            match leases.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Some(mut lease) => {
+            let cur = lease.spec.clone().unwrap_or_default();
+            let mine = cur.holder_identity.as_deref() == Some(cfg.identity.as_str());
+            let renewed = cur.renew_time.as_ref().and_then(|t| SystemTime::try_from(t.0).ok());
+            let dur = Duration::from_secs(cur.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+            let expired = renewed.is_none_or(|r| now.duration_since(r).unwrap_or_default() > dur);
+            if !mine && !expired {
+                return Ok(false);
+            }
+            let transitions = cur.lease_transitions.unwrap_or(0) + i32::from(!mine);
+            let acquire = if mine { cur.acquire_time } else { Some(micro(now)) };
+            lease.spec = Some(spec(transitions, acquire));
+            // The resourceVersion read above makes a concurrent writer fail.
+            match leases.replace(&cfg.lease_name, &PostParams::default(), &lease).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+pub struct Controller {
+    cfg: ControllerConfig,
+    nodes: Api<Node>,
+    leases: Api<Lease>,
+    store: reflector::Store<Node>,
+    recorder: Recorder,
+    /// Per node, when it was last tainted (the last hour).
+    history: BTreeMap<String, VecDeque<SystemTime>>,
+    pub actions: Vec<(String, Verdict)>,
+}
+
+impl Controller {
+    pub async fn start(client: Client, cfg: ControllerConfig) -> Result<Self> {
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
+            .default_backoff()
+            .touched_objects();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                if let Err(e) = item {
+                    tracing::warn!("node watch: {e}");
+                }
+            }
+        });
+        store.wait_until_ready().await.context("node watch")?;
+        let reporter = Reporter { controller: "lastgasp-controller".into(), instance: Some(cfg.identity.clone()) };
+        Ok(Controller {
+            leases: Api::namespaced(client.clone(), &cfg.lease_namespace),
+            nodes: Api::all(client.clone()),
+            recorder: Recorder::new(client, reporter),
+            store,
+            cfg,
+            history: BTreeMap::new(),
+            actions: Vec::new(),
+        })
+    }
+
+    /// One pass: lead or stand by; if leading, judge every node.
+    pub async fn tick(&mut self) -> Result<bool> {
+        let now = SystemTime::now();
+        if !try_lead(&self.leases, &self.cfg, now).await? {
+            return Ok(false);
+        }
+        for node in self.store.state() {
+            let name = node.name_any();
+            let hist = self.history.entry(name.clone()).or_default();
+            while hist.front().is_some_and(|t| now.duration_since(*t).unwrap_or_default() > Duration::from_secs(3600)) {
+                hist.pop_front();
+            }
+            let verdict = judge(&node, &self.cfg, now, hist.len());
+            match &verdict {
+                Verdict::Taint { why } => {
+                    self.set_taint(&node, true).await?;
+                    self.history.entry(name.clone()).or_default().push_back(now);
+                    self.event(&name, EventType::Warning, "OutOfServiceTaintAdded", why.clone()).await;
+                }
+                Verdict::Untaint => {
+                    self.set_taint(&node, false).await?;
+                    self.event(&name, EventType::Normal, "OutOfServiceTaintRemoved", "node is Ready again".into()).await;
+                }
+                Verdict::RateLimited => {
+                    tracing::warn!(node = %name, "not tainting: the node flaps more than the configured rate");
+                }
+                Verdict::Nothing => continue,
+            }
+            tracing::info!(node = %name, ?verdict, "controller action");
+            self.actions.push((name, verdict));
+        }
+        Ok(true)
+    }
+
+    async fn set_taint(&self, node: &Node, present: bool) -> Result<()> {
+        let mut taints: Vec<Taint> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        taints.retain(|t| t.key != OUT_OF_SERVICE_KEY);
+        if present {
+            taints.push(Taint {
+                key: OUT_OF_SERVICE_KEY.into(),
+                value: Some(OUT_OF_SERVICE_VALUE.into()),
+                effect: "NoExecute".into(),
+                time_added: Some(Time(Timestamp::now())),
+            });
+        }
+        let marker = if present { json!(self.cfg.identity) } else { serde_json::Value::Null };
+        let patch = json!({
+            "metadata": { "resourceVersion": node.resource_version(), "annotations": { TAINTED_BY_ANNOTATION: marker } },
+            "spec": { "taints": taints },
+        });
+        self.nodes.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        Ok(())
+    }
+
+    async fn event(&self, node: &str, type_: EventType, reason: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            ..Default::default()
+        };
+        let ev = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            tracing::warn!("controller event: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+
+    use super::*;
+
+    fn cfg(policy: Policy) -> ControllerConfig {
+        ControllerConfig {
+            policy,
+            reboot_timeout: Duration::from_secs(600),
+            max_taints_per_hour: 3,
+            lease_namespace: "kube-system".into(),
+            lease_name: "lastgasp-controller".into(),
+            identity: "a".into(),
+            lease_duration: Duration::from_secs(15),
+        }
+    }
+
+    fn t(s: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s)
+    }
+
+    fn node(ready: &str, kind: Option<&str>, at: u64, tainted_by_us: bool) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        let mut ann = BTreeMap::new();
+        if let Some(k) = kind {
+            let rec = json!({"signal": {"kind": k, "at": humantime::format_rfc3339(t(at)).to_string()}});
+            ann.insert(RECORD_ANNOTATION.to_string(), rec.to_string());
+        }
+        if tainted_by_us {
+            ann.insert(TAINTED_BY_ANNOTATION.to_string(), "a".into());
+            n.spec = Some(NodeSpec {
+                taints: Some(vec![Taint { key: OUT_OF_SERVICE_KEY.into(), effect: "NoExecute".into(), ..Default::default() }]),
+                ..Default::default()
+            });
+        }
+        n.metadata.annotations = Some(ann);
+        n.status = Some(NodeStatus {
+            conditions: Some(vec![NodeCondition { type_: "Ready".into(), status: ready.into(), ..Default::default() }]),
+            ..Default::default()
+        });
+        n
+    }
+
+    fn short(v: Verdict) -> &'static str {
+        match v {
+            Verdict::Taint { .. } => "taint",
+            Verdict::Untaint => "untaint",
+            Verdict::RateLimited => "limited",
+            Verdict::Nothing => "-",
+        }
+    }
+
+    #[test]
+    fn the_rules() {
+        let p = cfg(Policy::PoweroffOnly);
+        let r = cfg(Policy::AlsoReboots);
+        let cases = [
+            ("poweroff then NotReady", node("False", Some("poweroff"), 0, false), &p, 10, 0, "taint"),
+            ("halt then Unknown", node("Unknown", Some("halt"), 0, false), &p, 10, 0, "taint"),
+            ("poweroff but still Ready", node("True", Some("poweroff"), 0, false), &p, 10, 0, "-"),
+            ("reboot then NotReady", node("False", Some("reboot"), 0, false), &p, 10_000, 0, "-"),
+            ("reboot, policy allows, not yet timed out", node("False", Some("reboot"), 0, false), &r, 100, 0, "-"),
+            ("reboot that never came back", node("False", Some("reboot"), 0, false), &r, 700, 0, "taint"),
+            ("no record: a partition, not a shutdown", node("Unknown", None, 0, false), &p, 10, 0, "-"),
+            ("Ready again: our taint goes", node("True", Some("poweroff"), 0, true), &p, 10, 0, "untaint"),
+            ("flapping", node("False", Some("poweroff"), 0, false), &p, 10, 3, "limited"),
+            ("policy off", node("False", Some("poweroff"), 0, false), &cfg(Policy::Off), 10, 0, "-"),
+            ("already tainted", node("False", Some("poweroff"), 0, true), &p, 10, 0, "-"),
+        ];
+        for (name, n, c, now, recent, want) in cases {
+            assert_eq!(short(judge(&n, c, t(now), recent)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_record_marked_back_is_stale() {
+        let mut n = node("False", None, 0, false);
+        let rec = json!({"signal": {"kind": "poweroff", "at": humantime::format_rfc3339(t(0)).to_string()}, "back": true});
+        n.metadata.annotations.as_mut().unwrap().insert(RECORD_ANNOTATION.into(), rec.to_string());
+        assert_eq!(judge(&n, &cfg(Policy::PoweroffOnly), t(10), 0), Verdict::Nothing);
+    }
+}

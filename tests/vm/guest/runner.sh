@@ -1,0 +1,104 @@
+#!/bin/bash
+# Guest side of `cargo xtask vm-test`, started at every boot by
+# lastgasp-vm.service (baked into the image). It starts the agent as a
+# systemd service, then on the first boot runs the scenario's trigger; on a
+# later boot (after a reboot or kexec) it collects `lastgasp history --boot
+# previous` and ends the guest.
+#
+# Reports go to the host two ways: /mnt/lastgasp/out (9p, written through at
+# once) and /dev/kmsg, which the kernel prints on the serial console that the
+# host timestamps as it arrives. The audit log itself lives on /dev/vdb.
+set -u
+IN=/mnt/lastgasp/in
+OUT=/mnt/lastgasp/out
+AUDIT=/var/lib/lastgasp
+
+now() { date +%s%N; }
+say() {
+    local t
+    t=$(now)
+    echo "$t $*" >> "$OUT/timeline"
+    echo "lastgasp-vm: $t $*" > /dev/kmsg
+}
+
+# Ends the guest for the harness (not a scenario): the agent is stopped
+# first, so nothing of this is audited, and the audit disk unmounted.
+finish() {
+    say "END $1"
+    systemctl stop lastgasp.service
+    umount "$AUDIT" 2>/dev/null
+    sync
+    systemctl poweroff --force --force
+    sleep 60
+}
+
+boot_id=$(cat /proc/sys/kernel/random/boot_id)
+echo "$boot_id" >> "$OUT/boots"
+boot=$(wc -l < "$OUT/boots")
+
+# shellcheck source=/dev/null
+. "$IN/scenario.sh"
+WAIT=${WAIT:-240}
+
+timeout 300 systemctl is-system-running --wait > /dev/null 2>&1
+say "BOOT $boot $boot_id uptime=$(cut -d' ' -f1 /proc/uptime)s kernel=$(uname -r)"
+
+mountpoint -q "$AUDIT" || mount "$AUDIT" || { say "FAIL cannot mount the audit disk /dev/vdb on $AUDIT"; finish fail; }
+
+# Cluster mode (`vm-test --cluster`): the only network is qemu's user NIC,
+# restricted to the API double's forward.
+if [ -f "$IN/lastgasp.env" ]; then
+    cp "$IN/kubeconfig" /run/kubeconfig.lastgasp
+    nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+    ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" && ip route add default via 10.0.2.2 \
+        || say "FAIL no network for cluster mode (nic '$nic')"
+fi
+
+# The agent, as the unit the host put on the share.
+mkdir -p /run/systemd/system
+cp "$IN/lastgasp.service" /run/systemd/system/lastgasp.service
+systemctl daemon-reload
+agent_diag() {
+    { systemctl status --no-pager -l lastgasp.service; journalctl -b --no-pager -n 60 -u lastgasp.service; } \
+        > "$OUT/agent-diag-boot$boot.log" 2>&1
+}
+if ! systemctl start lastgasp.service; then
+    agent_diag
+    say "FAIL the lastgasp service did not start (out/agent-diag-boot$boot.log)"
+    finish fail
+fi
+armed=
+for _ in $(seq 1 1200); do
+    if dmesg | grep -q 'lastgasp: armed'; then armed=1; break; fi
+    # (its cgroup, not `systemctl is-active`: the agent audits every systemctl exec)
+    if ! [ -s /sys/fs/cgroup/system.slice/lastgasp.service/cgroup.procs ]; then break; fi
+    sleep 0.1
+done
+if [ -z "$armed" ]; then
+    agent_diag
+    say "FAIL the agent did not arm (out/agent-diag-boot$boot.log)"
+    finish fail
+fi
+# No systemctl from here on: the agent audits every exec of it.
+pid=$(head -1 /sys/fs/cgroup/system.slice/lastgasp.service/cgroup.procs)
+grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' "/proc/$pid/status" > "$OUT/agent-status-boot$boot"
+tr '\0' ' ' < "/proc/$pid/cmdline" > "$OUT/agent-cmdline-boot$boot"
+say "ARMED pid=$pid argv0=$(tr '\0' '\n' < "/proc/$pid/cmdline" | head -1)"
+
+if [ "$boot" -gt 1 ]; then
+    # What the node reports about its last shutdown once it is back.
+    /usr/local/sbin/lastgasp history --audit-dir "$AUDIT" --boot previous \
+        > "$OUT/history-boot$boot.jsonl" 2> "$OUT/history-boot$boot.err"
+    say "HISTORY boot=$boot records=$(wc -l < "$OUT/history-boot$boot.jsonl")"
+    finish "after-boot-$boot"
+fi
+
+say "TRIGGER $SCENARIO"
+trigger > "$OUT/trigger.out" 2>&1
+rc=$?
+say "TRIGGER-RETURNED rc=$rc"
+# A shutdown scenario should never get past this sleep: the host's timeout
+# ends it and reports it as not shut down. The others end here.
+sleep "$WAIT"
+say "STILL-UP after ${WAIT}s"
+finish still-up

@@ -1,0 +1,246 @@
+//! `cargo xtask vm-test`: real shutdowns of a real systemd guest under QEMU
+//! (issue 6). Every shutdown happens inside the guest; nothing here ever
+//! shuts down the host.
+//!
+//! - `image`: the cached Debian guest (debootstrap), rebuilt only when its
+//!   inputs under `tests/vm/image/` change.
+//! - `qemu`: one boot of the guest: a qcow2 overlay over the image, a fresh
+//!   audit disk, the 9p share that carries the agent, its unit and the
+//!   scenario in, and the console, the agent's stdout and QMP events out.
+//! - `scenario`: the scenarios, what each must show, and the check.
+//! - `report`: the audit read back from the guest's disk, the matrix.
+//! - `cluster`: the API double and the guest's route to it (off until they
+//!   exist).
+mod cluster;
+mod image;
+mod qemu;
+mod report;
+mod scenario;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::setup;
+
+#[derive(clap::Args, Debug, Default)]
+pub struct Args {
+    /// Scenarios to run (default: every one, then the race); see --list.
+    pub scenarios: Vec<String>,
+    /// Consecutive `systemctl poweroff --force --force` runs for the
+    /// last-gasp race (default: 20 when no scenario is named, else none).
+    #[arg(long)]
+    pub race: Option<u32>,
+    /// List the scenarios and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Start the Kubernetes API double on the host's loopback and route the
+    /// guest to it (needs `lastgasp-apidouble` and cluster mode: issues 4-5).
+    #[arg(long)]
+    pub cluster: bool,
+    /// Keep every run's disks (overlay and audit image) under target/vm/.
+    #[arg(long)]
+    pub keep_disks: bool,
+    /// Use the debug build of the agent, as `cargo xtask test` (CI) does.
+    #[arg(long)]
+    pub debug: bool,
+}
+
+/// The scenarios `cargo xtask test` runs (CI): a few representative ones,
+/// about 5 minutes under TCG with the image cached.
+pub const CI_SUBSET: &[&str] = &[
+    "poweroff-force-force",
+    "sigrtmin4",
+    "pidns-reboot",
+    "poweroff",
+];
+
+/// `cargo xtask vm-test`.
+pub fn vm_test(
+    root: &Path,
+    args: Args,
+    build_agent: impl FnOnce(bool) -> Result<PathBuf>,
+) -> Result<()> {
+    if args.list {
+        scenario::print_list();
+        return Ok(());
+    }
+    let selected = scenario::select(&args.scenarios)?;
+    let race = args
+        .race
+        .unwrap_or(if args.scenarios.is_empty() { 20 } else { 0 });
+    if let Err(e) = preflight() {
+        bail!("the VM tests cannot run here: {e:#}");
+    }
+    // The binary is taken from the target dir (CARGO_TARGET_DIR honoured).
+    build_agent(!args.debug)?;
+    let profile = if args.debug { "debug" } else { "release" };
+    run_all(root, &selected, race, &args, profile)
+}
+
+/// The end of `cargo xtask test`: the CI subset, or SKIPPED with the reason
+/// where QEMU cannot run at all.
+pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<()> {
+    if let Some(v) = std::env::var_os("LASTGASP_VM").filter(|v| v == "skip") {
+        println!("SKIPPED VM scenarios: LASTGASP_VM={}", v.to_string_lossy());
+        return Ok(());
+    }
+    if let Err(e) = preflight() {
+        println!("SKIPPED VM scenarios: {e:#}");
+        return Ok(());
+    }
+    let selected = scenario::select(&CI_SUBSET.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    build_agent()?;
+    run_all(root, &selected, 0, &Args::default(), "debug")
+}
+
+/// What must be true before a guest can boot: root (debootstrap, 9p
+/// passthrough), and qemu, qemu-img and debootstrap, installed if missing.
+fn preflight() -> Result<()> {
+    if !is_root() {
+        bail!("they need root (debootstrap builds the guest, qemu shares files with it as root)");
+    }
+    setup::ensure_debs(&[
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("qemu-img", "qemu-utils"),
+        ("debootstrap", "debootstrap"),
+        ("debugfs", "e2fsprogs"),
+    ])
+    .context("installing qemu and debootstrap")?;
+    qemu::probe().context("qemu-system-x86_64 does not start")?;
+    Ok(())
+}
+
+fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn run_all(
+    root: &Path,
+    selected: &[&'static scenario::Scenario],
+    race: u32,
+    args: &Args,
+    profile: &str,
+) -> Result<()> {
+    let started = Instant::now();
+    let accel = qemu::Accel::choose();
+    println!("vm-test: accelerator: {accel}");
+    let img = image::ensure(root)?;
+    println!(
+        "vm-test: guest image {} (kernel {}, booting {})",
+        img.dir.display(),
+        img.kernel_release,
+        if img.pvh { "vmlinux via PVH" } else { "the bzImage" }
+    );
+    let agent = agent_binary(root, profile)?;
+    println!("vm-test: agent {}", agent.display());
+    let out = crate::target_dir(root).join("vm");
+    let stamp = date_stamp();
+    let run_dir = out.join(format!("run-{stamp}"));
+    fs::create_dir_all(&run_dir)?;
+    println!("vm-test: results under {}", run_dir.display());
+
+    let mut cluster = if args.cluster {
+        Some(cluster::Cluster::start(root).context("--cluster")?)
+    } else {
+        None
+    };
+    let guest = qemu::Guest {
+        image: &img,
+        accel: &accel,
+        agent: &agent,
+        vm_dir: root.join("tests/vm"),
+        keep_disks: args.keep_disks,
+    };
+
+    let mut outcomes = Vec::new();
+    for (i, sc) in selected.iter().enumerate() {
+        println!(
+            "vm-test: [{}/{}] {} ({})",
+            i + 1,
+            selected.len(),
+            sc.name,
+            sc.trigger
+        );
+        let o = scenario::run(&guest, sc, &run_dir.join(sc.name), cluster.as_mut());
+        println!("vm-test:   {}", o.one_line());
+        outcomes.push(o);
+    }
+    let race = if race > 0 {
+        Some(scenario::race(&guest, race, &run_dir.join("race"), cluster.as_mut()))
+    } else {
+        None
+    };
+
+    let md = report::matrix(&accel, &img, profile, &outcomes, race.as_ref(), started.elapsed());
+    println!("\n{md}");
+    fs::write(run_dir.join("matrix.md"), &md)?;
+    fs::write(out.join("matrix.md"), &md)?;
+    println!("vm-test: matrix written to {}", out.join("matrix.md").display());
+
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.failed())
+        .map(|o| o.name.to_string())
+        .chain(race.iter().filter(|r| r.failed()).map(|_| "race".to_string()))
+        .collect();
+    let (pass, skip) = (
+        outcomes.iter().filter(|o| o.passed()).count(),
+        outcomes.iter().filter(|o| o.skipped()).count(),
+    );
+    println!(
+        "vm-test: {} passed, {} failed, {} skipped",
+        pass + race.iter().filter(|r| !r.failed()).count(),
+        failed.len(),
+        skip
+    );
+    if !failed.is_empty() {
+        bail!(
+            "VM scenarios failed: {} (logs under {})",
+            failed.join(", "),
+            run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The agent the xtask just built (`CARGO_TARGET_DIR` honoured).
+fn agent_binary(root: &Path, profile: &str) -> Result<PathBuf> {
+    let bin = crate::target_dir(root).join(profile).join("lastgasp");
+    if !bin.is_file() {
+        bail!("no agent binary at {}: run `cargo xtask build`", bin.display());
+    }
+    Ok(bin)
+}
+
+fn date_stamp() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y%m%dT%H%M%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("{}", std::process::id()))
+}
+
+/// `~/.cache/lastgasp/vm` (XDG_CACHE_HOME honoured), like the toolchain cache.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        })
+        .join("lastgasp/vm")
+}

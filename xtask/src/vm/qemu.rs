@@ -1,0 +1,483 @@
+//! One boot of the guest: from a fresh overlay and a fresh audit disk to the
+//! end of the qemu process, with everything the host saw on the way, each
+//! thing timestamped on arrival (host clock, from qemu's start).
+//!
+//! Channels out of the guest:
+//! - ttyS0, the console (qemu's stdout): the kernel's messages, including its
+//!   own last words ("reboot: Power down"), and the agent's logs and the
+//!   runner's markers, both written to /dev/kmsg;
+//! - ttyS1 (a unix socket): the agent's stdout, one JSON signal per line;
+//! - QMP (a unix socket): SHUTDOWN/RESET events, with the reason qemu saw;
+//! - the 9p share's `out/` and the audit disk, read after the guest is gone.
+use std::{
+    fmt, fs,
+    io::{BufRead, BufReader, Read, Write},
+    os::unix::{fs::PermissionsExt, net::UnixStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use super::image::Image;
+
+pub enum Accel {
+    Tcg(String),
+    Kvm,
+}
+
+impl Accel {
+    /// TCG where /dev/kvm cannot run a stock kernel: PVM (`kvm_pvm`) runs only
+    /// PVM-enlightened guests, so a Debian kernel crawls under it.
+    /// `LASTGASP_VM_ACCEL=tcg|kvm` overrides.
+    pub fn choose() -> Accel {
+        match std::env::var("LASTGASP_VM_ACCEL").as_deref() {
+            Ok("tcg") => return Accel::Tcg("LASTGASP_VM_ACCEL=tcg".into()),
+            Ok("kvm") => return Accel::Kvm,
+            _ => {}
+        }
+        if Path::new("/sys/module/kvm_pvm").exists() {
+            return Accel::Tcg(
+                "/dev/kvm is PVM (kvm_pvm), which runs stock kernels far too slowly".into(),
+            );
+        }
+        let vmx = fs::read_to_string("/proc/cpuinfo")
+            .map(|c| {
+                c.lines()
+                    .filter(|l| l.starts_with("flags"))
+                    .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+            })
+            .unwrap_or(false);
+        let kvm = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok();
+        match (kvm, vmx) {
+            (true, true) => Accel::Kvm,
+            (false, _) => Accel::Tcg("no usable /dev/kvm".into()),
+            (true, false) => Accel::Tcg("/dev/kvm without vmx/svm in the CPU flags".into()),
+        }
+    }
+
+    pub fn is_tcg(&self) -> bool {
+        matches!(self, Accel::Tcg(_))
+    }
+}
+
+impl fmt::Display for Accel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Accel::Tcg(why) => write!(f, "TCG (software emulation: {why})"),
+            Accel::Kvm => write!(f, "KVM"),
+        }
+    }
+}
+
+/// qemu starts and knows TCG.
+pub fn probe() -> Result<()> {
+    let out = Command::new("qemu-system-x86_64")
+        .args(["-accel", "help"])
+        .output()
+        .context("running qemu-system-x86_64")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("tcg") {
+        bail!(
+            "`qemu-system-x86_64 -accel help` failed or lists no tcg: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+pub struct Guest<'a> {
+    pub image: &'a Image,
+    pub accel: &'a Accel,
+    pub agent: &'a Path,
+    /// `tests/vm` of the workspace.
+    pub vm_dir: PathBuf,
+    pub keep_disks: bool,
+}
+
+pub struct Spec<'a> {
+    /// `tests/vm/scenarios/NAME.sh`.
+    pub scenario: &'a str,
+    pub dir: PathBuf,
+    /// Let a guest reboot (or kexec) run on in the same qemu, for the report
+    /// after the next boot; otherwise a reset ends qemu (`-no-reboot`).
+    pub allow_reset: bool,
+    pub boot_timeout: Duration,
+    pub timeout: Duration,
+    /// Extra files for the share's `in/` (cluster mode), and a NIC.
+    pub extra_in: Vec<(String, Vec<u8>)>,
+    pub nic: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Line {
+    pub t: Duration,
+    pub text: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct QmpEvent {
+    pub t: Duration,
+    pub event: String,
+    pub data: serde_json::Value,
+}
+
+#[derive(Debug)]
+pub enum Exit {
+    /// qemu ended by itself (guest power-off, or a reset with -no-reboot).
+    Exited(ExitStatus),
+    /// The kernel said "System halted"; qemu keeps a halted guest running,
+    /// so the harness ended it.
+    Halted,
+    /// Killed by the harness: the reason.
+    Killed(String),
+}
+
+pub struct Run {
+    pub out: PathBuf,
+    pub audit_img: PathBuf,
+    pub console: Vec<Line>,
+    pub agent: Vec<Line>,
+    pub qmp: Vec<QmpEvent>,
+    pub exit: Exit,
+    pub exit_t: Duration,
+    pub stderr: String,
+}
+
+impl Run {
+    /// First console line containing `pat`, after `from`.
+    pub fn console_at(&self, pat: &str, from: Duration) -> Option<&Line> {
+        self.console.iter().find(|l| l.t >= from && l.text.contains(pat))
+    }
+    pub fn markers(&self, what: &str) -> Vec<&Line> {
+        self.console
+            .iter()
+            .filter(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(&format!(" {what}")))
+            .collect()
+    }
+}
+
+const AUDIT_DISK_BYTES: u64 = 32 << 20;
+
+impl Guest<'_> {
+    pub fn boot(&self, spec: &Spec) -> Result<Run> {
+        let dir = &spec.dir;
+        let _ = fs::remove_dir_all(dir);
+        let share = dir.join("share");
+        let (inp, out) = (share.join("in"), share.join("out"));
+        fs::create_dir_all(&inp)?;
+        fs::create_dir_all(&out)?;
+        // Stripped if possible: a third of the size through 9p, and of what the guest pages in.
+        let stripped = Command::new("strip")
+            .arg("-o")
+            .arg(inp.join("lastgasp"))
+            .arg(self.agent)
+            .status()
+            .is_ok_and(|s| s.success());
+        if stripped {
+            fs::set_permissions(inp.join("lastgasp"), fs::Permissions::from_mode(0o755))?;
+        } else {
+            copy_exec(self.agent, &inp.join("lastgasp"))?;
+        }
+        copy_exec(&self.vm_dir.join("guest/runner.sh"), &inp.join("runner.sh"))?;
+        fs::copy(
+            self.vm_dir.join("guest/lastgasp.service"),
+            inp.join("lastgasp.service"),
+        )?;
+        let sc = self.vm_dir.join(format!("scenarios/{}.sh", spec.scenario));
+        fs::copy(&sc, inp.join("scenario.sh")).with_context(|| format!("copying {}", sc.display()))?;
+        for (name, data) in &spec.extra_in {
+            fs::write(inp.join(name), data)?;
+        }
+
+        let overlay = dir.join("root.qcow2");
+        run_quiet(
+            Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+                .arg(&self.image.base)
+                .arg(&overlay),
+        )?;
+        let audit_img = dir.join("audit.img");
+        fs::File::create(&audit_img)?.set_len(AUDIT_DISK_BYTES)?;
+        run_quiet(
+            Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-L", "lastgasp-audit"])
+                .arg(&audit_img),
+        )?;
+
+        let (qmp_sock, agent_sock) = (dir.join("qmp.sock"), dir.join("agent.sock"));
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(["-name", &format!("lastgasp-{}", spec.scenario)])
+            .args(["-nodefaults", "-no-user-config", "-display", "none"])
+            .args(["-machine", "pc"])
+            .args(match self.accel {
+                Accel::Tcg(_) => ["-accel", "tcg,thread=multi"],
+                Accel::Kvm => ["-accel", "kvm"],
+            })
+            .args(["-smp", "2", "-m", "1024"])
+            .arg("-kernel")
+            .arg(&self.image.kernel)
+            .arg("-initrd")
+            .arg(&self.image.initrd)
+            .args([
+                "-append",
+                // loglevel 6: notices too ("kexec_core: Starting new kernel").
+                // printk.devkmsg=on: the agent's and runner's lines in /dev/kmsg
+                // are not rate-limited. SYSTEMD_COLORS=0 goes to PID 1's environment.
+                "root=/dev/vda rw console=ttyS0,115200 loglevel=6 printk.devkmsg=on \
+                 systemd.show_status=true SYSTEMD_COLORS=0 mitigations=off panic=-1",
+            ])
+            .arg("-drive")
+            .arg(drive(&overlay, "qcow2", "root", "unsafe"))
+            .args(["-device", "virtio-blk-pci,drive=root"])
+            // The audit disk honours the guest's flushes: its fsync is real.
+            .arg("-drive")
+            .arg(drive(&audit_img, "raw", "audit", "writeback"))
+            .args(["-device", "virtio-blk-pci,drive=audit"])
+            .arg("-fsdev")
+            .arg(format!(
+                "local,id=share,path={},security_model=passthrough",
+                share.display()
+            ))
+            .args(["-device", "virtio-9p-pci,fsdev=share,mount_tag=lastgasp"])
+            .args(["-serial", "stdio"])
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=agent,path={},server=on,wait=off",
+                agent_sock.display()
+            ))
+            .args(["-serial", "chardev:agent"])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp_sock.display()));
+        match &spec.nic {
+            Some(nic) => cmd.args(["-nic", nic]),
+            None => cmd.args(["-nic", "none"]),
+        };
+        if !spec.allow_reset {
+            cmd.arg("-no-reboot");
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        fs::write(dir.join("qemu.cmd"), format!("{cmd:?}\n"))?;
+
+        let start = Instant::now();
+        let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
+        let console = Arc::new(Mutex::new(Vec::<Line>::new()));
+        let con_thread = {
+            let stdout = child.stdout.take().unwrap();
+            let console = console.clone();
+            thread::spawn(move || read_lines(stdout, start, &console))
+        };
+        let err_thread = {
+            let mut stderr = child.stderr.take().unwrap();
+            thread::spawn(move || {
+                let mut s = String::new();
+                let _ = stderr.read_to_string(&mut s);
+                s
+            })
+        };
+        let agent = Arc::new(Mutex::new(Vec::<Line>::new()));
+        let qmp = Arc::new(Mutex::new(Vec::<QmpEvent>::new()));
+        let mut qmp_ctl = None;
+        let mut threads = Vec::new();
+        if let Some(s) = connect(&agent_sock, &mut child) {
+            let agent = agent.clone();
+            threads.push(thread::spawn(move || read_lines(s, start, &agent)));
+        }
+        if let Some(mut s) = connect(&qmp_sock, &mut child) {
+            let _ = s.write_all(b"{\"execute\":\"qmp_capabilities\"}\n");
+            qmp_ctl = s.try_clone().ok();
+            let qmp = qmp.clone();
+            threads.push(thread::spawn(move || read_qmp(s, start, &qmp)));
+        }
+
+        let mut halted_at: Option<Instant> = None;
+        let exit = loop {
+            if let Some(st) = child.try_wait()? {
+                break Exit::Exited(st);
+            }
+            let now = start.elapsed();
+            let (booted, halted) = {
+                let c = console.lock().unwrap();
+                (
+                    c.iter().any(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(" BOOT ")),
+                    c.iter().any(|l| l.text.contains("reboot: System halted")),
+                )
+            };
+            if halted && halted_at.is_none() {
+                halted_at = Some(Instant::now());
+            }
+            let why = if halted_at.is_some_and(|h| h.elapsed() > Duration::from_secs(3)) {
+                Some(None)
+            } else if !booted && now > spec.boot_timeout {
+                Some(Some(format!(
+                    "the guest did not come up within {} s",
+                    spec.boot_timeout.as_secs()
+                )))
+            } else if now > spec.timeout {
+                Some(Some(format!(
+                    "the guest was still running after {} s",
+                    spec.timeout.as_secs()
+                )))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                if let Some(s) = qmp_ctl.as_mut() {
+                    let _ = s.write_all(b"{\"execute\":\"quit\"}\n");
+                }
+                if wait_timeout(&mut child, Duration::from_secs(5))?.is_none() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                break match why {
+                    None => Exit::Halted,
+                    Some(w) => Exit::Killed(w),
+                };
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let exit_t = start.elapsed();
+        let _ = con_thread.join();
+        let stderr = err_thread.join().unwrap_or_default();
+        for t in threads {
+            let _ = t.join();
+        }
+        let console = console.lock().unwrap().clone();
+        let agent = agent.lock().unwrap().clone();
+        let qmp = qmp.lock().unwrap().clone();
+        write_lines(&dir.join("console.log"), &console)?;
+        write_lines(&dir.join("agent-stdout.log"), &agent)?;
+        fs::write(
+            dir.join("qmp-events.log"),
+            qmp.iter()
+                .map(|e| format!("{:>9.3} {} {}\n", e.t.as_secs_f64(), e.event, e.data))
+                .collect::<String>(),
+        )?;
+        fs::write(dir.join("qemu.stderr"), &stderr)?;
+        if !self.keep_disks {
+            let _ = fs::remove_file(&overlay);
+        }
+        Ok(Run {
+            out,
+            audit_img,
+            console,
+            agent,
+            qmp,
+            exit,
+            exit_t,
+            stderr,
+        })
+    }
+}
+
+fn drive(file: &Path, format: &str, id: &str, cache: &str) -> String {
+    format!(
+        "file={},format={format},if=none,id={id},cache={cache}",
+        file.display()
+    )
+}
+
+fn copy_exec(from: &Path, to: &Path) -> Result<()> {
+    fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+fn run_quiet(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Waits for `child` at most `timeout`; `None` if it is still running.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(Some(st));
+        }
+        if t.elapsed() > timeout {
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// qemu creates its sockets before the guest starts; give it a few seconds.
+fn connect(path: &Path, child: &mut Child) -> Option<UnixStream> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(15) {
+        if let Ok(s) = UnixStream::connect(path) {
+            return Some(s);
+        }
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn read_lines(r: impl Read, start: Instant, out: &Mutex<Vec<Line>>) {
+    let mut r = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let t = start.elapsed();
+                let text = String::from_utf8_lossy(&buf)
+                    .trim_end_matches(['\r', '\n'])
+                    .replace('\r', "");
+                out.lock().unwrap().push(Line { t, text });
+            }
+        }
+    }
+}
+
+fn read_qmp(s: UnixStream, start: Instant, out: &Mutex<Vec<QmpEvent>>) {
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let t = start.elapsed();
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if let Some(ev) = v.get("event").and_then(|e| e.as_str()) {
+                        out.lock().unwrap().push(QmpEvent {
+                            t,
+                            event: ev.to_string(),
+                            data: v.get("data").cloned().unwrap_or_default(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn write_lines(path: &Path, lines: &[Line]) -> Result<()> {
+    let mut s = String::new();
+    for l in lines {
+        s.push_str(&format!("{:>9.3} {}\n", l.t.as_secs_f64(), l.text));
+    }
+    fs::write(path, s)?;
+    Ok(())
+}

@@ -1,0 +1,678 @@
+//! The scenarios, what each must show, and the check of one run.
+//!
+//! Every check reads what the guest left behind after it was gone: the audit
+//! log on its disk (the agent's durable record), the agent's stdout as the
+//! host received it live, the kernel's and the runner's console lines, and
+//! qemu's own account of how the guest ended.
+use std::{
+    fmt, fs,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+
+use super::{
+    cluster::Cluster,
+    qemu::{Exit, Guest, Run, Spec},
+    report::{self, Det},
+};
+
+/// How the guest must end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Powered off: qemu ends by itself (ACPI power-off).
+    PowerOff,
+    /// Reset, then a second boot in the same qemu, which reports the first.
+    Reboot,
+    /// Halted: the kernel stops the CPUs and the machine stays on.
+    Halt,
+    /// A new kernel booted in place (no reset), which reports the first.
+    Kexec,
+    /// Nothing shuts down; the runner ends the guest itself afterwards.
+    StaysUp,
+}
+
+impl fmt::Display for End {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            End::PowerOff => "powered off",
+            End::Reboot => "rebooted",
+            End::Halt => "halted",
+            End::Kexec => "kexec'd",
+            End::StaysUp => "stayed up",
+        })
+    }
+}
+
+/// One expected detection. `None` fields are not checked.
+#[derive(Clone, Copy, Debug)]
+pub struct Want {
+    pub source: &'static str,
+    pub kind: Option<&'static str>,
+    pub forced: Option<bool>,
+    pub scope: &'static str,
+    /// now | scheduled | cancel | none
+    pub effect: Option<&'static str>,
+    /// The actor's comm (first 15 bytes).
+    pub comm: Option<&'static str>,
+}
+
+const fn w(source: &'static str, kind: &'static str, forced: bool, effect: &'static str) -> Want {
+    Want {
+        source,
+        kind: Some(kind),
+        forced: Some(forced),
+        scope: "node",
+        effect: Some(effect),
+        comm: None,
+    }
+}
+
+impl Want {
+    const fn by(mut self, comm: &'static str) -> Want {
+        self.comm = Some(comm);
+        self
+    }
+    const fn container(mut self) -> Want {
+        self.scope = "container";
+        self
+    }
+    const fn any_forced(mut self) -> Want {
+        self.forced = None;
+        self
+    }
+
+    fn matches(&self, d: &Det) -> bool {
+        d.source == self.source
+            && self.kind.is_none_or(|k| d.kind == k)
+            && self.forced.is_none_or(|f| d.forced == f)
+            && d.scope == self.scope
+            && self.effect.is_none_or(|e| d.effect == e)
+            && self.comm.is_none_or(|c| d.comm == c)
+    }
+}
+
+impl fmt::Display for Want {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.source)?;
+        if let Some(c) = self.comm {
+            write!(f, " by {c}")?;
+        }
+        write!(f, " kind={}", self.kind.unwrap_or("*"))?;
+        if let Some(x) = self.forced {
+            write!(f, " forced={x}")?;
+        }
+        write!(f, " scope={}", self.scope)?;
+        if let Some(e) = self.effect {
+            write!(f, " effect={e}")?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Scenario {
+    /// Also the file `tests/vm/scenarios/NAME.sh`.
+    pub name: &'static str,
+    /// As typed in the guest (for the matrix).
+    pub trigger: &'static str,
+    pub end: End,
+    /// The first detection after the trigger: what a decision acts on. It
+    /// must be in the audit log on the guest's disk after the guest is gone.
+    pub first: Option<Want>,
+    /// Must also be seen (in the audit, or at least on the agent's stdout
+    /// before the guest died), in this order, after `first`.
+    pub then: &'static [Want],
+    /// Only container-scope detections are allowed (nothing may drain the node).
+    pub container_only: bool,
+    /// Needs the cluster pieces (decision core, cluster mode, API double).
+    pub cluster_only: bool,
+}
+
+const EXEC: &str = "exec";
+const REBOOT: &str = "reboot-syscall";
+const SIGNAL: &str = "signal-pid1";
+const KERNEL: &str = "kernel-hook";
+
+const LOGIND: &str = "logind";
+const SYSTEMD: &str = "systemd";
+
+/// PID 1 execs systemd-shutdown at the end of an orderly shutdown. Its own
+/// reboot(2) comes next, but the kernel powers off at once then: whether the
+/// agent records that one is a race it cannot win, so it is only reported.
+const fn pid1_final(kind: &'static str) -> Want {
+    w(EXEC, kind, false, "now").by("systemd-shutdow").any_forced()
+}
+
+/// logind's PrepareForShutdown(true) (issue 3's D-Bus detector).
+const fn logind(kind: &'static str) -> Want {
+    w(LOGIND, kind, false, "now")
+}
+
+/// systemd's JobNew for the shutdown target (issue 3's D-Bus detector).
+const fn job(kind: &'static str) -> Want {
+    w(SYSTEMD, kind, false, "now")
+}
+
+pub static SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "poweroff",
+        trigger: "systemctl poweroff",
+        end: End::PowerOff,
+        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
+        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "reboot",
+        trigger: "systemctl reboot",
+        end: End::Reboot,
+        first: Some(w(EXEC, "reboot", false, "now").by("systemctl")),
+        then: &[logind("reboot"), job("reboot"), pid1_final("reboot")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "poweroff-force",
+        trigger: "systemctl poweroff --force",
+        end: End::PowerOff,
+        first: Some(w(EXEC, "poweroff", true, "now").by("systemctl")),
+        then: &[pid1_final("poweroff")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "poweroff-force-force",
+        trigger: "systemctl poweroff --force --force",
+        end: End::PowerOff,
+        first: Some(w(EXEC, "poweroff", true, "now").by("systemctl")),
+        // systemctl's own reboot(2) kills the machine at once: reported, not required.
+        then: &[],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "poweroff-target",
+        trigger: "systemctl start poweroff.target",
+        end: End::PowerOff,
+        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
+        then: &[job("poweroff"), pid1_final("poweroff")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "shutdown-h-1",
+        trigger: "shutdown -h +1, waited out",
+        end: End::PowerOff,
+        first: Some(w(EXEC, "poweroff", false, "scheduled").by("shutdown")),
+        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "shutdown-cancel",
+        trigger: "shutdown -h +5; shutdown -c",
+        end: End::StaysUp,
+        first: Some(w(EXEC, "poweroff", false, "scheduled").by("shutdown")),
+        then: &[w(EXEC, "unknown", false, "cancel").by("shutdown")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "sigrtmin4",
+        trigger: "kill -s SIGRTMIN+4 1",
+        end: End::PowerOff,
+        first: Some(w(SIGNAL, "poweroff", false, "now")),
+        then: &[job("poweroff"), pid1_final("poweroff")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "sigrtmin14",
+        trigger: "kill -s SIGRTMIN+14 1",
+        end: End::PowerOff,
+        first: Some(w(SIGNAL, "poweroff", true, "now")),
+        then: &[pid1_final("poweroff")],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "halt-f",
+        trigger: "halt -f",
+        end: End::Halt,
+        first: Some(w(EXEC, "halt", true, "now").by("halt")),
+        // systemd's halt(8) takes one -f as two (no manager): it calls
+        // reboot(2) itself, CAD_ON then HALT, and the CPUs stop at once.
+        then: &[],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "pidns-reboot",
+        trigger: "unshare --pid --fork busybox poweroff -f",
+        end: End::StaysUp,
+        first: Some(w(EXEC, "poweroff", true, "now").by("busybox").container()),
+        then: &[w(REBOOT, "poweroff", true, "now").by("busybox").container()],
+        container_only: true,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "kexec",
+        trigger: "kexec -l ...; systemctl kexec",
+        end: End::Kexec,
+        first: Some(w(EXEC, "unknown", false, "none").by("kexec")),
+        then: &[
+            w(EXEC, "kexec", false, "now").by("systemctl"),
+            pid1_final("kexec"),
+        ],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "soft-reboot",
+        trigger: "systemctl soft-reboot (systemd 252 refuses it)",
+        end: End::StaysUp,
+        first: Some(w(EXEC, "soft-reboot", false, "now").by("systemctl")),
+        then: &[],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "sysrq-poweroff",
+        trigger: "echo o > /proc/sysrq-trigger",
+        end: End::PowerOff,
+        first: Some(w(KERNEL, "poweroff", true, "now")),
+        then: &[],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "privileges",
+        trigger: "agent started under 4 capability sets (no shutdown)",
+        end: End::StaysUp,
+        first: None,
+        then: &[],
+        container_only: false,
+        cluster_only: false,
+    },
+    Scenario {
+        name: "graceful-pods",
+        trigger: "systemctl poweroff, pods in 3 priority classes",
+        end: End::PowerOff,
+        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
+        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
+        container_only: false,
+        cluster_only: true,
+    },
+];
+
+pub fn print_list() {
+    for s in SCENARIOS {
+        println!(
+            "{:<22} {:<48} {}{}",
+            s.name,
+            s.trigger,
+            s.end,
+            if s.cluster_only { " (needs --cluster)" } else { "" }
+        );
+    }
+}
+
+pub fn select(names: &[String]) -> Result<Vec<&'static Scenario>> {
+    if names.is_empty() {
+        return Ok(SCENARIOS.iter().collect());
+    }
+    names
+        .iter()
+        .map(|n| {
+            SCENARIOS.iter().find(|s| s.name == n).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no scenario {n:?}; there are: {}",
+                    SCENARIOS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+pub enum Status {
+    Pass,
+    Fail,
+    Skipped(String),
+}
+
+/// What one scenario showed.
+pub struct Outcome {
+    pub name: &'static str,
+    pub trigger: &'static str,
+    pub expected: End,
+    pub status: Status,
+    pub problems: Vec<String>,
+    /// How the guest ended, as observed.
+    pub end_seen: String,
+    /// Detections of the first boot between the trigger and the end, in order.
+    pub dets: Vec<Det>,
+    /// ms from the trigger (guest clock): first detection in the kernel, and
+    /// its record written.
+    pub first_at_ms: Option<f64>,
+    pub first_written_ms: Option<f64>,
+    /// Host clock: the trigger marker on the console to the kernel's last
+    /// word ("reboot: ...") or qemu's end.
+    pub death_ms: Option<f64>,
+    pub audit_summary: String,
+    pub next_boot: String,
+    pub decision: String,
+    pub cluster_got: String,
+    pub boot_s: Option<f64>,
+    pub wall: Duration,
+    pub hooks: Vec<String>,
+    pub caps: String,
+    /// Findings that are not detections (the privilege probes).
+    pub notes: Vec<String>,
+}
+
+impl Outcome {
+    fn new(sc: &Scenario) -> Self {
+        Outcome {
+            name: sc.name,
+            trigger: sc.trigger,
+            expected: sc.end,
+            status: Status::Fail,
+            problems: Vec::new(),
+            end_seen: String::new(),
+            dets: Vec::new(),
+            first_at_ms: None,
+            first_written_ms: None,
+            death_ms: None,
+            audit_summary: String::new(),
+            next_boot: String::new(),
+            decision: "n/a: not built yet".into(),
+            cluster_got: "n/a: not built yet".into(),
+            boot_s: None,
+            wall: Duration::ZERO,
+            hooks: Vec::new(),
+            caps: String::new(),
+            notes: Vec::new(),
+        }
+    }
+    pub fn failed(&self) -> bool {
+        matches!(self.status, Status::Fail)
+    }
+    pub fn passed(&self) -> bool {
+        matches!(self.status, Status::Pass)
+    }
+    pub fn skipped(&self) -> bool {
+        matches!(self.status, Status::Skipped(_))
+    }
+    pub fn one_line(&self) -> String {
+        match &self.status {
+            Status::Skipped(why) => format!("SKIPPED {why}"),
+            st => format!(
+                "{} in {:.0} s: {}; first record on disk {}; {}{}",
+                if matches!(st, Status::Pass) { "ok" } else { "FAILED" },
+                self.wall.as_secs_f64(),
+                self.end_seen,
+                self.first_written_ms
+                    .map(|m| format!("+{m:.0} ms after the trigger"))
+                    .unwrap_or_else(|| "none".into()),
+                self.dets
+                    .iter()
+                    .map(|d| d.short())
+                    .collect::<Vec<_>>()
+                    .join(" -> "),
+                if self.problems.is_empty() {
+                    String::new()
+                } else {
+                    format!("\n    problems: {}", self.problems.join("\n              "))
+                }
+            ),
+        }
+    }
+}
+
+/// `WAIT=` of the scenario file: how long the runner waits after the
+/// trigger before it says the guest stayed up (240 s unless set).
+fn scenario_wait(guest: &Guest, name: &str) -> u64 {
+    fs::read_to_string(guest.vm_dir.join(format!("scenarios/{name}.sh")))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.trim().strip_prefix("WAIT="))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(240)
+}
+
+/// A boot is about 30-60 s under TCG; the machine is shared with builds.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluster>) -> Outcome {
+    let mut o = Outcome::new(sc);
+    if sc.cluster_only && cluster.is_none() {
+        o.status = Status::Skipped(
+            "needs the decision core, cluster mode and the API double (issues 4-5): not built yet; \
+             runs with --cluster once they exist"
+                .into(),
+        );
+        return o;
+    }
+    let t = Instant::now();
+    if let Err(e) = run_inner(guest, sc, dir, cluster, &mut o) {
+        o.problems.push(format!("{e:#}"));
+    }
+    o.wall = t.elapsed();
+    if o.problems.is_empty() {
+        o.status = Status::Pass;
+    }
+    o
+}
+
+fn run_inner(
+    guest: &Guest,
+    sc: &Scenario,
+    dir: &Path,
+    mut cluster: Option<&mut Cluster>,
+    o: &mut Outcome,
+) -> Result<()> {
+    let wait = scenario_wait(guest, sc.name);
+    let two_boots = matches!(sc.end, End::Reboot | End::Kexec);
+    let mut spec = Spec {
+        scenario: sc.name,
+        dir: dir.to_path_buf(),
+        allow_reset: two_boots,
+        boot_timeout: BOOT_TIMEOUT,
+        timeout: BOOT_TIMEOUT * if two_boots { 2 } else { 1 } + Duration::from_secs(wait + 180),
+        extra_in: Vec::new(),
+        nic: None,
+    };
+    if let Some(c) = cluster.as_deref_mut() {
+        c.prepare(&mut spec)?;
+    }
+    let run = guest.boot(&spec)?;
+    if let Some(c) = cluster {
+        o.cluster_got = c.summary_since_prepare();
+    }
+    check(sc, &run, o);
+    Ok(())
+}
+
+/// Everything the run shows, compared with what the scenario must show.
+fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
+    let p = &mut o.problems;
+    let tl = report::Timeline::read(&run.out);
+    for f in tl.fails() {
+        p.push(format!("the guest runner: {f}"));
+    }
+    o.boot_s = run.markers("BOOT").first().map(|l| l.t.as_secs_f64());
+    o.hooks = report::hook_lines(run);
+    o.caps = report::caps(&run.out);
+
+    // How the guest ended.
+    let seen = observed_end(run, &tl);
+    o.end_seen = match (&seen, &run.exit) {
+        (Some(e), _) => e.to_string(),
+        (None, Exit::Killed(why)) => format!("killed by the harness: {why}"),
+        (None, Exit::Exited(st)) => format!("qemu exited ({st}) without a recognised end"),
+        (None, Exit::Halted) => "halted".into(),
+    };
+    if seen != Some(sc.end) {
+        p.push(format!("expected the guest to have {}, it {}", o.expected, o.end_seen));
+        let err = run.stderr.trim();
+        if !err.is_empty() {
+            p.push(format!("qemu said: {}", err.lines().take(3).collect::<Vec<_>>().join(" / ")));
+        }
+    }
+    let trig_host = run.markers("TRIGGER").first().map(|l| l.t);
+    o.death_ms = trig_host.and_then(|t0| {
+        let last = match seen {
+            Some(End::StaysUp) | None => None,
+            Some(End::Kexec) => run
+                .console_at("Starting new kernel", t0)
+                .or_else(|| run.markers("BOOT").get(1).copied())
+                .map(|l| l.t),
+            _ => run
+                .console_at("reboot: ", t0)
+                .map(|l| l.t)
+                .or(Some(run.exit_t)),
+        }?;
+        Some((last.saturating_sub(t0)).as_secs_f64() * 1e3)
+    });
+
+    // What the agent saw and wrote.
+    let audit = match report::read_audit(&run.audit_img) {
+        Ok(a) => a,
+        Err(e) => {
+            p.push(format!("reading the audit disk: {e:#}"));
+            return;
+        }
+    };
+    o.audit_summary = audit.summary();
+    let Some(trig_ns) = tl.trigger_ns() else {
+        if tl.armed() {
+            p.push("the runner never reached the trigger".into());
+        } else {
+            p.push("the agent never armed".into());
+        }
+        return;
+    };
+    let boot1 = tl.boots.first().cloned().unwrap_or_default();
+    let boot2_t = run.markers("BOOT").get(1).map(|l| l.t);
+    let until_ns = tl.after_trigger_end_ns();
+    o.dets = report::merge(&audit, &boot1, run, boot2_t, trig_ns, until_ns);
+    let dets = &o.dets;
+
+    if let Some(first) = dets.first() {
+        o.first_at_ms = first.at_ms;
+        o.first_written_ms = dets.iter().find_map(|d| d.written_ms);
+    }
+    match (sc.first, dets.first()) {
+        (Some(want), Some(d)) => {
+            if !want.matches(d) {
+                p.push(format!("first detection: wanted {want}, got {}", d.long()));
+            } else if !d.on_disk {
+                p.push(format!(
+                    "the first detection ({}) is not in the audit on disk: the guest died before it was written",
+                    d.short()
+                ));
+            }
+        }
+        (Some(want), None) => p.push(format!("nothing detected; wanted {want} first")),
+        (None, _) => {}
+    }
+    let mut rest = dets.iter().skip(1);
+    for want in sc.then {
+        if !rest.by_ref().any(|d| want.matches(d)) {
+            p.push(format!("not seen (in this order): {want}"));
+        }
+    }
+    if sc.container_only {
+        for d in dets.iter().filter(|d| d.scope != "container") {
+            p.push(format!("a node-scope detection where only the container ended: {}", d.long()));
+        }
+    }
+    if audit.unreadable > 0 {
+        p.push(format!("{} unreadable line(s) in the audit log", audit.unreadable));
+    }
+
+    if sc.name == "privileges" {
+        let text = fs::read_to_string(run.out.join("privileges.txt")).unwrap_or_default();
+        o.notes = text.lines().map(|l| l.trim_start_matches("PROBE ").to_string()).collect();
+        let probes = text.lines().filter(|l| l.starts_with("PROBE ")).count();
+        if probes != 4 {
+            p.push(format!("{probes} of 4 capability probes reported"));
+        }
+        // The unit's own set must arm (the agent already did, as lastgasp.service).
+        if !text.lines().any(|l| l.starts_with("PROBE with-sys-admin ") && l.contains(": armed")) {
+            p.push("the agent did not arm with the unit's capability set".into());
+        }
+    }
+
+    // The next boot's report of this one.
+    if matches!(sc.end, End::Reboot | End::Kexec) {
+        let (n, summary) = report::next_boot_report(&run.out, &boot1, dets);
+        o.next_boot = summary;
+        if n == 0 {
+            p.push(format!("the next boot did not report the previous shutdown: {}", o.next_boot));
+        }
+    } else {
+        o.next_boot = "-".into();
+    }
+}
+
+/// How the guest ended, from the runner's markers, the kernel's last words
+/// and qemu's events.
+fn observed_end(run: &Run, tl: &report::Timeline) -> Option<End> {
+    let reset = run.qmp.iter().any(|e| e.event == "RESET")
+        || run.console.iter().any(|l| l.text.contains("reboot: Restarting system"));
+    if tl.boots.len() >= 2 {
+        // The second boot was the harness's: it ends itself after reporting.
+        return Some(if reset { End::Reboot } else { End::Kexec });
+    }
+    if tl.ended("still-up") {
+        return Some(End::StaysUp);
+    }
+    match &run.exit {
+        Exit::Halted => Some(End::Halt),
+        Exit::Killed(_) => None,
+        Exit::Exited(_) => {
+            let shutdown = run.qmp.iter().find(|e| e.event == "SHUTDOWN");
+            let reason = shutdown.and_then(|e| e.data.get("reason")).and_then(|r| r.as_str());
+            match reason {
+                Some("guest-shutdown") => Some(End::PowerOff),
+                Some("guest-reset") => Some(End::Reboot),
+                _ if run.console.iter().any(|l| l.text.contains("reboot: Power down")) => {
+                    Some(End::PowerOff)
+                }
+                _ => None,
+            }
+        }
+    }
+}
+
+/// The last-gasp race: `systemctl poweroff --force --force`, `n` fresh boots.
+pub struct Race {
+    pub n: u32,
+    pub runs: Vec<Outcome>,
+}
+
+impl Race {
+    /// The goal is every run's first record on disk before the guest died.
+    pub fn failed(&self) -> bool {
+        self.runs.len() as u32 != self.n || self.runs.iter().any(|o| o.failed())
+    }
+}
+
+pub fn race(guest: &Guest, n: u32, dir: &Path, mut cluster: Option<&mut Cluster>) -> Race {
+    let sc = SCENARIOS
+        .iter()
+        .find(|s| s.name == "poweroff-force-force")
+        .expect("the race scenario");
+    let mut runs = Vec::new();
+    for i in 1..=n {
+        let o = run(guest, sc, &dir.join(format!("{i:02}")), cluster.as_deref_mut());
+        println!("vm-test: race {i:>2}/{n}: {}", o.one_line());
+        runs.push(o);
+    }
+    Race { n, runs }
+}
