@@ -76,6 +76,7 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
             assert_eq!(v["forced"], true);
             assert_eq!(v["actor"]["comm"], "lastgasp-trigge");
             assert_eq!(v["detail"]["valid_magic"], true);
+            assert_eq!(v["decision"]["action"], "audit-only", "a container's reboot never drains the node");
             break s;
         }
     };
@@ -124,10 +125,10 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
 }
 
 #[test]
-fn cluster_mode_is_refused_clearly_until_it_exists() {
+fn cluster_mode_without_a_config_is_refused_clearly() {
     let out = Command::new(agent_bin()).arg("run").output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--standalone"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--config"));
 }
 
 #[test]

@@ -361,3 +361,193 @@ async fn the_pod_watch_sees_only_this_node() {
     assert_eq!(names, vec!["mine".to_string()]);
     let _: Vec<Pod> = s.double.list("default");
 }
+
+mod agent_flow {
+    use std::sync::Arc;
+
+    use lastgasp::{
+        act::audit::{self, AuditLog, Entry, Outcome},
+        agent::{Agent, Cluster},
+        controller::{Controller, ControllerConfig, Policy, OUT_OF_SERVICE_KEY},
+    };
+
+    use super::*;
+
+    async fn cluster(s: &Setup) -> Arc<Cluster> {
+        let lg = LastGasp::start(s.double.client_without_retry().await, s.double.client_without_retry().await, NODE)
+            .await
+            .unwrap();
+        Arc::new(Cluster {
+            node: s.nc.clone(),
+            lastgasp: lg,
+            graceful: Arc::new(opts(s, vec![Bucket { priority: 0, seconds: 2 }], Removal::Delete)),
+        })
+    }
+
+    fn forced_exec() -> ShutdownSignal {
+        ShutdownSignal {
+            source: Source::Exec,
+            kind: Kind::Reboot,
+            forced: true,
+            bypasses_logind: true,
+            scope: Scope::Node,
+            effect: Effect::Now,
+            actor: Some(lastgasp::signal::Actor { pid: 1, comm: "reboot".into(), ..Default::default() }),
+            at: SystemTime::now(),
+            boot_ns: 0,
+            deadline: None,
+            detail: Detail::Exec { path: "/sbin/reboot".into(), argv: vec!["reboot".into(), "-ff".into()], raw: String::new(), truncated: false },
+        }
+    }
+
+    fn records(dir: &std::path::Path) -> Vec<audit::Record> {
+        audit::read(&dir.join(audit::FILE_NAME)).unwrap().records
+    }
+
+    /// The API server is down when the node dies: the record waits on disk
+    /// and reaches the cluster after the next boot, which clears the marks
+    /// once the node is Ready.
+    #[tokio::test]
+    async fn a_last_gasp_lost_to_a_dead_api_server_is_delivered_after_the_next_boot() {
+        let s = setup("nextboot", vec![]).await;
+        let c = cluster(&s).await;
+        s.double.inject(Fault::status(503).method("PATCH").always());
+        let mut agent = Agent::new(AuditLog::open(&s.dir, "boot-1").unwrap(), Some(c.clone()), None, Metrics::default(), false);
+        let d = agent.handle(forced_exec()).await.unwrap();
+        assert!(matches!(d.action, Action::Immediate { escalated: false }));
+        let recs = records(&s.dir);
+        assert!(matches!(recs[0].entry, Entry::Signal { .. }), "the signal is on disk first");
+        assert!(
+            recs.iter().any(|r| matches!(&r.entry, Entry::Outcome { outcome: Outcome::LastGaspFailed { .. }, .. })),
+            "{recs:#?}"
+        );
+        let n: Node = s.double.get("", NODE).unwrap();
+        assert!(condition(&n).is_none(), "nothing reached the cluster");
+
+        // The next boot, with the API server back. The node is still shown
+        // with a shutdown taint from the old boot, and NotReady at first.
+        s.double.clear_faults();
+        s.nc.set_taint(true).await.unwrap();
+        s.double.modify::<Node, _>("", NODE, |n| n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into()).unwrap();
+        let mut next = Agent::new(AuditLog::open(&s.dir, "boot-2").unwrap(), Some(c.clone()), None, Metrics::default(), false);
+        let report = next.after_boot("boot-2").await.unwrap().expect("a previous boot");
+        assert_eq!(report.boot_id, "boot-1");
+        assert_eq!(report.end, lastgasp::report::BootEnd::Forced);
+        assert!(report.undelivered);
+        let events: Vec<Event> = s.double.list("default");
+        let ev = events.iter().find(|e| e.action.as_deref() == Some("PreviousBoot")).expect("a previous-boot event");
+        let note = ev.note.clone().unwrap_or_default();
+        assert!(note.contains("ended forced") && note.contains("reboot -ff"), "{note}");
+        let rec: serde_json::Value = serde_json::from_str(&s.double.get::<Node>("", NODE).unwrap().metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
+        assert_eq!(rec["delivered_late"], true);
+        assert!(records(&s.dir).iter().any(|r| matches!(&r.entry, Entry::Outcome { outcome: Outcome::DeliveredLate { boot_id }, .. } if boot_id == "boot-1")));
+
+        // Ready again: our taint goes, the record is marked back.
+        s.double.modify::<Node, _>("", NODE, |n| n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into()).unwrap();
+        let mut cleared = false;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let n: Node = s.double.get("", NODE).unwrap();
+            let rec: serde_json::Value = serde_json::from_str(&n.metadata.annotations.clone().unwrap()[RECORD_ANNOTATION]).unwrap();
+            if !taint_keys(&n).contains(&TAINT_KEY.to_string()) && rec["back"] == true {
+                cleared = true;
+                break;
+            }
+        }
+        assert!(cleared, "the agent's taint and record were cleared once Ready");
+
+        // A third boot does not deliver it again.
+        let mut third = Agent::new(AuditLog::open(&s.dir, "boot-3").unwrap(), Some(c), None, Metrics::default(), false);
+        let r = third.after_boot("boot-3").await.unwrap().unwrap();
+        assert_eq!((r.boot_id.as_str(), r.end), ("boot-2", lastgasp::report::BootEnd::Unannounced));
+    }
+
+    #[tokio::test]
+    async fn forced_detection_reaches_the_cluster_and_the_audit_says_so() {
+        let s = setup("forced", vec![]).await;
+        let c = cluster(&s).await;
+        let mut agent = Agent::new(AuditLog::open(&s.dir, "b").unwrap(), Some(c), None, Metrics::default(), false);
+        agent.handle(forced_exec()).await.unwrap();
+        let n: Node = s.double.get("", NODE).unwrap();
+        assert_eq!(condition(&n), Some(("True".into(), "ForcedShutdown".into())));
+        let delivered = records(&s.dir).into_iter().find_map(|r| match r.entry {
+            Entry::Outcome { outcome: Outcome::LastGaspDelivered { ms }, .. } => Some(ms),
+            _ => None,
+        });
+        assert!(delivered.is_some_and(|ms| ms >= 0.0));
+    }
+
+    fn ccfg(id: &str) -> ControllerConfig {
+        ControllerConfig {
+            policy: Policy::AlsoReboots,
+            reboot_timeout: Duration::from_secs(1),
+            max_taints_per_hour: 3,
+            lease_namespace: "kube-system".into(),
+            lease_name: "lastgasp-controller".into(),
+            identity: id.into(),
+            lease_duration: Duration::from_secs(15),
+        }
+    }
+
+    fn set_ready(s: &Setup, status: &str) {
+        s.double.modify::<Node, _>("", NODE, |n| n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = status.into()).unwrap();
+    }
+
+    fn set_record(s: &Setup, kind: &str) {
+        let rec = json!({"signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
+        s.double
+            .modify::<Node, _>("", NODE, |n| {
+                n.metadata.annotations.get_or_insert_with(Default::default).insert(RECORD_ANNOTATION.into(), rec.to_string());
+            })
+            .unwrap();
+    }
+
+    fn out_of_service(s: &Setup) -> bool {
+        taint_keys(&s.double.get::<Node>("", NODE).unwrap()).contains(&OUT_OF_SERVICE_KEY.to_string())
+    }
+
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+
+    /// power-off then NotReady → taint; Ready → untaint; reboot → no taint
+    /// until it stays down past the timeout; two replicas → one acts.
+    #[tokio::test]
+    async fn controller_sequences_with_two_replicas() {
+        let s = setup("controller", vec![]).await;
+        let mut a = Controller::start(s.double.client_without_retry().await, ccfg("a")).await.unwrap();
+        let mut b = Controller::start(s.double.client_without_retry().await, ccfg("b")).await.unwrap();
+        assert!(a.tick().await.unwrap(), "a takes the free lease");
+        assert!(!b.tick().await.unwrap(), "b stands by");
+
+        set_record(&s, "poweroff");
+        settle().await;
+        a.tick().await.unwrap();
+        assert!(!out_of_service(&s), "still Ready: not down");
+        set_ready(&s, "Unknown");
+        settle().await;
+        assert!(!b.tick().await.unwrap());
+        assert!(!out_of_service(&s), "the standby never acts");
+        a.tick().await.unwrap();
+        assert!(out_of_service(&s), "power-off then NotReady: tainted");
+        set_ready(&s, "True");
+        settle().await;
+        a.tick().await.unwrap();
+        assert!(!out_of_service(&s), "Ready again: untainted");
+
+        set_record(&s, "reboot");
+        set_ready(&s, "False");
+        settle().await;
+        a.tick().await.unwrap();
+        assert!(!out_of_service(&s), "a reboot is not tainted at once");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        a.tick().await.unwrap();
+        assert!(out_of_service(&s), "a reboot that stays down past the timeout is");
+        let events: Vec<Event> = s.double.list("default");
+        assert!(events.iter().any(|e| e.reason.as_deref() == Some("OutOfServiceTaintAdded")));
+        assert!(events.iter().any(|e| e.reason.as_deref() == Some("OutOfServiceTaintRemoved")));
+        let kinds: Vec<_> = a.actions.iter().map(|(_, v)| format!("{v:?}").split([' ', '{']).next().unwrap().to_string()).collect();
+        assert_eq!(kinds, vec!["Taint", "Untaint", "Taint"]);
+        assert!(b.actions.is_empty());
+    }
+}

@@ -44,7 +44,7 @@ pub struct Agent {
 impl Agent {
     pub fn new(
         audit: AuditLog,
-        cluster: Option<Cluster>,
+        cluster: Option<Arc<Cluster>>,
         logind: Option<LogindHandle>,
         metrics: Metrics,
         print: bool,
@@ -52,7 +52,7 @@ impl Agent {
         Agent {
             decider: Decider::new(),
             audit: Arc::new(tokio::sync::Mutex::new(audit)),
-            cluster: cluster.map(Arc::new),
+            cluster,
             logind,
             metrics,
             print,

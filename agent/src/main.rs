@@ -3,13 +3,19 @@ use std::{path::PathBuf, time::Instant};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use lastgasp::{
-    act::audit::{self, AuditLog, BootFilter},
-    detect::{actor, ebpf::EbpfDetector},
+    act::{
+        audit::{self, AuditLog, BootFilter},
+        kube::{graceful::GracefulOptions, lastgasp::LastGasp, NodeClient},
+        metrics::Metrics,
+    },
+    agent::{Agent, Cluster},
+    config::Config,
+    controller::{Controller, ControllerConfig, Policy},
+    detect::{
+        dbus::{self, DbusArgs},
+        ebpf::EbpfDetector,
+    },
     node::{self, NodePidNs},
-};
-use lastgasp::{
-    detect::dbus::{self, DbusArgs},
-    signal::{Effect, ShutdownSignal, Source},
 };
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -39,6 +45,9 @@ enum Command {
         #[arg(long, default_value = "all")]
         boot: BootFilter,
     },
+    /// Completes the non-graceful shutdown procedure in the cluster (one
+    /// active replica, elected through a Lease).
+    Controller(ControllerArgs),
     /// Preflight: would graceful shutdown through logind work here? Exits 1
     /// with a report when something would make it fail.
     Check(DbusArgs),
@@ -47,16 +56,41 @@ enum Command {
 const DEFAULT_AUDIT_DIR: &str = "/var/lib/lastgasp";
 
 #[derive(clap::Args)]
+struct ControllerArgs {
+    /// When to apply node.kubernetes.io/out-of-service.
+    #[arg(long, value_enum, default_value = "poweroff-only")]
+    policy: Policy,
+    /// With `also-reboots`: how long a reboot may stay down before the taint.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    reboot_timeout: std::time::Duration,
+    #[arg(long, default_value_t = 3)]
+    max_taints_per_hour: usize,
+    #[arg(long, default_value = "kube-system")]
+    lease_namespace: String,
+    #[arg(long, default_value = "lastgasp-controller")]
+    lease_name: String,
+    /// This replica's name in the Lease (default: $POD_NAME).
+    #[arg(long)]
+    identity: Option<String>,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    interval: std::time::Duration,
+}
+
+#[derive(clap::Args)]
 struct RunArgs {
     /// Run without a cluster: print each signal as a JSON line and audit it.
     #[arg(long)]
     standalone: bool,
+    /// The agent's configuration file (YAML); required in cluster mode.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// The PID namespace that is "the node", as an ns/pid file
     /// (default: the initial namespace). Tests point it at a child namespace.
     #[arg(long)]
     node_pid_ns: Option<PathBuf>,
-    #[arg(long, default_value = DEFAULT_AUDIT_DIR)]
-    audit_dir: PathBuf,
+    /// Overrides the config's auditDir (default /var/lib/lastgasp).
+    #[arg(long)]
+    audit_dir: Option<PathBuf>,
     #[command(flatten)]
     dbus: DbusArgs,
 }
@@ -79,6 +113,10 @@ fn main() -> Result<()> {
             .build()?
             .block_on(run(args)),
         Command::History { audit_dir, boot } => history(&audit_dir, &boot),
+        Command::Controller(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(controller(args)),
         Command::Check(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -88,30 +126,41 @@ fn main() -> Result<()> {
     }
 }
 
-async fn run(args: RunArgs) -> Result<()> {
-    if !args.standalone {
-        anyhow::bail!("cluster mode is not built yet: use `lastgasp run --standalone`");
-    }
+async fn run(mut args: RunArgs) -> Result<()> {
     let started = Instant::now();
+    let cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None if args.standalone => Config::default(),
+        None => anyhow::bail!("cluster mode needs --config (the grace periods, at least)"),
+    };
+    let audit_dir = args.audit_dir.clone().unwrap_or_else(|| cfg.audit_dir.clone());
     let node = match &args.node_pid_ns {
         Some(p) => NodePidNs::from_path(p)?,
         None => NodePidNs::initial()?,
     };
     let boot_id = node::boot_id()?;
-    let mut audit = AuditLog::open(&args.audit_dir, &boot_id)?;
+    let audit = AuditLog::open(&audit_dir, &boot_id)?;
     let mut det = EbpfDetector::load(node.clone())?;
     let armed_ms = started.elapsed().as_secs_f64() * 1e3;
-    eprintln!(
-        "lastgasp: hooks (node pid namespace {}, init pid {}):",
-        node.ino, node.init_pid
-    );
+    eprintln!("lastgasp: hooks (node pid namespace {}, init pid {}):", node.ino, node.init_pid);
     for r in &det.report {
         eprintln!("  {r}");
     }
     tracing::info!(armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
+
+    let cluster = if args.standalone {
+        None
+    } else {
+        let buckets = cfg.buckets()?;
+        // logind must give the graceful path the buckets' whole time.
+        args.dbus.inhibit_delay.get_or_insert(lastgasp::grace::requested_delay(&buckets));
+        Some(std::sync::Arc::new(cluster(&cfg, &audit_dir, buckets).await?))
+    };
     // logind and systemd over D-Bus feed the same loop.
     let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
     let logind = dbus::spawn_detectors(&args.dbus, dbus_tx).await?;
+    let mut agent = Agent::new(audit, cluster, logind, Metrics::default(), args.standalone);
+    agent.after_boot(&boot_id).await?;
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -119,20 +168,15 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut drops = 0;
     loop {
         tokio::select! {
-            // Records first: on SIGTERM mid-shutdown, what was seen is written out before exiting.
+            // Records first: on SIGTERM mid-shutdown, what was seen is handled before exiting.
             biased;
             batch = det.next_batch() => {
                 for s in batch? {
-                    report(&mut audit, s)?;
+                    agent.handle(s).await?;
                 }
             }
             Some(s) = dbus_rx.recv() => {
-                let graceful = s.source == Source::Logind && s.effect == Effect::Now;
-                report(&mut audit, s)?;
-                // Standalone, the graceful work is the audit record: let the shutdown go on.
-                if let (true, Some(l)) = (graceful, &logind) {
-                    l.release();
-                }
+                agent.handle(s).await?;
             }
             _ = tick.tick() => {
                 let now = det.drops();
@@ -149,17 +193,64 @@ async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn report(audit: &mut AuditLog, mut s: ShutdownSignal) -> Result<()> {
-    if let Some(a) = s.actor.as_mut() {
-        actor::enrich(a);
+/// Cluster mode: the clients (kube's own retries off: ours know the
+/// deadlines), the warm watches and the last gasp's connections.
+async fn cluster(cfg: &Config, audit_dir: &std::path::Path, buckets: Vec<lastgasp::grace::Bucket>) -> Result<Cluster> {
+    let node = cfg
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .context("cluster mode needs the node's name: nodeName in the config, or $NODE_NAME")?;
+    let (watch, patch) = (kube_client().await?, kube_client().await?);
+    let own_pod = match (std::env::var("POD_NAMESPACE"), std::env::var("POD_NAME")) {
+        (Ok(ns), Ok(name)) => Some((ns, name)),
+        _ => None,
+    };
+    Ok(Cluster {
+        node: NodeClient::start(watch.clone(), &node).await?,
+        lastgasp: LastGasp::start(watch, patch, &node).await?,
+        graceful: std::sync::Arc::new(GracefulOptions {
+            buckets,
+            removal: cfg.pod_removal,
+            own_pod,
+            state_file: audit_dir.join("graceful_node_shutdown_state"),
+        }),
+    })
+}
+
+async fn kube_client() -> Result<kube::Client> {
+    let mut config = kube::Config::infer().await.context("no Kubernetes configuration (in-cluster or $KUBECONFIG)")?;
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn controller(args: ControllerArgs) -> Result<()> {
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .unwrap_or_else(|| format!("lastgasp-controller-{}", std::process::id()));
+    let cfg = ControllerConfig {
+        policy: args.policy,
+        reboot_timeout: args.reboot_timeout,
+        max_taints_per_hour: args.max_taints_per_hour,
+        lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        identity,
+        lease_duration: std::time::Duration::from_secs(15),
+    };
+    let mut c = Controller::start(kube_client().await?, cfg).await?;
+    let mut tick = tokio::time::interval(args.interval);
+    let mut term = signal(SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Err(e) = c.tick().await {
+                    tracing::warn!("controller pass: {e:#}");
+                }
+            }
+            _ = term.recv() => return Ok(()),
+        }
     }
-    if let Err(e) = audit.append(&s, None) {
-        tracing::error!("audit record NOT written: {e:#}");
-    }
-    println!("{}", serde_json::to_string(&s)?);
-    tracing::info!(source = ?s.source, kind = ?s.kind, forced = s.forced, scope = ?s.scope,
-        pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()), "shutdown signal");
-    Ok(())
 }
 
 fn history(dir: &std::path::Path, boot: &BootFilter) -> Result<()> {
