@@ -859,6 +859,10 @@ async fn check_passes_when_logind_allows_the_delay() {
         );
     }
     assert!(report.contains("logind allows 60s, lastgasp needs 30s"));
+    assert!(
+        !report.contains("held locks"),
+        "its own lock is not listed:\n{report}"
+    );
     assert!(report.ends_with("result: ok\n"));
     // The lock check closed its lock again.
     bus.wait_event("the check's lock closed", |e| e.is("lock-closed"), 1)

@@ -157,6 +157,35 @@ async fn logind_checks(r: &mut Report, conn: &Connection, args: &DbusArgs) {
     };
     r.push(Status::Info, "drop-ins", order);
 
+    // Listed before the check takes (and closes) a lock of its own.
+    type Inhibitor = (String, String, String, String, u32, u32);
+    if let Ok(m) = conn
+        .call_method(
+            Some(LOGIND),
+            dbus::LOGIND_PATH,
+            Some(dbus::LOGIND_MANAGER),
+            "ListInhibitors",
+            &(),
+        )
+        .await
+    {
+        if let Ok(list) = m.body().deserialize::<Vec<Inhibitor>>() {
+            let held: Vec<String> = list
+                .iter()
+                .filter(|(what, _, _, mode, _, _)| {
+                    mode == "delay" && what.split(':').any(|w| w == "shutdown")
+                })
+                .map(|(_, who, _, _, _, pid)| format!("{who} (pid {pid})"))
+                .collect();
+            if !held.is_empty() {
+                r.push(
+                    Status::Info,
+                    "held locks",
+                    format!("shutdown delay locks held now: {}", held.join(", ")),
+                );
+            }
+        }
+    }
     match logind::take_lock(conn).await {
         Ok(fd) => {
             drop(fd);
@@ -171,34 +200,6 @@ async fn logind_checks(r: &mut Report, conn: &Connection, args: &DbusArgs) {
             "delay lock",
             format!("logind refused Inhibit(shutdown, delay): {e}"),
         ),
-    }
-    type Inhibitor = (String, String, String, String, u32, u32);
-    if let Ok(m) = conn
-        .call_method(
-            Some(LOGIND),
-            dbus::LOGIND_PATH,
-            Some(dbus::LOGIND_MANAGER),
-            "ListInhibitors",
-            &(),
-        )
-        .await
-    {
-        if let Ok(list) = m.body().deserialize::<Vec<Inhibitor>>() {
-            let others: Vec<String> = list
-                .iter()
-                .filter(|(what, _, _, mode, _, _)| {
-                    mode == "delay" && what.split(':').any(|w| w == "shutdown")
-                })
-                .map(|(_, who, _, _, _, pid)| format!("{who} (pid {pid})"))
-                .collect();
-            if !others.is_empty() {
-                r.push(
-                    Status::Info,
-                    "other locks",
-                    format!("shutdown delay locks held now: {}", others.join(", ")),
-                );
-            }
-        }
     }
     if let Ok(true) = dbus::logind_property::<bool>(conn, "PreparingForShutdown").await {
         r.push(

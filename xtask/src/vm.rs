@@ -30,7 +30,7 @@ use crate::setup;
 
 #[derive(clap::Args, Debug, Default)]
 pub struct Args {
-    /// Scenarios to run (default: every one, then the race); see --list.
+    /// Scenarios to run (default: every one, then the race; `race` alone: only the race); see --list.
     pub scenarios: Vec<String>,
     /// Consecutive `systemctl poweroff --force --force` runs for the
     /// last-gasp race (default: 20 when no scenario is named, else none).
@@ -70,10 +70,17 @@ pub fn vm_test(
         scenario::print_list();
         return Ok(());
     }
-    let selected = scenario::select(&args.scenarios)?;
+    // `race` names the last-gasp race itself: `vm-test race` runs only it.
+    let named: Vec<String> = args.scenarios.iter().filter(|s| *s != "race").cloned().collect();
+    let race_named = named.len() != args.scenarios.len();
+    let selected = if race_named && named.is_empty() {
+        Vec::new()
+    } else {
+        scenario::select(&named)?
+    };
     let race = args
         .race
-        .unwrap_or(if args.scenarios.is_empty() { 20 } else { 0 });
+        .unwrap_or(if args.scenarios.is_empty() || race_named { 20 } else { 0 });
     if let Err(e) = preflight() {
         bail!("the VM tests cannot run here: {e:#}");
     }

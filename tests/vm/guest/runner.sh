@@ -71,7 +71,8 @@ armed=
 for _ in $(seq 1 1200); do
     if dmesg | grep -q 'lastgasp: armed'; then armed=1; break; fi
     # (its cgroup, not `systemctl is-active`: the agent audits every systemctl exec)
-    if ! [ -s /sys/fs/cgroup/system.slice/lastgasp.service/cgroup.procs ]; then break; fi
+    # (cgroup files have no size: test their content, not -s)
+    if ! grep -q . /sys/fs/cgroup/system.slice/lastgasp.service/cgroup.procs 2>/dev/null; then break; fi
     sleep 0.1
 done
 if [ -z "$armed" ]; then

@@ -20,7 +20,8 @@ probe() { # NAME CAPS [SYSCTL-PARANOID]
     for _ in $(seq 1 900); do
         if grep -q 'lastgasp: armed' "$err" 2>/dev/null; then result=armed; break; fi
         # (not `systemctl is-active`: the running agent audits every systemctl exec)
-        if ! [ -s "/sys/fs/cgroup/system.slice/lastgasp-probe-$name.service/cgroup.procs" ]; then
+        # (cgroup files have no size: test their content, not -s)
+        if ! grep -q . "/sys/fs/cgroup/system.slice/lastgasp-probe-$name.service/cgroup.procs" 2>/dev/null; then
             result=refused; break
         fi
         sleep 0.1

@@ -78,7 +78,10 @@ impl Timeline {
 }
 
 pub struct AuditDisk {
+    /// Detections (`type: signal`, or the older records without a type).
     pub records: Vec<Value>,
+    /// Everything else the agent wrote (`agent-start`, `outcome`...).
+    pub others: Vec<Value>,
     pub unreadable: usize,
     /// The file system was not cleanly unmounted: its journal had to be replayed.
     pub needed_recovery: bool,
@@ -88,7 +91,7 @@ impl AuditDisk {
     pub fn summary(&self) -> String {
         format!(
             "{} record(s){}{}",
-            self.records.len(),
+            self.records.len() + self.others.len(),
             if self.needed_recovery {
                 ", journal replayed"
             } else {
@@ -130,16 +133,19 @@ pub fn read_audit(img: &Path) -> Result<AuditDisk> {
     )?;
     let _ = fs::remove_file(&copy);
     let mut records = Vec::new();
+    let mut others = Vec::new();
     let mut unreadable = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         match serde_json::from_str::<Value>(line) {
             Ok(v) if v.get("signal").is_some() => records.push(v),
+            Ok(v) if v.get("type").is_some() => others.push(v),
             _ => unreadable += 1,
         }
     }
     fs::write(img.with_extension("audit.jsonl"), &text)?;
     Ok(AuditDisk {
         records,
+        others,
         unreadable,
         needed_recovery,
     })
@@ -179,6 +185,8 @@ pub struct Det {
     /// From the trigger, guest clock.
     pub at_ms: Option<f64>,
     pub written_ms: Option<f64>,
+    /// The decision core's action for it, as audited (on disk only).
+    pub decision: Option<String>,
 }
 
 impl Det {
@@ -255,6 +263,7 @@ impl Det {
             stdout_t: None,
             at_ms: None,
             written_ms: None,
+            decision: None,
             source,
         })
     }
@@ -283,6 +292,67 @@ impl Det {
             if self.on_disk { ", on disk" } else { ", stdout only" }
         )
     }
+}
+
+/// `{"action":{"action":"graceful","protected":true,..},"episode":{..}}` as
+/// "graceful (protected)".
+fn decision_label(d: &Value) -> String {
+    // The audit nests the action ({"action":{..},"episode":{..}}); stdout
+    // carries the action itself ({"action":"graceful",..}).
+    let a = match d.get("action") {
+        Some(Value::Object(_)) => d.get("action").cloned().unwrap_or_default(),
+        _ => d.clone(),
+    };
+    let name = a.get("action").and_then(|x| x.as_str()).unwrap_or("?").to_string();
+    let mut extra = Vec::new();
+    if a.get("protected").and_then(|x| x.as_bool()) == Some(true) {
+        extra.push("protected".to_string());
+    }
+    if a.get("escalated").and_then(|x| x.as_bool()) == Some(true) {
+        extra.push("escalated".to_string());
+    }
+    if let Some(why) = a.get("why").and_then(|x| x.as_str()) {
+        extra.push(why.to_string());
+    }
+    if extra.is_empty() {
+        name
+    } else {
+        format!("{name} ({})", extra.join(", "))
+    }
+}
+
+/// The decisions of a scenario's detections, in order, without the joins,
+/// and the outcomes the agent audited after the trigger; `None` when the
+/// agent wrote no decisions (a build without the decision core).
+pub fn decisions(dets: &[Det], audit: &AuditDisk, boot1: &str, trig_ns: i128) -> Option<String> {
+    if !dets.iter().any(|d| d.decision.is_some()) {
+        return None;
+    }
+    let mut out: Vec<String> = Vec::new();
+    for d in dets {
+        if let Some(x) = &d.decision {
+            let name = x.split(' ').next().unwrap_or("");
+            if name == "join" || out.last() == Some(x) {
+                continue;
+            }
+            out.push(x.clone());
+        }
+    }
+    for o in &audit.others {
+        let in_window = o.get("boot_id").and_then(|b| b.as_str()) == Some(boot1)
+            && o.get("written_at")
+                .and_then(|w| w.as_str())
+                .and_then(parse_rfc3339_ns)
+                .is_some_and(|w| w >= trig_ns);
+        if in_window && o.get("type").and_then(|t| t.as_str()) == Some("outcome") {
+            let oc = o.get("outcome").cloned().unwrap_or_default();
+            out.push(format!(
+                "outcome {}",
+                oc.get("outcome").and_then(|x| x.as_str()).unwrap_or("?")
+            ));
+        }
+    }
+    Some(out.join(" → "))
 }
 
 fn reboot_cmd(cmd: u64) -> String {
@@ -316,6 +386,7 @@ pub fn merge(
         }
         if let Some(mut d) = r.get("signal").and_then(Det::from_signal) {
             d.on_disk = true;
+            d.decision = r.get("decision").map(decision_label);
             d.written_ns = r
                 .get("written_at")
                 .and_then(|w| w.as_str())
@@ -344,6 +415,7 @@ pub fn merge(
             None => dets.push(Det {
                 on_stdout: true,
                 stdout_t: Some(line.t),
+                decision: v.get("decision").map(decision_label),
                 ..d
             }),
         }
@@ -385,18 +457,20 @@ pub fn next_boot_report(out: &Path, boot1: &str, dets: &[Det]) -> (usize, String
     let of_boot1 = recs
         .iter()
         .filter(|r| r.get("boot_id").and_then(|b| b.as_str()) == Some(boot1))
+        .filter(|r| r.get("signal").is_some())
         .count();
     let on_disk = dets.iter().filter(|d| d.on_disk).count();
     let last = recs
-        .last()
-        .and_then(|r| r.get("signal"))
+        .iter()
+        .rev()
+        .find_map(|r| r.get("signal"))
         .and_then(Det::from_signal)
         .map(|d| d.what)
         .unwrap_or_default();
     (
         of_boot1,
         format!(
-            "`history --boot previous`: {of_boot1} record(s) of the shut-down boot (the trigger window had {on_disk} on disk); last: {last}"
+            "`history --boot previous`: {of_boot1} detection(s) of the shut-down boot (the trigger window had {on_disk} on disk); last: {last}"
         ),
     )
 }

@@ -123,6 +123,10 @@ pub struct Scenario {
     /// Must also be seen (in the audit, or at least on the agent's stdout
     /// before the guest died), in this order, after `first`.
     pub then: &'static [Want],
+    /// The decision core's action for the first detection, and actions that
+    /// must follow (in order), once the agent audits decisions.
+    pub decide: Option<&'static str>,
+    pub decide_then: &'static [&'static str],
     /// Only container-scope detections are allowed (nothing may drain the node).
     pub container_only: bool,
     /// Needs the cluster pieces (decision core, cluster mode, API double).
@@ -161,6 +165,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
         then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
+        decide: Some("graceful"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -170,6 +176,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::Reboot,
         first: Some(w(EXEC, "reboot", false, "now").by("systemctl")),
         then: &[logind("reboot"), job("reboot"), pid1_final("reboot")],
+        decide: Some("graceful"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -179,6 +187,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(EXEC, "poweroff", true, "now").by("systemctl")),
         then: &[pid1_final("poweroff")],
+        decide: Some("immediate"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -189,6 +199,8 @@ pub static SCENARIOS: &[Scenario] = &[
         first: Some(w(EXEC, "poweroff", true, "now").by("systemctl")),
         // systemctl's own reboot(2) kills the machine at once: reported, not required.
         then: &[],
+        decide: Some("immediate"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -198,6 +210,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
         then: &[job("poweroff"), pid1_final("poweroff")],
+        decide: Some("graceful"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -207,6 +221,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(EXEC, "poweroff", false, "scheduled").by("shutdown")),
         then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
+        decide: Some("warn"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -216,6 +232,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::StaysUp,
         first: Some(w(EXEC, "poweroff", false, "scheduled").by("shutdown")),
         then: &[w(EXEC, "unknown", false, "cancel").by("shutdown")],
+        decide: Some("warn"),
+        decide_then: &["cancel"],
         container_only: false,
         cluster_only: false,
     },
@@ -225,6 +243,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(SIGNAL, "poweroff", false, "now")),
         then: &[job("poweroff"), pid1_final("poweroff")],
+        decide: Some("graceful"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -234,6 +254,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(SIGNAL, "poweroff", true, "now")),
         then: &[pid1_final("poweroff")],
+        decide: Some("immediate"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -245,6 +267,8 @@ pub static SCENARIOS: &[Scenario] = &[
         // systemd's halt(8) takes one -f as two (no manager): it calls
         // reboot(2) itself, CAD_ON then HALT, and the CPUs stop at once.
         then: &[],
+        decide: Some("immediate"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -254,6 +278,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::StaysUp,
         first: Some(w(EXEC, "poweroff", true, "now").by("busybox").container()),
         then: &[w(REBOOT, "poweroff", true, "now").by("busybox").container()],
+        decide: Some("audit-only"),
+        decide_then: &[],
         container_only: true,
         cluster_only: false,
     },
@@ -266,6 +292,8 @@ pub static SCENARIOS: &[Scenario] = &[
             w(EXEC, "kexec", false, "now").by("systemctl"),
             pid1_final("kexec"),
         ],
+        decide: Some("audit-only"),
+        decide_then: &["graceful"],
         container_only: false,
         cluster_only: false,
     },
@@ -275,6 +303,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::StaysUp,
         first: Some(w(EXEC, "soft-reboot", false, "now").by("systemctl")),
         then: &[],
+        decide: None,
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -284,6 +314,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(KERNEL, "poweroff", true, "now")),
         then: &[],
+        decide: Some("immediate"),
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -293,6 +325,8 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::StaysUp,
         first: None,
         then: &[],
+        decide: None,
+        decide_then: &[],
         container_only: false,
         cluster_only: false,
     },
@@ -302,12 +336,18 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::PowerOff,
         first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
         then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
+        decide: Some("graceful"),
+        decide_then: &[],
         container_only: false,
         cluster_only: true,
     },
 ];
 
 pub fn print_list() {
+    println!(
+        "{:<22} {:<48} powered off, 20 times (the last-gasp race; --race N)",
+        "race", "systemctl poweroff --force --force"
+    );
     for s in SCENARIOS {
         println!(
             "{:<22} {:<48} {}{}",
@@ -579,6 +619,22 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
         }
         (Some(want), None) => p.push(format!("nothing detected; wanted {want} first")),
         (None, _) => {}
+    }
+    if let Some(dec) = report::decisions(dets, &audit, &boot1, trig_ns) {
+        o.decision = dec;
+        let first = dets.first().and_then(|d| d.decision.as_deref()).unwrap_or("none");
+        let action = |x: &str| x.split(' ').next().unwrap_or("").to_string();
+        if let Some(want) = sc.decide {
+            if action(first) != want {
+                p.push(format!("decision for the first detection: wanted {want}, got {first}"));
+            }
+        }
+        let mut later = dets.iter().skip(1).filter_map(|d| d.decision.as_deref());
+        for want in sc.decide_then {
+            if !later.by_ref().any(|x| action(x) == *want) {
+                p.push(format!("no later decision {want}"));
+            }
+        }
     }
     let mut rest = dets.iter().skip(1);
     for want in sc.then {
