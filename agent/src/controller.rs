@@ -13,7 +13,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
@@ -26,7 +26,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::{
         events::{Event, EventType, Recorder, Reporter},
-        reflector, watcher, WatchStreamExt,
+        reflector, watcher,
     },
     Api, Client, ResourceExt,
 };
@@ -186,20 +186,7 @@ pub struct Controller {
 
 impl Controller {
     pub async fn start(client: Client, cfg: ControllerConfig) -> Result<Self> {
-        let (store, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(Api::<Node>::all(client.clone()), watcher::Config::default()))
-            .default_backoff()
-            .touched_objects();
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut stream = std::pin::pin!(stream);
-            while let Some(item) = stream.next().await {
-                if let Err(e) = item {
-                    tracing::warn!("node watch: {e}");
-                }
-            }
-        });
-        store.wait_until_ready().await.context("node watch")?;
+        let store = crate::act::kube::warm_store(Api::<Node>::all(client.clone()), watcher::Config::default(), "node").await?;
         let reporter = Reporter { controller: "lastgasp-controller".into(), instance: Some(cfg.identity.clone()) };
         Ok(Controller {
             leases: Api::namespaced(client.clone(), &cfg.lease_namespace),

@@ -41,6 +41,7 @@ fn main() -> Result<()> {
         &mut rows,
         if quick { 300 } else { LATENCY_TRIGGERS },
     ))?;
+    rt.block_on(last_gasp_latency(&mut rows, if quick { 50 } else { LAST_GASP_TRIGGERS }))?;
     exec_overhead(&mut rows, if quick { 3 } else { EXEC_ROUNDS })?;
     armed_and_idle(&mut rows, if quick { 5 } else { IDLE_SECS })?;
 

@@ -17,7 +17,7 @@ use k8s_openapi::{
 };
 use kube::{
     api::{Patch, PatchParams},
-    runtime::{reflector, watcher, WatchStreamExt},
+    runtime::{reflector, watcher},
     Api, Client,
 };
 use serde_json::{json, Value};
@@ -47,25 +47,8 @@ pub struct Sent {
 impl LastGasp {
     /// Warms the connections and starts the node watch.
     pub async fn start(watch_client: Client, patch_client: Client, node: &str) -> Result<Self> {
-        let (store, writer) = reflector::store();
-        let api: Api<Node> = Api::all(watch_client);
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        let stream = reflector::reflector(writer, watcher(api, config))
-            .default_backoff()
-            .touched_objects();
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut stream = std::pin::pin!(stream);
-            while let Some(item) = stream.next().await {
-                if let Err(e) = item {
-                    tracing::warn!("node watch: {e}");
-                }
-            }
-        });
-        store
-            .wait_until_ready()
-            .await
-            .context("the node watch ended before its first list")?;
+        let store = super::warm_store(Api::all(watch_client), config, "node").await?;
         let lg = LastGasp {
             node: node.to_string(),
             nodes: Api::all(patch_client),

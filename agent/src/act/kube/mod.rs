@@ -49,24 +49,8 @@ impl NodeClient {
     /// Starts the pod watch (field selector on spec.nodeName) and waits for
     /// its first list.
     pub async fn start(client: Client, node: &str) -> Result<Self> {
-        let (pods, writer) = reflector::store();
-        let api: Api<Pod> = Api::all(client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let stream = reflector::reflector(writer, watcher(api, config))
-            .default_backoff()
-            .touched_objects();
-        tokio::spawn(async move {
-            use futures::StreamExt;
-            let mut stream = std::pin::pin!(stream);
-            while let Some(item) = stream.next().await {
-                if let Err(e) = item {
-                    tracing::warn!("pod watch: {e}");
-                }
-            }
-        });
-        pods.wait_until_ready()
-            .await
-            .context("the pod watch ended before its first list")?;
+        let pods = warm_store(Api::all(client.clone()), config, "pod").await?;
         let reporter = Reporter {
             controller: "lastgasp".into(),
             instance: Some(node.to_string()),
@@ -198,6 +182,27 @@ impl NodeClient {
             .and_then(|a| a.get(RECORD_ANNOTATION))
             .and_then(|r| serde_json::from_str(r).ok()))
     }
+}
+
+/// A reflector store kept up to date by a watch in the background (with
+/// backoff on errors); returns once the first list is in.
+pub async fn warm_store<K>(api: Api<K>, config: watcher::Config, what: &'static str) -> Result<Store<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff().touched_objects();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                tracing::warn!("{what} watch: {e}");
+            }
+        }
+    });
+    store.wait_until_ready().await.with_context(|| format!("the {what} watch ended before its first list"))?;
+    Ok(store)
 }
 
 pub fn shutdown_taint(at: SystemTime) -> Taint {
