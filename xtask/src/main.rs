@@ -87,9 +87,14 @@ fn main() -> Result<()> {
             }
             run(&mut cmd)?;
             // Last: real shutdowns in a QEMU guest (a named subset), or SKIPPED.
-            if args.is_empty() {
+            if args.is_empty() && std::env::var("LASTGASP_VM").is_ok_and(|v| v == "run") {
                 // The debug agent `test` just built: no second (release) build within CI's budget.
                 vm::ci(&root, || build(&root, false))?;
+            } else if args.is_empty() {
+                println!(
+                    "SKIPPED VM scenarios: not yet part of the default test run (the harness is still settling); \
+                     LASTGASP_VM=run cargo xtask test, or cargo xtask vm-test, runs them"
+                );
             } else {
                 println!("SKIPPED VM scenarios: a test filter was given (`cargo xtask vm-test` runs them)");
             }

@@ -371,6 +371,7 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize) -> Result<()> {
     let mut fsync_ms = Vec::with_capacity(n);
     for i in 0..n {
         double.clear_requests();
+        let audit = AuditLog::open(&dir, &format!("bench-{i}"))?;
         let child = Command::new(&tool).arg("-ff").spawn()?;
         let pid = child.id();
         let signal = loop {
@@ -380,7 +381,6 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize) -> Result<()> {
             }
         };
         let at = signal.at;
-        let audit = AuditLog::open(&dir, &format!("bench-{i}"))?;
         let mut agent = Agent::new(audit, Some(cluster.clone()), None, Metrics::default(), false);
         let t = Instant::now();
         agent.handle(signal).await?;
