@@ -71,7 +71,12 @@ pub fn vm_test(
         return Ok(());
     }
     // `race` names the last-gasp race itself: `vm-test race` runs only it.
-    let named: Vec<String> = args.scenarios.iter().filter(|s| *s != "race").cloned().collect();
+    let named: Vec<String> = args
+        .scenarios
+        .iter()
+        .filter(|s| *s != "race")
+        .cloned()
+        .collect();
     let race_named = named.len() != args.scenarios.len();
     let selected = if race_named && named.is_empty() {
         Vec::new()
@@ -80,7 +85,11 @@ pub fn vm_test(
     };
     let race = args
         .race
-        .unwrap_or(if args.scenarios.is_empty() || race_named { 20 } else { 0 });
+        .unwrap_or(if args.scenarios.is_empty() || race_named {
+            20
+        } else {
+            0
+        });
     if let Err(e) = preflight() {
         bail!("the VM tests cannot run here: {e:#}");
     }
@@ -149,7 +158,11 @@ fn run_all(
         "vm-test: guest image {} (kernel {}, booting {})",
         img.dir.display(),
         img.kernel_release,
-        if img.pvh { "vmlinux via PVH" } else { "the bzImage" }
+        if img.pvh {
+            "vmlinux via PVH"
+        } else {
+            "the bzImage"
+        }
     );
     let agent = agent_binary(root, profile)?;
     println!("vm-test: agent {}", agent.display());
@@ -186,22 +199,41 @@ fn run_all(
         outcomes.push(o);
     }
     let race = if race > 0 {
-        Some(scenario::race(&guest, race, &run_dir.join("race"), cluster.as_mut()))
+        Some(scenario::race(
+            &guest,
+            race,
+            &run_dir.join("race"),
+            cluster.as_mut(),
+        ))
     } else {
         None
     };
 
-    let md = report::matrix(&accel, &img, profile, &outcomes, race.as_ref(), started.elapsed());
+    let md = report::matrix(
+        &accel,
+        &img,
+        profile,
+        &outcomes,
+        race.as_ref(),
+        started.elapsed(),
+    );
     println!("\n{md}");
     fs::write(run_dir.join("matrix.md"), &md)?;
     fs::write(out.join("matrix.md"), &md)?;
-    println!("vm-test: matrix written to {}", out.join("matrix.md").display());
+    println!(
+        "vm-test: matrix written to {}",
+        out.join("matrix.md").display()
+    );
 
     let failed: Vec<String> = outcomes
         .iter()
         .filter(|o| o.failed())
         .map(|o| o.name.to_string())
-        .chain(race.iter().filter(|r| r.failed()).map(|_| "race".to_string()))
+        .chain(
+            race.iter()
+                .filter(|r| r.failed())
+                .map(|_| "race".to_string()),
+        )
         .collect();
     let (pass, skip) = (
         outcomes.iter().filter(|o| o.passed()).count(),
@@ -227,7 +259,10 @@ fn run_all(
 fn agent_binary(root: &Path, profile: &str) -> Result<PathBuf> {
     let bin = crate::target_dir(root).join(profile).join("lastgasp");
     if !bin.is_file() {
-        bail!("no agent binary at {}: run `cargo xtask build`", bin.display());
+        bail!(
+            "no agent binary at {}: run `cargo xtask build`",
+            bin.display()
+        );
     }
     Ok(bin)
 }

@@ -11,13 +11,13 @@ probe() { # NAME CAPS [SYSCTL-PARANOID]
     old=$(cat /proc/sys/kernel/perf_event_paranoid)
     [ -n "$paranoid" ] && echo "$paranoid" > /proc/sys/kernel/perf_event_paranoid
     rm -f "$err"
-    systemd-run --quiet --unit="lastgasp-probe-$name" \
+    timeout 30 systemd-run --quiet --unit="lastgasp-probe-$name" -p TimeoutStopSec=5 \
         -p CapabilityBoundingSet="$caps" -p AmbientCapabilities="$caps" -p NoNewPrivileges=yes \
         -p StandardError="file:$err" -p StandardOutput=null \
         /usr/local/sbin/lastgasp run --standalone --audit-dir "/tmp/probe-$name"
     local result=timeout
     sleep 1
-    for _ in $(seq 1 900); do
+    for _ in $(seq 1 600); do
         if grep -q 'lastgasp: armed' "$err" 2>/dev/null; then result=armed; break; fi
         # (not `systemctl is-active`: the running agent audits every systemctl exec)
         # (cgroup files have no size: test their content, not -s)
@@ -26,9 +26,10 @@ probe() { # NAME CAPS [SYSCTL-PARANOID]
         fi
         sleep 0.1
     done
-    systemctl status --no-pager -l "lastgasp-probe-$name" > "$OUT/probe-$name.status" 2>&1
-    systemctl stop "lastgasp-probe-$name" 2>/dev/null
-    systemctl reset-failed "lastgasp-probe-$name" 2>/dev/null
+    timeout 20 systemctl status --no-pager -l "lastgasp-probe-$name" > "$OUT/probe-$name.status" 2>&1
+    timeout 20 systemctl kill -s KILL "lastgasp-probe-$name" 2>/dev/null
+    timeout 20 systemctl stop "lastgasp-probe-$name" 2>/dev/null
+    timeout 20 systemctl reset-failed "lastgasp-probe-$name" 2>/dev/null
     echo "$old" > /proc/sys/kernel/perf_event_paranoid
     cp "$err" "$OUT/probe-$name.err" 2>/dev/null
     local why
@@ -41,7 +42,9 @@ trigger() {
     systemctl stop lastgasp.service
     echo "kernel.perf_event_paranoid=$(cat /proc/sys/kernel/perf_event_paranoid)" > "$OUT/privileges.txt"
     probe minimal "CAP_BPF CAP_PERFMON CAP_SYS_PTRACE"
-    probe minimal-paranoid2 "CAP_BPF CAP_PERFMON CAP_SYS_PTRACE" 2
     probe with-sys-admin "CAP_BPF CAP_PERFMON CAP_SYS_PTRACE CAP_SYS_ADMIN"
     probe sys-admin-only "CAP_SYS_ADMIN CAP_SYS_PTRACE"
+    # Last: with kernel.perf_event_paranoid=2 this probe once hung the guest's
+    # runner (unexplained yet); the host's timeout still ends the scenario.
+    probe minimal-paranoid2 "CAP_BPF CAP_PERFMON CAP_SYS_PTRACE" 2
 }

@@ -96,7 +96,8 @@ impl Cluster {
                     .iter()
                     .skip(self.seen)
                     .map(|e| {
-                        let get = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
+                        let get =
+                            |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
                         format!("{} {}", get("method"), get("path"))
                     })
                     .collect();
@@ -114,21 +115,31 @@ impl Cluster {
     fn log(&self) -> Result<Vec<serde_json::Value>> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            s,
-            "GET /_double/log HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n"
-        )?;
+        write!(s, "GET /_double/log HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
         let json = body.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+        // JSON lines (the double's format), or one JSON array.
+        if let Ok(lines) = json
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(serde_json::from_str::<serde_json::Value>)
+            .collect::<Result<Vec<_>, _>>()
+        {
+            if lines.iter().all(|v| v.is_object()) {
+                return Ok(lines);
+            }
+        }
         let v: serde_json::Value =
             serde_json::from_str(json).context("the double's /_double/log is not JSON")?;
         Ok(match v {
             serde_json::Value::Array(a) => a,
-            serde_json::Value::Object(mut o) => match o.remove("items").or_else(|| o.remove("requests")) {
-                Some(serde_json::Value::Array(a)) => a,
-                _ => Vec::new(),
-            },
+            serde_json::Value::Object(mut o) => {
+                match o.remove("items").or_else(|| o.remove("requests")) {
+                    Some(serde_json::Value::Array(a)) => a,
+                    _ => Vec::new(),
+                }
+            }
             _ => Vec::new(),
         })
     }

@@ -77,7 +77,10 @@ pub fn ensure(root: &Path) -> Result<Image> {
                 );
             }
         }
-        fs::write(tmp.join("inputs"), format!("suite {SUITE}\nmirror {mirror}\nkey {key}\n"))?;
+        fs::write(
+            tmp.join("inputs"),
+            format!("suite {SUITE}\nmirror {mirror}\nkey {key}\n"),
+        )?;
         fs::rename(&tmp, &dir)?;
         fs::write(dir.join("complete"), "")?;
         built_in = Some(t.elapsed());

@@ -154,7 +154,9 @@ pub struct Run {
 impl Run {
     /// First console line containing `pat`, after `from`.
     pub fn console_at(&self, pat: &str, from: Duration) -> Option<&Line> {
-        self.console.iter().find(|l| l.t >= from && l.text.contains(pat))
+        self.console
+            .iter()
+            .find(|l| l.t >= from && l.text.contains(pat))
     }
     pub fn markers(&self, what: &str) -> Vec<&Line> {
         self.console
@@ -192,7 +194,8 @@ impl Guest<'_> {
             inp.join("lastgasp.service"),
         )?;
         let sc = self.vm_dir.join(format!("scenarios/{}.sh", spec.scenario));
-        fs::copy(&sc, inp.join("scenario.sh")).with_context(|| format!("copying {}", sc.display()))?;
+        fs::copy(&sc, inp.join("scenario.sh"))
+            .with_context(|| format!("copying {}", sc.display()))?;
         for (name, data) in &spec.extra_in {
             fs::write(inp.join(name), data)?;
         }
@@ -308,7 +311,8 @@ impl Guest<'_> {
             let (booted, halted) = {
                 let c = console.lock().unwrap();
                 (
-                    c.iter().any(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(" BOOT ")),
+                    c.iter()
+                        .any(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(" BOOT ")),
                     c.iter().any(|l| l.text.contains("reboot: System halted")),
                 )
             };

@@ -4,13 +4,7 @@
 //! the host after qemu is gone: its journal is replayed first on a copy
 //! (`e2fsck -E journal_only`), as the next boot's mount would do, then the
 //! file is read with `debugfs`. Nothing is mounted on the host.
-use std::{
-    fmt::Write as _,
-    fs,
-    path::Path,
-    process::Command,
-    time::Duration,
-};
+use std::{fmt::Write as _, fs, path::Path, process::Command, time::Duration};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -214,7 +208,13 @@ impl Det {
                 let mut s = argv
                     .iter()
                     .enumerate()
-                    .map(|(i, a)| if i == 0 { a.rsplit('/').next().unwrap_or(a) } else { a })
+                    .map(|(i, a)| {
+                        if i == 0 {
+                            a.rsplit('/').next().unwrap_or(a)
+                        } else {
+                            a
+                        }
+                    })
                     .collect::<Vec<_>>()
                     .join(" ");
                 if s.len() > 48 {
@@ -233,7 +233,10 @@ impl Det {
             ),
             "kernel-hook" => format!(
                 "{} ({})",
-                detail.get("function").and_then(|n| n.as_str()).unwrap_or("?"),
+                detail
+                    .get("function")
+                    .and_then(|n| n.as_str())
+                    .unwrap_or("?"),
                 detail.get("via").and_then(|n| n.as_str()).unwrap_or("?")
             ),
             _ if detail.get("hook").and_then(|h| h.as_str()) == Some("dbus") => format!(
@@ -256,7 +259,10 @@ impl Det {
             pid,
             what,
             boot_ns: s.get("boot_ns")?.as_u64()?,
-            at_ns: s.get("at").and_then(|a| a.as_str()).and_then(parse_rfc3339_ns),
+            at_ns: s
+                .get("at")
+                .and_then(|a| a.as_str())
+                .and_then(parse_rfc3339_ns),
             written_ns: None,
             on_disk: false,
             on_stdout: false,
@@ -289,7 +295,11 @@ impl Det {
             self.effect,
             self.comm,
             self.pid,
-            if self.on_disk { ", on disk" } else { ", stdout only" }
+            if self.on_disk {
+                ", on disk"
+            } else {
+                ", stdout only"
+            }
         )
     }
 }
@@ -303,7 +313,11 @@ fn decision_label(d: &Value) -> String {
         Some(Value::Object(_)) => d.get("action").cloned().unwrap_or_default(),
         _ => d.clone(),
     };
-    let name = a.get("action").and_then(|x| x.as_str()).unwrap_or("?").to_string();
+    let name = a
+        .get("action")
+        .and_then(|x| x.as_str())
+        .unwrap_or("?")
+        .to_string();
     let mut extra = Vec::new();
     if a.get("protected").and_then(|x| x.as_bool()) == Some(true) {
         extra.push("protected".to_string());
@@ -517,13 +531,47 @@ pub fn hook_lines(run: &Run) -> Vec<String> {
 }
 
 const CAP_NAMES: &[&str] = &[
-    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
-    "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST",
-    "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO",
-    "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
-    "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE",
-    "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM",
-    "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
 ];
 
 fn cap_names(hex: &str) -> String {
@@ -609,7 +657,8 @@ fn dist(mut v: Vec<f64>) -> String {
 }
 
 fn ms(v: Option<f64>) -> String {
-    v.map(|m| format!("{m:.0} ms")).unwrap_or_else(|| "-".into())
+    v.map(|m| format!("{m:.0} ms"))
+        .unwrap_or_else(|| "-".into())
 }
 
 fn cell(s: &str) -> String {
@@ -650,7 +699,11 @@ pub fn matrix(
         );
     }
     if let Some(o) = outcomes.iter().find(|o| !o.hooks.is_empty()) {
-        let _ = writeln!(m, "Hooks the guest kernel accepted: {}.", o.hooks.join("; "));
+        let _ = writeln!(
+            m,
+            "Hooks the guest kernel accepted: {}.",
+            o.hooks.join("; ")
+        );
     }
     let _ = writeln!(
         m,
@@ -684,14 +737,26 @@ pub fn matrix(
         let first = o
             .dets
             .first()
-            .map(|d| format!("{} / {} / {} / {}", d.kind, if d.forced { "forced" } else { "not forced" }, d.scope, d.effect))
+            .map(|d| {
+                format!(
+                    "{} / {} / {} / {}",
+                    d.kind,
+                    if d.forced { "forced" } else { "not forced" },
+                    d.scope,
+                    d.effect
+                )
+            })
             .unwrap_or_else(|| "-".into());
         let dets = if !o.notes.is_empty() {
             o.notes.join("<br>")
         } else if o.dets.is_empty() {
             "none".to_string()
         } else {
-            o.dets.iter().map(|d| d.short()).collect::<Vec<_>>().join(" → ")
+            o.dets
+                .iter()
+                .map(|d| d.short())
+                .collect::<Vec<_>>()
+                .join(" → ")
         };
         let _ = writeln!(
             m,
@@ -727,11 +792,19 @@ pub fn matrix(
             .count();
         let reboot_disk = done
             .iter()
-            .filter(|o| o.dets.iter().any(|d| d.source == "reboot-syscall" && d.kind == "poweroff" && d.on_disk))
+            .filter(|o| {
+                o.dets
+                    .iter()
+                    .any(|d| d.source == "reboot-syscall" && d.kind == "poweroff" && d.on_disk)
+            })
             .count();
         let reboot_seen = done
             .iter()
-            .filter(|o| o.dets.iter().any(|d| d.source == "reboot-syscall" && d.kind == "poweroff"))
+            .filter(|o| {
+                o.dets
+                    .iter()
+                    .any(|d| d.source == "reboot-syscall" && d.kind == "poweroff")
+            })
             .count();
         let powered_off = done.iter().filter(|o| o.end_seen == "powered off").count();
         let _ = writeln!(
@@ -775,7 +848,10 @@ pub fn matrix(
         "\nTotal: {:.1} min{}.",
         total.as_secs_f64() / 60.0,
         img.built_in
-            .map(|b| format!(", of which {:.1} min building the guest image", b.as_secs_f64() / 60.0))
+            .map(|b| format!(
+                ", of which {:.1} min building the guest image",
+                b.as_secs_f64() / 60.0
+            ))
             .unwrap_or_default()
     );
     m
@@ -792,7 +868,10 @@ mod tests {
             parse_rfc3339_ns("2026-11-22T21:17:05.353341895Z"),
             Some(1_795_382_225_353_341_895)
         );
-        assert_eq!(parse_rfc3339_ns("2000-03-01T00:00:01.5Z"), Some(951_868_801_500_000_000));
+        assert_eq!(
+            parse_rfc3339_ns("2000-03-01T00:00:01.5Z"),
+            Some(951_868_801_500_000_000)
+        );
     }
 
     #[test]
@@ -824,7 +903,10 @@ mod tests {
             audit_img: std::path::PathBuf::new(),
             console: texts
                 .iter()
-                .map(|t| Line { t: Duration::ZERO, text: t.to_string() })
+                .map(|t| Line {
+                    t: Duration::ZERO,
+                    text: t.to_string(),
+                })
                 .collect(),
             agent: Vec::new(),
             qmp: Vec::new(),
@@ -843,6 +925,9 @@ mod tests {
 
     #[test]
     fn caps_decoded() {
-        assert_eq!(cap_names("000000c000080000"), "CAP_SYS_PTRACE CAP_PERFMON CAP_BPF");
+        assert_eq!(
+            cap_names("000000c000080000"),
+            "CAP_SYS_PTRACE CAP_PERFMON CAP_BPF"
+        );
     }
 }

@@ -145,7 +145,9 @@ const SYSTEMD: &str = "systemd";
 /// reboot(2) comes next, but the kernel powers off at once then: whether the
 /// agent records that one is a race it cannot win, so it is only reported.
 const fn pid1_final(kind: &'static str) -> Want {
-    w(EXEC, kind, false, "now").by("systemd-shutdow").any_forced()
+    w(EXEC, kind, false, "now")
+        .by("systemd-shutdow")
+        .any_forced()
 }
 
 /// logind's PrepareForShutdown(true) (issue 3's D-Bus detector).
@@ -354,7 +356,11 @@ pub fn print_list() {
             s.name,
             s.trigger,
             s.end,
-            if s.cluster_only { " (needs --cluster)" } else { "" }
+            if s.cluster_only {
+                " (needs --cluster)"
+            } else {
+                ""
+            }
         );
     }
 }
@@ -369,7 +375,11 @@ pub fn select(names: &[String]) -> Result<Vec<&'static Scenario>> {
             SCENARIOS.iter().find(|s| s.name == n).ok_or_else(|| {
                 anyhow::anyhow!(
                     "no scenario {n:?}; there are: {}",
-                    SCENARIOS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+                    SCENARIOS
+                        .iter()
+                        .map(|s| s.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             })
         })
@@ -450,7 +460,11 @@ impl Outcome {
             Status::Skipped(why) => format!("SKIPPED {why}"),
             st => format!(
                 "{} in {:.0} s: {}; first record on disk {}; {}{}",
-                if matches!(st, Status::Pass) { "ok" } else { "FAILED" },
+                if matches!(st, Status::Pass) {
+                    "ok"
+                } else {
+                    "FAILED"
+                },
                 self.wall.as_secs_f64(),
                 self.end_seen,
                 self.first_written_ms
@@ -491,8 +505,7 @@ pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluste
     let mut o = Outcome::new(sc);
     if sc.cluster_only && cluster.is_none() {
         o.status = Status::Skipped(
-            "needs the decision core, cluster mode and the API double (issues 4-5): not built yet; \
-             runs with --cluster once they exist"
+            "needs --cluster (the API double and the agent's cluster mode, issues 4-5)"
                 .into(),
         );
         return o;
@@ -557,10 +570,16 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
         (None, Exit::Halted) => "halted".into(),
     };
     if seen != Some(sc.end) {
-        p.push(format!("expected the guest to have {}, it {}", o.expected, o.end_seen));
+        p.push(format!(
+            "expected the guest to have {}, it {}",
+            o.expected, o.end_seen
+        ));
         let err = run.stderr.trim();
         if !err.is_empty() {
-            p.push(format!("qemu said: {}", err.lines().take(3).collect::<Vec<_>>().join(" / ")));
+            p.push(format!(
+                "qemu said: {}",
+                err.lines().take(3).collect::<Vec<_>>().join(" / ")
+            ));
         }
     }
     let trig_host = run.markers("TRIGGER").first().map(|l| l.t);
@@ -622,11 +641,16 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
     }
     if let Some(dec) = report::decisions(dets, &audit, &boot1, trig_ns) {
         o.decision = dec;
-        let first = dets.first().and_then(|d| d.decision.as_deref()).unwrap_or("none");
+        let first = dets
+            .first()
+            .and_then(|d| d.decision.as_deref())
+            .unwrap_or("none");
         let action = |x: &str| x.split(' ').next().unwrap_or("").to_string();
         if let Some(want) = sc.decide {
             if action(first) != want {
-                p.push(format!("decision for the first detection: wanted {want}, got {first}"));
+                p.push(format!(
+                    "decision for the first detection: wanted {want}, got {first}"
+                ));
             }
         }
         let mut later = dets.iter().skip(1).filter_map(|d| d.decision.as_deref());
@@ -644,22 +668,34 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
     }
     if sc.container_only {
         for d in dets.iter().filter(|d| d.scope != "container") {
-            p.push(format!("a node-scope detection where only the container ended: {}", d.long()));
+            p.push(format!(
+                "a node-scope detection where only the container ended: {}",
+                d.long()
+            ));
         }
     }
     if audit.unreadable > 0 {
-        p.push(format!("{} unreadable line(s) in the audit log", audit.unreadable));
+        p.push(format!(
+            "{} unreadable line(s) in the audit log",
+            audit.unreadable
+        ));
     }
 
     if sc.name == "privileges" {
         let text = fs::read_to_string(run.out.join("privileges.txt")).unwrap_or_default();
-        o.notes = text.lines().map(|l| l.trim_start_matches("PROBE ").to_string()).collect();
+        o.notes = text
+            .lines()
+            .map(|l| l.trim_start_matches("PROBE ").to_string())
+            .collect();
         let probes = text.lines().filter(|l| l.starts_with("PROBE ")).count();
         if probes != 4 {
             p.push(format!("{probes} of 4 capability probes reported"));
         }
         // The unit's own set must arm (the agent already did, as lastgasp.service).
-        if !text.lines().any(|l| l.starts_with("PROBE with-sys-admin ") && l.contains(": armed")) {
+        if !text
+            .lines()
+            .any(|l| l.starts_with("PROBE with-sys-admin ") && l.contains(": armed"))
+        {
             p.push("the agent did not arm with the unit's capability set".into());
         }
     }
@@ -669,7 +705,10 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
         let (n, summary) = report::next_boot_report(&run.out, &boot1, dets);
         o.next_boot = summary;
         if n == 0 {
-            p.push(format!("the next boot did not report the previous shutdown: {}", o.next_boot));
+            p.push(format!(
+                "the next boot did not report the previous shutdown: {}",
+                o.next_boot
+            ));
         }
     } else {
         o.next_boot = "-".into();
@@ -680,7 +719,10 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
 /// and qemu's events.
 fn observed_end(run: &Run, tl: &report::Timeline) -> Option<End> {
     let reset = run.qmp.iter().any(|e| e.event == "RESET")
-        || run.console.iter().any(|l| l.text.contains("reboot: Restarting system"));
+        || run
+            .console
+            .iter()
+            .any(|l| l.text.contains("reboot: Restarting system"));
     if tl.boots.len() >= 2 {
         // The second boot was the harness's: it ends itself after reporting.
         return Some(if reset { End::Reboot } else { End::Kexec });
@@ -693,11 +735,17 @@ fn observed_end(run: &Run, tl: &report::Timeline) -> Option<End> {
         Exit::Killed(_) => None,
         Exit::Exited(_) => {
             let shutdown = run.qmp.iter().find(|e| e.event == "SHUTDOWN");
-            let reason = shutdown.and_then(|e| e.data.get("reason")).and_then(|r| r.as_str());
+            let reason = shutdown
+                .and_then(|e| e.data.get("reason"))
+                .and_then(|r| r.as_str());
             match reason {
                 Some("guest-shutdown") => Some(End::PowerOff),
                 Some("guest-reset") => Some(End::Reboot),
-                _ if run.console.iter().any(|l| l.text.contains("reboot: Power down")) => {
+                _ if run
+                    .console
+                    .iter()
+                    .any(|l| l.text.contains("reboot: Power down")) =>
+                {
                     Some(End::PowerOff)
                 }
                 _ => None,
@@ -726,7 +774,12 @@ pub fn race(guest: &Guest, n: u32, dir: &Path, mut cluster: Option<&mut Cluster>
         .expect("the race scenario");
     let mut runs = Vec::new();
     for i in 1..=n {
-        let o = run(guest, sc, &dir.join(format!("{i:02}")), cluster.as_deref_mut());
+        let o = run(
+            guest,
+            sc,
+            &dir.join(format!("{i:02}")),
+            cluster.as_deref_mut(),
+        );
         println!("vm-test: race {i:>2}/{n}: {}", o.one_line());
         runs.push(o);
     }
