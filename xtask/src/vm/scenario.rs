@@ -505,8 +505,7 @@ pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluste
     let mut o = Outcome::new(sc);
     if sc.cluster_only && cluster.is_none() {
         o.status = Status::Skipped(
-            "needs --cluster (the API double and the agent's cluster mode, issues 4-5)"
-                .into(),
+            "needs --cluster (the API double and the agent's cluster mode, issues 4-5)".into(),
         );
         return o;
     }
@@ -691,12 +690,17 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
         if probes != 4 {
             p.push(format!("{probes} of 4 capability probes reported"));
         }
-        // The unit's own set must arm (the agent already did, as lastgasp.service).
+        // The unit's own set must arm, as a probe too.
         if !text
             .lines()
             .any(|l| l.starts_with("PROBE with-sys-admin ") && l.contains(": armed"))
         {
             p.push("the agent did not arm with the unit's capability set".into());
+        }
+        // The unit's own set must arm: lastgasp.service did, before the trigger.
+        if tl.armed() {
+            o.notes
+                .push(format!("lastgasp.service armed with: {}", o.caps));
         }
     }
 
