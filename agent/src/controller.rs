@@ -78,10 +78,10 @@ pub fn parse_record(node: &Node) -> Option<NodeRecord> {
     Some(NodeRecord { kind, at, back: v["back"].as_bool().unwrap_or(false) })
 }
 
-fn ready(node: &Node) -> Option<(String, Option<SystemTime>)> {
+/// The kubelet's Ready status ("True", "False", "Unknown"), if reported.
+fn ready(node: &Node) -> Option<String> {
     let c = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
-    let since = c.last_transition_time.as_ref().and_then(|t| SystemTime::try_from(t.0).ok());
-    Some((c.status.clone(), since))
+    Some(c.status.clone())
 }
 
 fn has_out_of_service(node: &Node) -> bool {
@@ -102,7 +102,7 @@ pub enum Verdict {
 pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize) -> Verdict {
     let tainted = has_out_of_service(node);
     let ours = node.annotations().contains_key(TAINTED_BY_ANNOTATION);
-    let status = ready(node).map(|r| r.0).unwrap_or_else(|| "Unknown".into());
+    let status = ready(node).unwrap_or_else(|| "Unknown".into());
     if status == "True" {
         return if tainted && ours { Verdict::Untaint } else { Verdict::Nothing };
     }
@@ -154,7 +154,7 @@ pub async fn try_lead(leases: &Api<Lease>, cfg: &ControllerConfig, now: SystemTi
         Some(mut lease) => {
             let cur = lease.spec.clone().unwrap_or_default();
             let mine = cur.holder_identity.as_deref() == Some(cfg.identity.as_str());
-            let renewed = cur.renew_time.as_ref().and_then(|t| SystemTime::try_from(t.0).ok());
+            let renewed = cur.renew_time.as_ref().map(|t| SystemTime::from(t.0));
             let dur = Duration::from_secs(cur.lease_duration_seconds.unwrap_or(15).max(1) as u64);
             let expired = renewed.is_none_or(|r| now.duration_since(r).unwrap_or_default() > dur);
             if !mine && !expired {

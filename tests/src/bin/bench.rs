@@ -399,7 +399,7 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize) -> Result<()> {
     sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
     rows.push(Row {
         what: "last gasp, exec of `reboot -ff` -> both patches applied in the API double, loopback (ms)".into(),
-        figure: distribution(lat_ms).replace("n=", "n=").to_string(),
+        figure: distribution(lat_ms),
         target: format!("p99 ≤ 5 ({})", verdict(percentile(&sorted, 0.99) <= 5.0)),
     });
     rows.push(Row {
