@@ -76,7 +76,10 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
             assert_eq!(v["forced"], true);
             assert_eq!(v["actor"]["comm"], "lastgasp-trigge");
             assert_eq!(v["detail"]["valid_magic"], true);
-            assert_eq!(v["decision"]["action"], "audit-only", "a container's reboot never drains the node");
+            assert_eq!(
+                v["decision"]["action"], "audit-only",
+                "a container's reboot never drains the node"
+            );
             break s;
         }
     };
@@ -108,9 +111,17 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
     let current = history("current");
     let rec = current
         .iter()
-        .find(|r| r.signal().and_then(|s| s.actor.as_ref()).is_some_and(|a| a.pid == pid))
+        .find(|r| {
+            r.signal()
+                .and_then(|s| s.actor.as_ref())
+                .is_some_and(|a| a.pid == pid)
+        })
         .expect("audited");
-    assert_eq!(rec.signal(), Some(&signal), "the audit holds exactly what was printed");
+    assert_eq!(
+        rec.signal(),
+        Some(&signal),
+        "the audit holds exactly what was printed"
+    );
     assert_eq!(
         rec.boot_id,
         std::fs::read_to_string("/proc/sys/kernel/random/boot_id")

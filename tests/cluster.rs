@@ -36,7 +36,12 @@ fn node() -> serde_json::Value {
     })
 }
 
-fn pod(name: &str, priority: Option<i32>, tgps: Option<i64>, extra: serde_json::Value) -> serde_json::Value {
+fn pod(
+    name: &str,
+    priority: Option<i32>,
+    tgps: Option<i64>,
+    extra: serde_json::Value,
+) -> serde_json::Value {
     let mut p = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
@@ -76,7 +81,10 @@ fn logind_signal() -> ShutdownSignal {
         at: SystemTime::now(),
         boot_ns: 0,
         deadline: Some(SystemTime::now() + Duration::from_secs(30)),
-        detail: Detail::Dbus { member: "PrepareForShutdown".into(), unit: None },
+        detail: Detail::Dbus {
+            member: "PrepareForShutdown".into(),
+            unit: None,
+        },
     }
 }
 
@@ -99,8 +107,12 @@ async fn setup(name: &str, pods: Vec<serde_json::Value>) -> Setup {
     for p in pods {
         double.create_value(p).unwrap();
     }
-    double.kubelet().set_default_termination(Duration::from_millis(100));
-    let nc = NodeClient::start(double.client_without_retry().await, NODE).await.unwrap();
+    double
+        .kubelet()
+        .set_default_termination(Duration::from_millis(100));
+    let nc = NodeClient::start(double.client_without_retry().await, NODE)
+        .await
+        .unwrap();
     let dir = std::env::temp_dir().join(format!("lastgasp-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     Setup { double, nc, dir }
@@ -127,7 +139,11 @@ fn deletions(double: &ApiDouble) -> Vec<(String, i64)> {
                 .body
                 .as_ref()
                 .and_then(|b| b["gracePeriodSeconds"].as_i64())
-                .or_else(|| r.query.split('&').find_map(|kv| kv.strip_prefix("gracePeriodSeconds=")?.parse().ok()))
+                .or_else(|| {
+                    r.query
+                        .split('&')
+                        .find_map(|kv| kv.strip_prefix("gracePeriodSeconds=")?.parse().ok())
+                })
                 .unwrap_or(-1);
             (name, grace)
         })
@@ -135,11 +151,23 @@ fn deletions(double: &ApiDouble) -> Vec<(String, i64)> {
 }
 
 fn condition(n: &Node) -> Option<(String, String)> {
-    n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == CONDITION).map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
 }
 
 fn taint_keys(n: &Node) -> Vec<String> {
-    n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default().into_iter().map(|t| t.key).collect()
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect()
 }
 
 #[tokio::test]
@@ -151,72 +179,171 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
             pod("low-b", Some(0), Some(1), json!({})),
             pod("mid", Some(1000), None, json!({})),
             pod("high", Some(100000), None, json!({})),
-            pod("static", Some(2000001000), None, json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "abc"}}})),
-            pod("done", Some(0), None, json!({"status": {"phase": "Succeeded"}})),
+            pod(
+                "static",
+                Some(2000001000),
+                None,
+                json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "abc"}}}),
+            ),
+            pod(
+                "done",
+                Some(0),
+                None,
+                json!({"status": {"phase": "Succeeded"}}),
+            ),
             pod("lastgasp-agent", Some(2000001000), None, json!({})),
         ],
     )
     .await;
     let buckets = vec![
-        Bucket { priority: 0, seconds: 3 },
-        Bucket { priority: 1000, seconds: 3 },
-        Bucket { priority: 10000, seconds: 30 },
-        Bucket { priority: 100000, seconds: 3 },
-        Bucket { priority: 2000000000, seconds: 2 },
+        Bucket {
+            priority: 0,
+            seconds: 3,
+        },
+        Bucket {
+            priority: 1000,
+            seconds: 3,
+        },
+        Bucket {
+            priority: 10000,
+            seconds: 30,
+        },
+        Bucket {
+            priority: 100000,
+            seconds: 3,
+        },
+        Bucket {
+            priority: 2000000000,
+            seconds: 2,
+        },
     ];
     let (sig, ep) = graceful_episode();
     let metrics = Metrics::default();
     let o = opts(&s, buckets, Removal::Delete);
-    let report = graceful::run(&s.nc, &o, &ep, &json!({"episode": ep, "signal": sig}), &metrics).await.unwrap();
+    let report = graceful::run(
+        &s.nc,
+        &o,
+        &ep,
+        &json!({"episode": ep, "signal": sig}),
+        &metrics,
+    )
+    .await
+    .unwrap();
 
     // Order and grace periods: bucket by bucket, lowest first; the pod's own
     // shorter grace wins; our own pod last; mirror and finished pods untouched.
     let dels = deletions(&s.double);
     let names: Vec<&str> = dels.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names.len(), 5, "{dels:?}");
-    assert!(names[..2].contains(&"low-a") && names[..2].contains(&"low-b"), "{names:?}");
+    assert!(
+        names[..2].contains(&"low-a") && names[..2].contains(&"low-b"),
+        "{names:?}"
+    );
     assert_eq!(&names[2..], &["mid", "high", "lastgasp-agent"]);
     let grace: BTreeMap<_, _> = dels.into_iter().collect();
     assert_eq!(grace["low-a"], 3);
-    assert_eq!(grace["low-b"], 1, "its own terminationGracePeriodSeconds is shorter");
+    assert_eq!(
+        grace["low-b"], 1,
+        "its own terminationGracePeriodSeconds is shorter"
+    );
     assert_eq!(grace["mid"], 3);
     assert_eq!(grace["high"], 3);
-    let skipped: Vec<_> = report.pods.iter().filter(|p| p.how.starts_with("skipped")).map(|p| (p.name.as_str(), p.how.as_str())).collect();
+    let skipped: Vec<_> = report
+        .pods
+        .iter()
+        .filter(|p| p.how.starts_with("skipped"))
+        .map(|p| (p.name.as_str(), p.how.as_str()))
+        .collect();
     assert_eq!(skipped.len(), 2);
-    assert!(skipped.contains(&("static", "skipped-mirror")) && skipped.contains(&("done", "skipped-finished")));
+    assert!(
+        skipped.contains(&("static", "skipped-mirror"))
+            && skipped.contains(&("done", "skipped-finished"))
+    );
 
     // The empty 10000 bucket (30 s) was skipped, not waited for.
     let ran: Vec<i32> = report.buckets.iter().map(|b| b.priority).collect();
     assert_eq!(ran, vec![0, 1000, 100000]);
     assert!(report.buckets.iter().all(|b| !b.timed_out));
-    assert!(report.buckets.windows(2).all(|w| w[1].started_ms >= w[0].ended_ms), "buckets run one after another");
-    assert_eq!((report.terminated(), report.remaining()), (4, 0), "{report:#?}");
+    assert!(
+        report
+            .buckets
+            .windows(2)
+            .all(|w| w[1].started_ms >= w[0].ended_ms),
+        "buckets run one after another"
+    );
+    assert_eq!(
+        (report.terminated(), report.remaining()),
+        (4, 0),
+        "{report:#?}"
+    );
 
     // What the cluster sees.
     let n: Node = s.double.get("", NODE).unwrap();
-    assert_eq!(condition(&n), Some(("True".into(), "GracefulShutdown".into())));
+    assert_eq!(
+        condition(&n),
+        Some(("True".into(), "GracefulShutdown".into()))
+    );
     let keys = taint_keys(&n);
-    assert!(keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()), "{keys:?}");
-    let kubelet_ready = n.status.unwrap().conditions.unwrap().iter().any(|c| c.type_ == "Ready" && c.status == "True");
-    assert!(kubelet_ready, "the kubelet's Ready condition is kept (merged by type)");
-    assert!(n.metadata.annotations.unwrap().contains_key(RECORD_ANNOTATION));
+    assert!(
+        keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
+        "{keys:?}"
+    );
+    let kubelet_ready = n
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    assert!(
+        kubelet_ready,
+        "the kubelet's Ready condition is kept (merged by type)"
+    );
+    assert!(n
+        .metadata
+        .annotations
+        .unwrap()
+        .contains_key(RECORD_ANNOTATION));
     let events: Vec<Event> = s.double.list("default");
-    assert!(events.iter().any(|e| e.reason.as_deref() == Some("NodeShutdown")), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodeShutdown")),
+        "{events:?}"
+    );
 
     // The kubelet-compatible state file and gauges.
     let state = graceful::read_state(&o.state_file).unwrap().unwrap();
-    assert!(humantime::parse_rfc3339(&state.start_time).is_ok() && humantime::parse_rfc3339(&state.end_time).is_ok(), "{state:?}");
+    assert!(
+        humantime::parse_rfc3339(&state.start_time).is_ok()
+            && humantime::parse_rfc3339(&state.end_time).is_ok(),
+        "{state:?}"
+    );
     let m = metrics.encode();
-    assert!(m.contains("graceful_shutdown_start_time_seconds") && !m.contains("graceful_shutdown_end_time_seconds 0.0"), "{m}");
+    assert!(
+        m.contains("graceful_shutdown_start_time_seconds")
+            && !m.contains("graceful_shutdown_end_time_seconds 0.0"),
+        "{m}"
+    );
 
     // Cancellation undoes it.
     graceful::cancel(&s.nc, &ep).await.unwrap();
     let n: Node = s.double.get("", NODE).unwrap();
-    assert_eq!(condition(&n), Some(("False".into(), "ShutdownCancelled".into())));
-    assert_eq!(taint_keys(&n), vec!["example.com/other".to_string()], "only our taint goes");
+    assert_eq!(
+        condition(&n),
+        Some(("False".into(), "ShutdownCancelled".into()))
+    );
+    assert_eq!(
+        taint_keys(&n),
+        vec!["example.com/other".to_string()],
+        "only our taint goes"
+    );
     let events: Vec<Event> = s.double.list("default");
     assert!(
-        events.iter().any(|e| e.reason.as_deref() == Some("NodeShutdown") && e.note.as_deref().unwrap_or("").contains("cancellation")),
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodeShutdown")
+                && e.note.as_deref().unwrap_or("").contains("cancellation")),
         "{events:?}"
     );
     std::fs::remove_dir_all(&s.dir).ok();
@@ -224,25 +351,77 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
 
 #[tokio::test]
 async fn a_hanging_pod_holds_its_bucket_only_until_the_bucket_time() {
-    let s = setup("hang", vec![pod("stuck", Some(0), None, json!({})), pod("after", Some(1000), None, json!({}))]).await;
+    let s = setup(
+        "hang",
+        vec![
+            pod("stuck", Some(0), None, json!({})),
+            pod("after", Some(1000), None, json!({})),
+        ],
+    )
+    .await;
     // A kubelet that never finishes the pods (stuck unmounts, say).
     s.double.kubelet().set_auto_finish(false);
     let (sig, ep) = graceful_episode();
-    let o = opts(&s, vec![Bucket { priority: 0, seconds: 1 }, Bucket { priority: 1000, seconds: 2 }], Removal::Delete);
-    let report = graceful::run(&s.nc, &o, &ep, &json!({"signal": sig}), &Metrics::default()).await.unwrap();
+    let o = opts(
+        &s,
+        vec![
+            Bucket {
+                priority: 0,
+                seconds: 1,
+            },
+            Bucket {
+                priority: 1000,
+                seconds: 2,
+            },
+        ],
+        Removal::Delete,
+    );
+    let report = graceful::run(&s.nc, &o, &ep, &json!({"signal": sig}), &Metrics::default())
+        .await
+        .unwrap();
     assert_eq!(report.buckets.len(), 2);
     assert!(report.buckets.iter().all(|b| b.timed_out), "{report:?}");
     let b0 = &report.buckets[0];
-    assert!(b0.ended_ms - b0.started_ms >= 1000, "the bucket had its full time: {b0:?}");
-    assert!(report.buckets[1].started_ms >= b0.ended_ms, "then the next bucket ran");
+    assert!(
+        b0.ended_ms - b0.started_ms >= 1000,
+        "the bucket had its full time: {b0:?}"
+    );
+    assert!(
+        report.buckets[1].started_ms >= b0.ended_ms,
+        "then the next bucket ran"
+    );
     assert_eq!((report.terminated(), report.remaining()), (0, 2));
 }
 
 #[tokio::test]
 async fn eviction_mode_honours_pdbs_and_falls_back_to_delete_near_the_end() {
-    let db = |n: &str| pod(n, Some(0), None, json!({"metadata": {"labels": {"app": "db"}}}));
-    let web = |n: &str| pod(n, Some(0), None, json!({"metadata": {"labels": {"app": "web"}}}));
-    let s = setup("evict", vec![db("db-0"), db("db-1"), web("web-0"), web("web-1"), web("web-2")]).await;
+    let db = |n: &str| {
+        pod(
+            n,
+            Some(0),
+            None,
+            json!({"metadata": {"labels": {"app": "db"}}}),
+        )
+    };
+    let web = |n: &str| {
+        pod(
+            n,
+            Some(0),
+            None,
+            json!({"metadata": {"labels": {"app": "web"}}}),
+        )
+    };
+    let s = setup(
+        "evict",
+        vec![
+            db("db-0"),
+            db("db-1"),
+            web("web-0"),
+            web("web-1"),
+            web("web-2"),
+        ],
+    )
+    .await;
     s.double
         .create_value(json!({
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
@@ -258,32 +437,76 @@ async fn eviction_mode_honours_pdbs_and_falls_back_to_delete_near_the_end() {
         }))
         .unwrap();
     let (sig, ep) = graceful_episode();
-    let o = opts(&s, vec![Bucket { priority: 0, seconds: 4 }], Removal::Evict);
-    let report = graceful::run(&s.nc, &o, &ep, &json!({"signal": sig}), &Metrics::default()).await.unwrap();
-    let how: BTreeMap<&str, &str> = report.pods.iter().map(|p| (p.name.as_str(), p.how.as_str())).collect();
+    let o = opts(
+        &s,
+        vec![Bucket {
+            priority: 0,
+            seconds: 4,
+        }],
+        Removal::Evict,
+    );
+    let report = graceful::run(&s.nc, &o, &ep, &json!({"signal": sig}), &Metrics::default())
+        .await
+        .unwrap();
+    let how: BTreeMap<&str, &str> = report
+        .pods
+        .iter()
+        .map(|p| (p.name.as_str(), p.how.as_str()))
+        .collect();
     assert_eq!(how["db-0"], "delete-after-pdb", "{report:#?}");
     assert_eq!(how["db-1"], "delete-after-pdb");
     let db0 = report.pods.iter().find(|p| p.name == "db-0").unwrap();
-    assert!(db0.note.as_deref().unwrap_or("").contains("db-pdb"), "the refusal names the budget: {db0:?}");
+    assert!(
+        db0.note.as_deref().unwrap_or("").contains("db-pdb"),
+        "the refusal names the budget: {db0:?}"
+    );
     // web: two of three may go (minAvailable 1); the third falls back.
     let mut web: Vec<&str> = ["web-0", "web-1", "web-2"].iter().map(|n| how[n]).collect();
     web.sort();
     assert_eq!(web, vec!["delete-after-pdb", "evict", "evict"]);
-    let evictions: Vec<_> = s.double.requests().into_iter().filter(|r| r.path.ends_with("/eviction")).collect();
+    let evictions: Vec<_> = s
+        .double
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .collect();
     let codes: Vec<u16> = evictions.iter().map(|r| r.status).collect();
     assert!(codes.contains(&429) && codes.contains(&201), "{codes:?}");
-    let sent_grace = evictions[0].body.as_ref().unwrap()["deleteOptions"]["gracePeriodSeconds"].as_i64();
-    assert_eq!(sent_grace, Some(4), "the eviction carries the bucket's grace period");
+    let sent_grace =
+        evictions[0].body.as_ref().unwrap()["deleteOptions"]["gracePeriodSeconds"].as_i64();
+    assert_eq!(
+        sent_grace,
+        Some(4),
+        "the eviction carries the bucket's grace period"
+    );
     assert_eq!(report.remaining(), 0);
 }
 
 #[tokio::test]
 async fn condition_and_taint_retry_through_409_and_5xx() {
     let s = setup("retry", vec![]).await;
-    s.double.inject(Fault::status(500).method("PATCH").path_prefix("/api/v1/nodes/n1/status").times(2));
-    s.double.inject(Fault::status(409).method("PATCH").path_regex("^/api/v1/nodes/n1$").unwrap().times(1));
-    s.double.inject(Fault::status(503).method("GET").path_prefix("/api/v1/nodes/n1").times(1));
-    s.nc.set_condition(true, "GracefulShutdown", "test").await.unwrap();
+    s.double.inject(
+        Fault::status(500)
+            .method("PATCH")
+            .path_prefix("/api/v1/nodes/n1/status")
+            .times(2),
+    );
+    s.double.inject(
+        Fault::status(409)
+            .method("PATCH")
+            .path_regex("^/api/v1/nodes/n1$")
+            .unwrap()
+            .times(1),
+    );
+    s.double.inject(
+        Fault::status(503)
+            .method("GET")
+            .path_prefix("/api/v1/nodes/n1")
+            .times(1),
+    );
+    s.nc.set_condition(true, "GracefulShutdown", "test")
+        .await
+        .unwrap();
     s.nc.set_taint(true).await.unwrap();
     let n: Node = s.double.get("", NODE).unwrap();
     assert_eq!(condition(&n).unwrap().0, "True");
@@ -303,16 +526,23 @@ async fn condition_and_taint_retry_through_409_and_5xx() {
 #[tokio::test]
 async fn taint_update_survives_a_concurrent_writer() {
     let s = setup("conflict", vec![]).await;
-    s.double.inject(Fault::latency(Duration::from_millis(300)).method("PATCH").path_prefix("/api/v1/nodes/n1").times(1));
+    s.double.inject(
+        Fault::latency(Duration::from_millis(300))
+            .method("PATCH")
+            .path_prefix("/api/v1/nodes/n1")
+            .times(1),
+    );
     let writer = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         s.double
             .modify::<Node, _>("", NODE, |n| {
-                n.spec.as_mut().unwrap().taints.as_mut().unwrap().push(k8s_openapi::api::core::v1::Taint {
-                    key: "example.com/late".into(),
-                    effect: "NoSchedule".into(),
-                    ..Default::default()
-                });
+                n.spec.as_mut().unwrap().taints.as_mut().unwrap().push(
+                    k8s_openapi::api::core::v1::Taint {
+                        key: "example.com/late".into(),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    },
+                );
             })
             .unwrap();
     };
@@ -320,30 +550,59 @@ async fn taint_update_survives_a_concurrent_writer() {
     r.unwrap();
     let n: Node = s.double.get("", NODE).unwrap();
     let keys = taint_keys(&n);
-    assert!(keys.contains(&"example.com/late".to_string()) && keys.contains(&TAINT_KEY.to_string()), "{keys:?}");
-    assert!(s.double.requests().iter().any(|r| r.method == "PATCH" && r.status == 409));
+    assert!(
+        keys.contains(&"example.com/late".to_string()) && keys.contains(&TAINT_KEY.to_string()),
+        "{keys:?}"
+    );
+    assert!(s
+        .double
+        .requests()
+        .iter()
+        .any(|r| r.method == "PATCH" && r.status == 409));
 }
 
 #[tokio::test]
 async fn last_gasp_sets_condition_taint_and_record_in_one_round_trip() {
     let s = setup("lastgasp", vec![]).await;
-    let lg = LastGasp::start(s.double.client_without_retry().await, s.double.client_without_retry().await, NODE).await.unwrap();
+    let lg = LastGasp::start(
+        s.double.client_without_retry().await,
+        s.double.client_without_retry().await,
+        NODE,
+    )
+    .await
+    .unwrap();
     let mut sig = logind_signal();
     sig.source = Source::RebootSyscall;
     sig.forced = true;
     let ep = Decider::new().decide(&sig).episode.unwrap();
-    let (status, spec) = lg.bodies("ForcedShutdown", "poweroff", &json!({"episode": ep, "signal": sig}), SystemTime::now());
+    let (status, spec) = lg.bodies(
+        "ForcedShutdown",
+        "poweroff",
+        &json!({"episode": ep, "signal": sig}),
+        SystemTime::now(),
+    );
     s.double.clear_requests();
     let sent = lg.send(&status, &spec).await.unwrap();
     let n: Node = s.double.get("", NODE).unwrap();
-    assert_eq!(condition(&n), Some(("True".into(), "ForcedShutdown".into())));
+    assert_eq!(
+        condition(&n),
+        Some(("True".into(), "ForcedShutdown".into()))
+    );
     let keys = taint_keys(&n);
-    assert!(keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()), "{keys:?}");
-    let rec: serde_json::Value = serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
+    assert!(
+        keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
+        "{keys:?}"
+    );
+    let rec: serde_json::Value =
+        serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
     assert_eq!(rec["signal"]["kind"], "poweroff");
     // Nothing but the two patches: no list, no discovery, no GET.
     let reqs = s.double.requests();
-    let paths: Vec<(String, String)> = reqs.iter().filter(|r| !r.watch).map(|r| (r.method.clone(), r.path.clone())).collect();
+    let paths: Vec<(String, String)> = reqs
+        .iter()
+        .filter(|r| !r.watch)
+        .map(|r| (r.method.clone(), r.path.clone()))
+        .collect();
     assert_eq!(paths.len(), 2, "{paths:?}");
     assert!(paths.iter().all(|(m, _)| m == "PATCH"));
     assert!(sent.status_done > Duration::ZERO && sent.spec_done > Duration::ZERO);
@@ -357,7 +616,12 @@ async fn the_pod_watch_sees_only_this_node() {
             "spec": {"nodeName": "n2", "containers": [{"name": "c", "image": "x"}]}}))
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let names: Vec<String> = s.nc.pods.state().iter().map(|p| p.metadata.name.clone().unwrap()).collect();
+    let names: Vec<String> =
+        s.nc.pods
+            .state()
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
     assert_eq!(names, vec!["mine".to_string()]);
     let _: Vec<Pod> = s.double.list("default");
 }
@@ -374,13 +638,24 @@ mod agent_flow {
     use super::*;
 
     async fn cluster(s: &Setup) -> Arc<Cluster> {
-        let lg = LastGasp::start(s.double.client_without_retry().await, s.double.client_without_retry().await, NODE)
-            .await
-            .unwrap();
+        let lg = LastGasp::start(
+            s.double.client_without_retry().await,
+            s.double.client_without_retry().await,
+            NODE,
+        )
+        .await
+        .unwrap();
         Arc::new(Cluster {
             node: s.nc.clone(),
             lastgasp: lg,
-            graceful: Arc::new(opts(s, vec![Bucket { priority: 0, seconds: 2 }], Removal::Delete)),
+            graceful: Arc::new(opts(
+                s,
+                vec![Bucket {
+                    priority: 0,
+                    seconds: 2,
+                }],
+                Removal::Delete,
+            )),
         })
     }
 
@@ -392,11 +667,20 @@ mod agent_flow {
             bypasses_logind: true,
             scope: Scope::Node,
             effect: Effect::Now,
-            actor: Some(lastgasp::signal::Actor { pid: 1, comm: "reboot".into(), ..Default::default() }),
+            actor: Some(lastgasp::signal::Actor {
+                pid: 1,
+                comm: "reboot".into(),
+                ..Default::default()
+            }),
             at: SystemTime::now(),
             boot_ns: 0,
             deadline: None,
-            detail: Detail::Exec { path: "/sbin/reboot".into(), argv: vec!["reboot".into(), "-ff".into()], raw: String::new(), truncated: false },
+            detail: Detail::Exec {
+                path: "/sbin/reboot".into(),
+                argv: vec!["reboot".into(), "-ff".into()],
+                raw: String::new(),
+                truncated: false,
+            },
         }
     }
 
@@ -412,13 +696,28 @@ mod agent_flow {
         let s = setup("nextboot", vec![]).await;
         let c = cluster(&s).await;
         s.double.inject(Fault::status(503).method("PATCH").always());
-        let mut agent = Agent::new(AuditLog::open(&s.dir, "boot-1").unwrap(), Some(c.clone()), None, Metrics::default(), false);
+        let mut agent = Agent::new(
+            AuditLog::open(&s.dir, "boot-1").unwrap(),
+            Some(c.clone()),
+            None,
+            Metrics::default(),
+            false,
+        );
         let d = agent.handle(forced_exec()).await.unwrap();
         assert!(matches!(d.action, Action::Immediate { escalated: false }));
         let recs = records(&s.dir);
-        assert!(matches!(recs[0].entry, Entry::Signal { .. }), "the signal is on disk first");
         assert!(
-            recs.iter().any(|r| matches!(&r.entry, Entry::Outcome { outcome: Outcome::LastGaspFailed { .. }, .. })),
+            matches!(recs[0].entry, Entry::Signal { .. }),
+            "the signal is on disk first"
+        );
+        assert!(
+            recs.iter().any(|r| matches!(
+                &r.entry,
+                Entry::Outcome {
+                    outcome: Outcome::LastGaspFailed { .. },
+                    ..
+                }
+            )),
             "{recs:#?}"
         );
         let n: Node = s.double.get("", NODE).unwrap();
@@ -428,50 +727,108 @@ mod agent_flow {
         // with a shutdown taint from the old boot, and NotReady at first.
         s.double.clear_faults();
         s.nc.set_taint(true).await.unwrap();
-        s.double.modify::<Node, _>("", NODE, |n| n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into()).unwrap();
-        let mut next = Agent::new(AuditLog::open(&s.dir, "boot-2").unwrap(), Some(c.clone()), None, Metrics::default(), false);
-        let report = next.after_boot("boot-2").await.unwrap().expect("a previous boot");
+        s.double
+            .modify::<Node, _>("", NODE, |n| {
+                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into()
+            })
+            .unwrap();
+        let mut next = Agent::new(
+            AuditLog::open(&s.dir, "boot-2").unwrap(),
+            Some(c.clone()),
+            None,
+            Metrics::default(),
+            false,
+        );
+        let report = next
+            .after_boot("boot-2")
+            .await
+            .unwrap()
+            .expect("a previous boot");
         assert_eq!(report.boot_id, "boot-1");
         assert_eq!(report.end, lastgasp::report::BootEnd::Forced);
         assert!(report.undelivered);
         let events: Vec<Event> = s.double.list("default");
-        let ev = events.iter().find(|e| e.action.as_deref() == Some("PreviousBoot")).expect("a previous-boot event");
+        let ev = events
+            .iter()
+            .find(|e| e.action.as_deref() == Some("PreviousBoot"))
+            .expect("a previous-boot event");
         let note = ev.note.clone().unwrap_or_default();
-        assert!(note.contains("ended forced") && note.contains("reboot -ff"), "{note}");
-        let rec: serde_json::Value = serde_json::from_str(&s.double.get::<Node>("", NODE).unwrap().metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
+        assert!(
+            note.contains("ended forced") && note.contains("reboot -ff"),
+            "{note}"
+        );
+        let rec: serde_json::Value = serde_json::from_str(
+            &s.double
+                .get::<Node>("", NODE)
+                .unwrap()
+                .metadata
+                .annotations
+                .unwrap()[RECORD_ANNOTATION],
+        )
+        .unwrap();
         assert_eq!(rec["delivered_late"], true);
         assert!(records(&s.dir).iter().any(|r| matches!(&r.entry, Entry::Outcome { outcome: Outcome::DeliveredLate { boot_id }, .. } if boot_id == "boot-1")));
 
         // Ready again: our taint goes, the record is marked back.
-        s.double.modify::<Node, _>("", NODE, |n| n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into()).unwrap();
+        s.double
+            .modify::<Node, _>("", NODE, |n| {
+                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into()
+            })
+            .unwrap();
         let mut cleared = false;
         for _ in 0..50 {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let n: Node = s.double.get("", NODE).unwrap();
-            let rec: serde_json::Value = serde_json::from_str(&n.metadata.annotations.clone().unwrap()[RECORD_ANNOTATION]).unwrap();
+            let rec: serde_json::Value =
+                serde_json::from_str(&n.metadata.annotations.clone().unwrap()[RECORD_ANNOTATION])
+                    .unwrap();
             if !taint_keys(&n).contains(&TAINT_KEY.to_string()) && rec["back"] == true {
                 cleared = true;
                 break;
             }
         }
-        assert!(cleared, "the agent's taint and record were cleared once Ready");
+        assert!(
+            cleared,
+            "the agent's taint and record were cleared once Ready"
+        );
 
         // A third boot does not deliver it again.
-        let mut third = Agent::new(AuditLog::open(&s.dir, "boot-3").unwrap(), Some(c), None, Metrics::default(), false);
+        let mut third = Agent::new(
+            AuditLog::open(&s.dir, "boot-3").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        );
         let r = third.after_boot("boot-3").await.unwrap().unwrap();
-        assert_eq!((r.boot_id.as_str(), r.end), ("boot-2", lastgasp::report::BootEnd::Unannounced));
+        assert_eq!(
+            (r.boot_id.as_str(), r.end),
+            ("boot-2", lastgasp::report::BootEnd::Unannounced)
+        );
     }
 
     #[tokio::test]
     async fn forced_detection_reaches_the_cluster_and_the_audit_says_so() {
         let s = setup("forced", vec![]).await;
         let c = cluster(&s).await;
-        let mut agent = Agent::new(AuditLog::open(&s.dir, "b").unwrap(), Some(c), None, Metrics::default(), false);
+        let mut agent = Agent::new(
+            AuditLog::open(&s.dir, "b").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        );
         agent.handle(forced_exec()).await.unwrap();
         let n: Node = s.double.get("", NODE).unwrap();
-        assert_eq!(condition(&n), Some(("True".into(), "ForcedShutdown".into())));
+        assert_eq!(
+            condition(&n),
+            Some(("True".into(), "ForcedShutdown".into()))
+        );
         let delivered = records(&s.dir).into_iter().find_map(|r| match r.entry {
-            Entry::Outcome { outcome: Outcome::LastGaspDelivered { ms }, .. } => Some(ms),
+            Entry::Outcome {
+                outcome: Outcome::LastGaspDelivered { ms },
+                ..
+            } => Some(ms),
             _ => None,
         });
         assert!(delivered.is_some_and(|ms| ms >= 0.0));
@@ -490,20 +847,28 @@ mod agent_flow {
     }
 
     fn set_ready(s: &Setup, status: &str) {
-        s.double.modify::<Node, _>("", NODE, |n| n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = status.into()).unwrap();
+        s.double
+            .modify::<Node, _>("", NODE, |n| {
+                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = status.into()
+            })
+            .unwrap();
     }
 
     fn set_record(s: &Setup, kind: &str) {
         let rec = json!({"signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
         s.double
             .modify::<Node, _>("", NODE, |n| {
-                n.metadata.annotations.get_or_insert_with(Default::default).insert(RECORD_ANNOTATION.into(), rec.to_string());
+                n.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(RECORD_ANNOTATION.into(), rec.to_string());
             })
             .unwrap();
     }
 
     fn out_of_service(s: &Setup) -> bool {
-        taint_keys(&s.double.get::<Node>("", NODE).unwrap()).contains(&OUT_OF_SERVICE_KEY.to_string())
+        taint_keys(&s.double.get::<Node>("", NODE).unwrap())
+            .contains(&OUT_OF_SERVICE_KEY.to_string())
     }
 
     async fn settle() {
@@ -515,8 +880,12 @@ mod agent_flow {
     #[tokio::test]
     async fn controller_sequences_with_two_replicas() {
         let s = setup("controller", vec![]).await;
-        let mut a = Controller::start(s.double.client_without_retry().await, ccfg("a")).await.unwrap();
-        let mut b = Controller::start(s.double.client_without_retry().await, ccfg("b")).await.unwrap();
+        let mut a = Controller::start(s.double.client_without_retry().await, ccfg("a"))
+            .await
+            .unwrap();
+        let mut b = Controller::start(s.double.client_without_retry().await, ccfg("b"))
+            .await
+            .unwrap();
         assert!(a.tick().await.unwrap(), "a takes the free lease");
         assert!(!b.tick().await.unwrap(), "b stands by");
 
@@ -542,11 +911,28 @@ mod agent_flow {
         assert!(!out_of_service(&s), "a reboot is not tainted at once");
         tokio::time::sleep(Duration::from_millis(1100)).await;
         a.tick().await.unwrap();
-        assert!(out_of_service(&s), "a reboot that stays down past the timeout is");
+        assert!(
+            out_of_service(&s),
+            "a reboot that stays down past the timeout is"
+        );
         let events: Vec<Event> = s.double.list("default");
-        assert!(events.iter().any(|e| e.reason.as_deref() == Some("OutOfServiceTaintAdded")));
-        assert!(events.iter().any(|e| e.reason.as_deref() == Some("OutOfServiceTaintRemoved")));
-        let kinds: Vec<_> = a.actions.iter().map(|(_, v)| format!("{v:?}").split([' ', '{']).next().unwrap().to_string()).collect();
+        assert!(events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("OutOfServiceTaintAdded")));
+        assert!(events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("OutOfServiceTaintRemoved")));
+        let kinds: Vec<_> = a
+            .actions
+            .iter()
+            .map(|(_, v)| {
+                format!("{v:?}")
+                    .split([' ', '{'])
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
         assert_eq!(kinds, vec!["Taint", "Untaint", "Taint"]);
         assert!(b.actions.is_empty());
     }

@@ -65,11 +65,14 @@ impl Agent {
             self.decider.set_lock_held(l.lock_held());
         }
         let d = self.decider.decide(&s);
+        self.metrics.count_detection(&s);
+        self.metrics.count_decision(&d);
         if let Some(a) = s.actor.as_mut() {
             actor::enrich_with(a, !matches!(d.action, Action::Immediate { .. }));
         }
         // On disk before anything acts on it: the machine may die next.
         if let Err(e) = self.audit.lock().await.append(&s, Some(&d)) {
+            self.metrics.audit_failures.inc();
             tracing::error!("audit record NOT written: {e:#}");
         }
         if self.print {
@@ -132,19 +135,21 @@ impl Agent {
         );
         self.graceful = Some(tokio::spawn(async move {
             let outcome = match &cluster {
-                Some(c) => match graceful::run(&c.node, &c.graceful, &ep, &record, &metrics).await {
-                    Ok(r) => Outcome::GracefulDone {
-                        terminated: r.terminated(),
-                        remaining: r.remaining(),
-                    },
-                    Err(e) => {
-                        tracing::error!("graceful path: {e:#}");
-                        Outcome::GracefulDone {
-                            terminated: 0,
-                            remaining: 0,
+                Some(c) => {
+                    match graceful::run(&c.node, &c.graceful, &ep, &record, &metrics).await {
+                        Ok(r) => Outcome::GracefulDone {
+                            terminated: r.terminated(),
+                            remaining: r.remaining(),
+                        },
+                        Err(e) => {
+                            tracing::error!("graceful path: {e:#}");
+                            Outcome::GracefulDone {
+                                terminated: 0,
+                                remaining: 0,
+                            }
                         }
                     }
-                },
+                }
                 // Standalone: nothing to stop but the record, already written.
                 None => Outcome::GracefulDone {
                     terminated: 0,
@@ -152,12 +157,18 @@ impl Agent {
                 },
             };
             if let Err(e) = audit.lock().await.outcome(ep.id, outcome) {
+                metrics.audit_failures.inc();
                 tracing::error!("audit outcome NOT written: {e:#}");
             }
             if let Some(l) = logind {
                 l.release();
             }
         }));
+    }
+
+    /// A graceful run is under way (it ends by releasing the logind lock).
+    pub fn graceful_running(&self) -> bool {
+        self.graceful.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     fn stop_graceful(&mut self) {
@@ -202,10 +213,14 @@ impl Agent {
                     .duration_since(s.at)
                     .map(|d| d.as_secs_f64() * 1e3)
                     .unwrap_or(0.0);
+                self.metrics
+                    .last_gasp_latency
+                    .observe(since_detection(s, ms));
                 tracing::info!(ms = format!("{ms:.2}"), "last gasp delivered");
                 Outcome::LastGaspDelivered { ms }
             }
             Err(e) => {
+                self.metrics.last_gasp_failures.inc();
                 tracing::error!(
                     "last gasp failed: {e:#}; it will be delivered after the next boot"
                 );
@@ -233,13 +248,20 @@ impl Agent {
             audit.agent_start()?;
             crate::act::audit::read(&path)?
         };
-        for end in contents.records.iter().map(|r| r.boot_id.as_str()).collect::<std::collections::BTreeSet<_>>() {
+        for end in contents
+            .records
+            .iter()
+            .map(|r| r.boot_id.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+        {
             if end != boot_id {
                 let r = report::classify(&contents.records, end);
                 self.metrics.count_boot_end(r.end);
             }
         }
-        let Some(prev) = report::previous_boot(&contents.records, boot_id) else { return Ok(None) };
+        let Some(prev) = report::previous_boot(&contents.records, boot_id) else {
+            return Ok(None);
+        };
         let r = report::classify(&contents.records, prev);
         let pstore = report::pstore(std::path::Path::new("/sys/fs/pstore"), 3);
         let mut note = match &r.episode {
@@ -260,17 +282,37 @@ impl Agent {
                 note.push_str(&format!("; pstore {name}: {}", first.replace('\n', " | ")));
             }
         }
-        tracing::info!(boot = prev, end = r.end.as_str(), undelivered = r.undelivered, "{note}");
-        let Some(c) = self.cluster.clone() else { return Ok(Some(r)) };
-        let type_ = if r.end == BootEnd::Graceful { EventType::Normal } else { EventType::Warning };
+        tracing::info!(
+            boot = prev,
+            end = r.end.as_str(),
+            undelivered = r.undelivered,
+            "{note}"
+        );
+        let Some(c) = self.cluster.clone() else {
+            return Ok(Some(r));
+        };
+        let type_ = if r.end == BootEnd::Graceful {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
         if let Err(e) = c.node.event(type_, "PreviousBoot", note).await {
             tracing::warn!("previous-boot event: {e:#}");
         }
         if r.undelivered {
             if let Some(ep) = &r.episode {
-                let record = json!({ "episode": ep, "boot_id": prev, "delivered_late": true, "back": true });
+                let record =
+                    json!({ "episode": ep, "boot_id": prev, "delivered_late": true, "back": true });
                 match c.node.set_record(&record).await {
-                    Ok(()) => self.outcome(ep.id, Outcome::DeliveredLate { boot_id: prev.to_string() }).await,
+                    Ok(()) => {
+                        self.outcome(
+                            ep.id,
+                            Outcome::DeliveredLate {
+                                boot_id: prev.to_string(),
+                            },
+                        )
+                        .await
+                    }
                     Err(e) => tracing::warn!("delivering the previous boot's record: {e:#}"),
                 }
             }
@@ -284,9 +326,27 @@ impl Agent {
         Ok(Some(r))
     }
 
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     async fn outcome(&self, episode: u32, outcome: Outcome) {
         if let Err(e) = self.audit.lock().await.outcome(episode, outcome) {
+            self.metrics.audit_failures.inc();
             tracing::error!("audit outcome NOT written: {e:#}");
         }
     }
+}
+
+/// Seconds from the detection to now: on the kernel's boot clock when the
+/// signal carries it (eBPF records are stamped in the kernel), else from the
+/// wall clock (`wall_ms`, already measured).
+fn since_detection(s: &ShutdownSignal, wall_ms: f64) -> f64 {
+    if s.boot_ns > 0 {
+        let now = crate::detect::ebpf::boottime_ns();
+        if now >= s.boot_ns {
+            return (now - s.boot_ns) as f64 / 1e9;
+        }
+    }
+    wall_ms / 1e3
 }

@@ -33,7 +33,10 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::{act::kube::RECORD_ANNOTATION, signal::Kind};
+use crate::{
+    act::{kube::RECORD_ANNOTATION, metrics::ControllerMetrics},
+    signal::Kind,
+};
 
 pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
 pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
@@ -75,22 +78,37 @@ pub fn parse_record(node: &Node) -> Option<NodeRecord> {
     let signal = &v["signal"];
     let kind: Kind = serde_json::from_value(signal["kind"].clone()).ok()?;
     let at = humantime::parse_rfc3339(signal["at"].as_str()?).ok()?;
-    Some(NodeRecord { kind, at, back: v["back"].as_bool().unwrap_or(false) })
+    Some(NodeRecord {
+        kind,
+        at,
+        back: v["back"].as_bool().unwrap_or(false),
+    })
 }
 
 /// The kubelet's Ready status ("True", "False", "Unknown"), if reported.
 fn ready(node: &Node) -> Option<String> {
-    let c = node.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
     Some(c.status.clone())
 }
 
 fn has_out_of_service(node: &Node) -> bool {
-    node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    Taint { why: String },
+    Taint {
+        why: String,
+    },
     Untaint,
     /// Would taint, but the node flaps too often.
     RateLimited,
@@ -104,20 +122,38 @@ pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize
     let ours = node.annotations().contains_key(TAINTED_BY_ANNOTATION);
     let status = ready(node).unwrap_or_else(|| "Unknown".into());
     if status == "True" {
-        return if tainted && ours { Verdict::Untaint } else { Verdict::Nothing };
+        return if tainted && ours {
+            Verdict::Untaint
+        } else {
+            Verdict::Nothing
+        };
     }
     if tainted || cfg.policy == Policy::Off {
         return Verdict::Nothing;
     }
-    let Some(rec) = parse_record(node).filter(|r| !r.back) else { return Verdict::Nothing };
+    let Some(rec) = parse_record(node).filter(|r| !r.back) else {
+        return Verdict::Nothing;
+    };
     let why = match rec.kind {
-        Kind::Poweroff | Kind::Halt => format!("{:?} recorded at {}; node {status}", rec.kind, humantime::format_rfc3339_seconds(rec.at)).to_lowercase(),
-        Kind::Reboot | Kind::Kexec | Kind::SoftReboot | Kind::Unknown if cfg.policy == Policy::AlsoReboots => {
+        Kind::Poweroff | Kind::Halt => format!(
+            "{:?} recorded at {}; node {status}",
+            rec.kind,
+            humantime::format_rfc3339_seconds(rec.at)
+        )
+        .to_lowercase(),
+        Kind::Reboot | Kind::Kexec | Kind::SoftReboot | Kind::Unknown
+            if cfg.policy == Policy::AlsoReboots =>
+        {
             let waited = now.duration_since(rec.at).unwrap_or_default();
             if waited < cfg.reboot_timeout {
                 return Verdict::Nothing;
             }
-            format!("{:?} recorded {}s ago never came back; node {status}", rec.kind, waited.as_secs()).to_lowercase()
+            format!(
+                "{:?} recorded {}s ago never came back; node {status}",
+                rec.kind,
+                waited.as_secs()
+            )
+            .to_lowercase()
         }
         _ => return Verdict::Nothing,
     };
@@ -129,8 +165,13 @@ pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize
 
 /// Leader election over a coordination.k8s.io Lease: take it when free or
 /// expired, renew while held. Conflicts (409) mean someone else won.
-pub async fn try_lead(leases: &Api<Lease>, cfg: &ControllerConfig, now: SystemTime) -> Result<bool> {
-    let micro = |t: SystemTime| MicroTime(Timestamp::try_from(t).unwrap_or_else(|_| Timestamp::now()));
+pub async fn try_lead(
+    leases: &Api<Lease>,
+    cfg: &ControllerConfig,
+    now: SystemTime,
+) -> Result<bool> {
+    let micro =
+        |t: SystemTime| MicroTime(Timestamp::try_from(t).unwrap_or_else(|_| Timestamp::now()));
     let spec = |transitions: i32, acquire: Option<MicroTime>| LeaseSpec {
         holder_identity: Some(cfg.identity.clone()),
         lease_duration_seconds: Some(cfg.lease_duration.as_secs() as i32),
@@ -142,7 +183,10 @@ pub async fn try_lead(leases: &Api<Lease>, cfg: &ControllerConfig, now: SystemTi
     match leases.get_opt(&cfg.lease_name).await? {
         None => {
             let lease = Lease {
-                metadata: kube::api::ObjectMeta { name: Some(cfg.lease_name.clone()), ..Default::default() },
+                metadata: kube::api::ObjectMeta {
+                    name: Some(cfg.lease_name.clone()),
+                    ..Default::default()
+                },
                 spec: Some(spec(0, Some(micro(now)))),
             };
             match leases.create(&PostParams::default(), &lease).await {
@@ -161,10 +205,17 @@ pub async fn try_lead(leases: &Api<Lease>, cfg: &ControllerConfig, now: SystemTi
                 return Ok(false);
             }
             let transitions = cur.lease_transitions.unwrap_or(0) + i32::from(!mine);
-            let acquire = if mine { cur.acquire_time } else { Some(micro(now)) };
+            let acquire = if mine {
+                cur.acquire_time
+            } else {
+                Some(micro(now))
+            };
             lease.spec = Some(spec(transitions, acquire));
             // The resourceVersion read above makes a concurrent writer fail.
-            match leases.replace(&cfg.lease_name, &PostParams::default(), &lease).await {
+            match leases
+                .replace(&cfg.lease_name, &PostParams::default(), &lease)
+                .await
+            {
                 Ok(_) => Ok(true),
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
                 Err(e) => Err(e.into()),
@@ -182,12 +233,22 @@ pub struct Controller {
     /// Per node, when it was last tainted (the last hour).
     history: BTreeMap<String, VecDeque<SystemTime>>,
     pub actions: Vec<(String, Verdict)>,
+    /// Lease held, actions by kind, failed passes (served by `lastgasp controller`).
+    pub metrics: ControllerMetrics,
 }
 
 impl Controller {
     pub async fn start(client: Client, cfg: ControllerConfig) -> Result<Self> {
-        let store = crate::act::kube::warm_store(Api::<Node>::all(client.clone()), watcher::Config::default(), "node").await?;
-        let reporter = Reporter { controller: "lastgasp-controller".into(), instance: Some(cfg.identity.clone()) };
+        let store = crate::act::kube::warm_store(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            "node",
+        )
+        .await?;
+        let reporter = Reporter {
+            controller: "lastgasp-controller".into(),
+            instance: Some(cfg.identity.clone()),
+        };
         Ok(Controller {
             leases: Api::namespaced(client.clone(), &cfg.lease_namespace),
             nodes: Api::all(client.clone()),
@@ -196,33 +257,64 @@ impl Controller {
             cfg,
             history: BTreeMap::new(),
             actions: Vec::new(),
+            metrics: ControllerMetrics::default(),
         })
     }
 
     /// One pass: lead or stand by; if leading, judge every node.
     pub async fn tick(&mut self) -> Result<bool> {
+        let r = self.pass().await;
+        if r.is_err() {
+            self.metrics.pass_errors.inc();
+        }
+        r
+    }
+
+    async fn pass(&mut self) -> Result<bool> {
         let now = SystemTime::now();
-        if !try_lead(&self.leases, &self.cfg, now).await? {
+        // An error leaves the gauge as it was (`tick` counts the failed pass).
+        let leading = try_lead(&self.leases, &self.cfg, now).await?;
+        self.metrics.lease_held.set(i64::from(leading));
+        if !leading {
             return Ok(false);
         }
-        for node in self.store.state() {
+        let nodes = self.store.state();
+        self.metrics.nodes.set(nodes.len() as i64);
+        for node in nodes {
             let name = node.name_any();
             let hist = self.history.entry(name.clone()).or_default();
-            while hist.front().is_some_and(|t| now.duration_since(*t).unwrap_or_default() > Duration::from_secs(3600)) {
+            while hist.front().is_some_and(|t| {
+                now.duration_since(*t).unwrap_or_default() > Duration::from_secs(3600)
+            }) {
                 hist.pop_front();
             }
             let verdict = judge(&node, &self.cfg, now, hist.len());
             match &verdict {
                 Verdict::Taint { why } => {
                     self.set_taint(&node, true).await?;
+                    self.metrics.count_action("taint-added");
                     self.history.entry(name.clone()).or_default().push_back(now);
-                    self.event(&name, EventType::Warning, "OutOfServiceTaintAdded", why.clone()).await;
+                    self.event(
+                        &name,
+                        EventType::Warning,
+                        "OutOfServiceTaintAdded",
+                        why.clone(),
+                    )
+                    .await;
                 }
                 Verdict::Untaint => {
                     self.set_taint(&node, false).await?;
-                    self.event(&name, EventType::Normal, "OutOfServiceTaintRemoved", "node is Ready again".into()).await;
+                    self.metrics.count_action("taint-removed");
+                    self.event(
+                        &name,
+                        EventType::Normal,
+                        "OutOfServiceTaintRemoved",
+                        "node is Ready again".into(),
+                    )
+                    .await;
                 }
                 Verdict::RateLimited => {
+                    self.metrics.count_action("skipped-flap-limit");
                     tracing::warn!(node = %name, "not tainting: the node flaps more than the configured rate");
                 }
                 Verdict::Nothing => continue,
@@ -234,7 +326,11 @@ impl Controller {
     }
 
     async fn set_taint(&self, node: &Node, present: bool) -> Result<()> {
-        let mut taints: Vec<Taint> = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        let mut taints: Vec<Taint> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
         taints.retain(|t| t.key != OUT_OF_SERVICE_KEY);
         if present {
             taints.push(Taint {
@@ -244,12 +340,22 @@ impl Controller {
                 time_added: Some(Time(Timestamp::now())),
             });
         }
-        let marker = if present { json!(self.cfg.identity) } else { serde_json::Value::Null };
+        let marker = if present {
+            json!(self.cfg.identity)
+        } else {
+            serde_json::Value::Null
+        };
         let patch = json!({
             "metadata": { "resourceVersion": node.resource_version(), "annotations": { TAINTED_BY_ANNOTATION: marker } },
             "spec": { "taints": taints },
         });
-        self.nodes.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        self.nodes
+            .patch(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
         Ok(())
     }
 
@@ -260,7 +366,13 @@ impl Controller {
             name: Some(node.into()),
             ..Default::default()
         };
-        let ev = Event { type_, reason: reason.into(), note: Some(note), action: reason.into(), secondary: None };
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             tracing::warn!("controller event: {e}");
         }
@@ -294,19 +406,28 @@ mod tests {
         n.metadata.name = Some("n1".into());
         let mut ann = BTreeMap::new();
         if let Some(k) = kind {
-            let rec = json!({"signal": {"kind": k, "at": humantime::format_rfc3339(t(at)).to_string()}});
+            let rec =
+                json!({"signal": {"kind": k, "at": humantime::format_rfc3339(t(at)).to_string()}});
             ann.insert(RECORD_ANNOTATION.to_string(), rec.to_string());
         }
         if tainted_by_us {
             ann.insert(TAINTED_BY_ANNOTATION.to_string(), "a".into());
             n.spec = Some(NodeSpec {
-                taints: Some(vec![Taint { key: OUT_OF_SERVICE_KEY.into(), effect: "NoExecute".into(), ..Default::default() }]),
+                taints: Some(vec![Taint {
+                    key: OUT_OF_SERVICE_KEY.into(),
+                    effect: "NoExecute".into(),
+                    ..Default::default()
+                }]),
                 ..Default::default()
             });
         }
         n.metadata.annotations = Some(ann);
         n.status = Some(NodeStatus {
-            conditions: Some(vec![NodeCondition { type_: "Ready".into(), status: ready.into(), ..Default::default() }]),
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                ..Default::default()
+            }]),
             ..Default::default()
         });
         n
@@ -326,17 +447,94 @@ mod tests {
         let p = cfg(Policy::PoweroffOnly);
         let r = cfg(Policy::AlsoReboots);
         let cases = [
-            ("poweroff then NotReady", node("False", Some("poweroff"), 0, false), &p, 10, 0, "taint"),
-            ("halt then Unknown", node("Unknown", Some("halt"), 0, false), &p, 10, 0, "taint"),
-            ("poweroff but still Ready", node("True", Some("poweroff"), 0, false), &p, 10, 0, "-"),
-            ("reboot then NotReady", node("False", Some("reboot"), 0, false), &p, 10_000, 0, "-"),
-            ("reboot, policy allows, not yet timed out", node("False", Some("reboot"), 0, false), &r, 100, 0, "-"),
-            ("reboot that never came back", node("False", Some("reboot"), 0, false), &r, 700, 0, "taint"),
-            ("no record: a partition, not a shutdown", node("Unknown", None, 0, false), &p, 10, 0, "-"),
-            ("Ready again: our taint goes", node("True", Some("poweroff"), 0, true), &p, 10, 0, "untaint"),
-            ("flapping", node("False", Some("poweroff"), 0, false), &p, 10, 3, "limited"),
-            ("policy off", node("False", Some("poweroff"), 0, false), &cfg(Policy::Off), 10, 0, "-"),
-            ("already tainted", node("False", Some("poweroff"), 0, true), &p, 10, 0, "-"),
+            (
+                "poweroff then NotReady",
+                node("False", Some("poweroff"), 0, false),
+                &p,
+                10,
+                0,
+                "taint",
+            ),
+            (
+                "halt then Unknown",
+                node("Unknown", Some("halt"), 0, false),
+                &p,
+                10,
+                0,
+                "taint",
+            ),
+            (
+                "poweroff but still Ready",
+                node("True", Some("poweroff"), 0, false),
+                &p,
+                10,
+                0,
+                "-",
+            ),
+            (
+                "reboot then NotReady",
+                node("False", Some("reboot"), 0, false),
+                &p,
+                10_000,
+                0,
+                "-",
+            ),
+            (
+                "reboot, policy allows, not yet timed out",
+                node("False", Some("reboot"), 0, false),
+                &r,
+                100,
+                0,
+                "-",
+            ),
+            (
+                "reboot that never came back",
+                node("False", Some("reboot"), 0, false),
+                &r,
+                700,
+                0,
+                "taint",
+            ),
+            (
+                "no record: a partition, not a shutdown",
+                node("Unknown", None, 0, false),
+                &p,
+                10,
+                0,
+                "-",
+            ),
+            (
+                "Ready again: our taint goes",
+                node("True", Some("poweroff"), 0, true),
+                &p,
+                10,
+                0,
+                "untaint",
+            ),
+            (
+                "flapping",
+                node("False", Some("poweroff"), 0, false),
+                &p,
+                10,
+                3,
+                "limited",
+            ),
+            (
+                "policy off",
+                node("False", Some("poweroff"), 0, false),
+                &cfg(Policy::Off),
+                10,
+                0,
+                "-",
+            ),
+            (
+                "already tainted",
+                node("False", Some("poweroff"), 0, true),
+                &p,
+                10,
+                0,
+                "-",
+            ),
         ];
         for (name, n, c, now, recent, want) in cases {
             assert_eq!(short(judge(&n, c, t(now), recent)), want, "{name}");
@@ -347,7 +545,14 @@ mod tests {
     fn a_record_marked_back_is_stale() {
         let mut n = node("False", None, 0, false);
         let rec = json!({"signal": {"kind": "poweroff", "at": humantime::format_rfc3339(t(0)).to_string()}, "back": true});
-        n.metadata.annotations.as_mut().unwrap().insert(RECORD_ANNOTATION.into(), rec.to_string());
-        assert_eq!(judge(&n, &cfg(Policy::PoweroffOnly), t(10), 0), Verdict::Nothing);
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(RECORD_ANNOTATION.into(), rec.to_string());
+        assert_eq!(
+            judge(&n, &cfg(Policy::PoweroffOnly), t(10), 0),
+            Verdict::Nothing
+        );
     }
 }

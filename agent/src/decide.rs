@@ -189,6 +189,15 @@ impl Decider {
                 why: "an undecodable shutdown command: waiting for its effect".into(),
             };
         }
+        // `systemctl soft-reboot` is refused by systemd < 254 (the verb is
+        // unknown to PID 1), and the exec alone cannot tell: wait, as for an
+        // unknown kind, for logind or systemd's soft-reboot job to confirm it.
+        if s.kind == Kind::SoftReboot && s.source == Source::Exec {
+            return Action::AuditOnly {
+                why: "soft-reboot requested: waiting for systemd's job (systemd < 254 refuses it)"
+                    .into(),
+            };
+        }
         let protected = s.source == Source::Logind || (self.lock_held && !s.bypasses_logind);
         match path {
             Some(Path::Graceful) => {
@@ -499,6 +508,18 @@ mod tests {
                 }],
                 vec!["graceful(protected)", "audit"],
                 vec![1, 1],
+            ),
+            (
+                "systemctl soft-reboot waits for systemd's job (refused before systemd 254)",
+                vec![exec(SoftReboot, false), job(SoftReboot)],
+                vec!["audit", "graceful"],
+                vec![0, 1],
+            ),
+            (
+                "a refused soft-reboot (no job follows) never drains the node",
+                vec![exec(SoftReboot, false)],
+                vec!["audit"],
+                vec![0],
             ),
             (
                 "kernel hook alone",

@@ -6,7 +6,7 @@ use lastgasp::{
     act::{
         audit::{self, AuditLog, BootFilter},
         kube::{graceful::GracefulOptions, lastgasp::LastGasp, NodeClient},
-        metrics::Metrics,
+        metrics::{ControllerMetrics, Metrics},
     },
     agent::{Agent, Cluster},
     config::Config,
@@ -15,6 +15,7 @@ use lastgasp::{
         dbus::{self, DbusArgs},
         ebpf::EbpfDetector,
     },
+    http::{self, Health, Listen},
     node::{self, NodePidNs},
 };
 use tokio::signal::unix::{signal, SignalKind};
@@ -26,7 +27,7 @@ use tokio::signal::unix::{signal, SignalKind};
     about = "Sees every way a Linux node shuts down, and tells the cluster"
 )]
 struct Cli {
-    /// Log as JSON lines (to stderr).
+    /// Log as JSON lines (to stderr), the start report's hook lines included.
     #[arg(long, global = true)]
     json_logs: bool,
     #[command(subcommand)]
@@ -48,9 +49,10 @@ enum Command {
     /// Completes the non-graceful shutdown procedure in the cluster (one
     /// active replica, elected through a Lease).
     Controller(ControllerArgs),
-    /// Preflight: would graceful shutdown through logind work here? Exits 1
-    /// with a report when something would make it fail.
-    Check(DbusArgs),
+    /// Node preflight: kernel, hooks, BTF, privileges, D-Bus and logind, and
+    /// the API permissions. Prints a table; exits 1 when something required
+    /// is missing (warnings alone exit 0).
+    Check(lastgasp::check::CheckArgs),
 }
 
 const DEFAULT_AUDIT_DIR: &str = "/var/lib/lastgasp";
@@ -74,6 +76,10 @@ struct ControllerArgs {
     identity: Option<String>,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
     interval: std::time::Duration,
+    /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off`
+    /// (default: $POD_IP:9851).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<Listen>,
 }
 
 #[derive(clap::Args)]
@@ -91,6 +97,12 @@ struct RunArgs {
     /// Overrides the config's auditDir (default /var/lib/lastgasp).
     #[arg(long)]
     audit_dir: Option<PathBuf>,
+    /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off` (default:
+    /// 127.0.0.1:9850 standalone, $POD_IP:9850 in cluster mode). A given
+    /// address that cannot be bound stops the start; the standalone default
+    /// only logs a warning.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<Listen>,
     #[command(flatten)]
     dbus: DbusArgs,
 }
@@ -111,7 +123,7 @@ fn main() -> Result<()> {
         Command::Run(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
-            .block_on(run(args)),
+            .block_on(run(args, cli.json_logs)),
         Command::History { audit_dir, boot } => history(&audit_dir, &boot),
         Command::Controller(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -126,25 +138,69 @@ fn main() -> Result<()> {
     }
 }
 
-async fn run(mut args: RunArgs) -> Result<()> {
+async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let started = Instant::now();
     let cfg = match &args.config {
         Some(p) => Config::load(p)?,
         None if args.standalone => Config::default(),
         None => anyhow::bail!("cluster mode needs --config (the grace periods, at least)"),
     };
-    let audit_dir = args.audit_dir.clone().unwrap_or_else(|| cfg.audit_dir.clone());
+    let listen = http::resolve(
+        args.metrics_listen,
+        args.standalone,
+        http::AGENT_PORT,
+        std::env::var("POD_IP").ok().as_deref(),
+    )?;
+    let metrics = Metrics::default();
+    let health = Health::new("arming the hooks");
+    let m = metrics.clone();
+    let _endpoint = http::start(
+        listen,
+        args.metrics_listen.is_some() || !args.standalone,
+        move || m.encode(),
+        health.clone(),
+    )
+    .await?;
+    let audit_dir = args
+        .audit_dir
+        .clone()
+        .unwrap_or_else(|| cfg.audit_dir.clone());
     let node = match &args.node_pid_ns {
         Some(p) => NodePidNs::from_path(p)?,
         None => NodePidNs::initial()?,
     };
     let boot_id = node::boot_id()?;
+    metrics.set_boot(&boot_id);
     let audit = AuditLog::open(&audit_dir, &boot_id)?;
     let mut det = EbpfDetector::load(node.clone())?;
     let armed_ms = started.elapsed().as_secs_f64() * 1e3;
-    eprintln!("lastgasp: hooks (node pid namespace {}, init pid {}):", node.ino, node.init_pid);
-    for r in &det.report {
-        eprintln!("  {r}");
+    metrics.set_hooks(&det.report);
+    if json_logs {
+        for r in &det.report {
+            let (state, why) = match &r.state {
+                lastgasp::detect::ebpf::HookState::Armed => ("armed", None),
+                lastgasp::detect::ebpf::HookState::Degraded(w) => ("degraded", Some(w.as_str())),
+                lastgasp::detect::ebpf::HookState::Unavailable(w) => {
+                    ("unavailable", Some(w.as_str()))
+                }
+            };
+            tracing::info!(
+                hook = r.hook,
+                attach = r.attach,
+                state,
+                why,
+                node_pidns = node.ino,
+                "hook"
+            );
+        }
+    } else {
+        eprintln!(
+            "lastgasp: hooks (node pid namespace {}, init pid {}):",
+            node.ino, node.init_pid
+        );
+        for r in &det.report {
+            eprintln!("  {r}");
+        }
     }
     tracing::info!(armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
 
@@ -153,20 +209,35 @@ async fn run(mut args: RunArgs) -> Result<()> {
     } else {
         let buckets = cfg.buckets()?;
         // logind must give the graceful path the buckets' whole time.
-        args.dbus.inhibit_delay.get_or_insert(lastgasp::grace::requested_delay(&buckets));
-        Some(std::sync::Arc::new(cluster(&cfg, &audit_dir, buckets).await?))
+        args.dbus
+            .inhibit_delay
+            .get_or_insert(lastgasp::grace::requested_delay(&buckets));
+        health.not_ready("hooks armed; waiting for the warm watches (node, pods) to list");
+        Some(std::sync::Arc::new(
+            cluster(&cfg, &audit_dir, buckets).await?,
+        ))
     };
     // logind and systemd over D-Bus feed the same loop.
     let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
     let logind = dbus::spawn_detectors(&args.dbus, dbus_tx).await?;
-    let mut agent = Agent::new(audit, cluster, logind, Metrics::default(), args.standalone);
+    let mut agent = Agent::new(audit, cluster, logind, metrics.clone(), args.standalone);
     agent.after_boot(&boot_id).await?;
+    // Arming parsed the kernel's BTF and the start read the audit log
+    // (megabytes, freed again): give the freed heap back to the kernel
+    // rather than keep it resident while the agent idles (~31 -> ~14 MiB).
+    release_freed_heap();
+    health.beat();
+    health.ready();
 
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut drops = 0;
+    let (mut stopping, mut told) = (false, false);
     loop {
+        if stopping && !agent.graceful_running() {
+            break;
+        }
         tokio::select! {
             // Records first: on SIGTERM mid-shutdown, what was seen is handled before exiting.
             biased;
@@ -179,14 +250,23 @@ async fn run(mut args: RunArgs) -> Result<()> {
                 agent.handle(s).await?;
             }
             _ = tick.tick() => {
+                health.beat();
                 let now = det.drops();
                 if now > drops {
                     tracing::warn!(dropped = now - drops, total = now, "ring buffer full: records lost");
+                    metrics.set_ringbuf_drops(now);
                     drops = now;
                 }
             }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            // A graceful run under way is finished first (the pod's
+            // terminationGracePeriodSeconds bounds it); signals are still
+            // handled meanwhile, so an escalation still sends the last gasp.
+            _ = term.recv() => stopping = true,
+            _ = int.recv() => stopping = true,
+        }
+        if stopping && agent.graceful_running() && !told {
+            tracing::info!("asked to stop: finishing the graceful run first");
+            told = true;
         }
     }
     tracing::info!(ring_buffer_drops = det.drops(), "stopping");
@@ -195,7 +275,11 @@ async fn run(mut args: RunArgs) -> Result<()> {
 
 /// Cluster mode: the clients (kube's own retries off: ours know the
 /// deadlines), the warm watches and the last gasp's connections.
-async fn cluster(cfg: &Config, audit_dir: &std::path::Path, buckets: Vec<lastgasp::grace::Bucket>) -> Result<Cluster> {
+async fn cluster(
+    cfg: &Config,
+    audit_dir: &std::path::Path,
+    buckets: Vec<lastgasp::grace::Bucket>,
+) -> Result<Cluster> {
     let node = cfg
         .node_name
         .clone()
@@ -219,7 +303,9 @@ async fn cluster(cfg: &Config, audit_dir: &std::path::Path, buckets: Vec<lastgas
 }
 
 async fn kube_client() -> Result<kube::Client> {
-    let mut config = kube::Config::infer().await.context("no Kubernetes configuration (in-cluster or $KUBECONFIG)")?;
+    let mut config = kube::Config::infer()
+        .await
+        .context("no Kubernetes configuration (in-cluster or $KUBECONFIG)")?;
     config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }
@@ -238,14 +324,28 @@ async fn controller(args: ControllerArgs) -> Result<()> {
         identity,
         lease_duration: std::time::Duration::from_secs(15),
     };
+    let listen = http::resolve(
+        args.metrics_listen,
+        false,
+        http::CONTROLLER_PORT,
+        std::env::var("POD_IP").ok().as_deref(),
+    )?;
+    let health = Health::new("starting: the node watch has not listed yet");
+    let metrics = ControllerMetrics::default();
+    let m = metrics.clone();
+    let _endpoint = http::start(listen, true, move || m.encode(), health.clone()).await?;
     let mut c = Controller::start(kube_client().await?, cfg).await?;
+    c.metrics = metrics;
+    health.not_ready("the first controller pass has not finished");
     let mut tick = tokio::time::interval(args.interval);
     let mut term = signal(SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                if let Err(e) = c.tick().await {
-                    tracing::warn!("controller pass: {e:#}");
+                health.beat();
+                match c.tick().await {
+                    Ok(_) => health.ready(),
+                    Err(e) => tracing::warn!("controller pass: {e:#}"),
                 }
             }
             _ = term.recv() => return Ok(()),
@@ -264,4 +364,14 @@ fn history(dir: &std::path::Path, boot: &BootFilter) -> Result<()> {
         println!("{}", serde_json::to_string(r)?);
     }
     Ok(())
+}
+
+/// glibc keeps freed memory in its arenas; `malloc_trim` returns what it
+/// can to the kernel (the agent idles for days after a burst at start).
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

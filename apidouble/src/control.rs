@@ -11,6 +11,8 @@
 //! | `PUT /_double/kubelet` | `{"autoFinish": b, "autoStart": b, "defaultTerminationMs": n}` |
 //! | `PUT /_double/kubelet/pods/NS/NAME` | `{"terminationMs": n, "hang": b}` |
 //! | `PUT /_double/kubelet/nodes/NAME` | `{"running": b}` |
+//! | `PUT /_double/access` | `{"deny": [{"verb", "group", "resource", "subresource", "namespace", "reason"}]}`: SelfSubjectAccessReviews matching a rule are denied (empty/absent field: any) |
+//! | `GET /_double/access` | the deny list |
 //! | `POST /_double/compact` | drop the watch history (old resourceVersions get 410) |
 //! | `GET /_double/rv` | the current resourceVersion |
 
@@ -140,6 +142,22 @@ pub async fn handle(
                 _ => error_response(&ApiError::path_not_found()),
             }
         }
+        (Method::PUT, ["access"]) => {
+            let v = match body_json(body) {
+                Ok(v) => v,
+                Err(r) => return *r,
+            };
+            let deny = v.get("deny").cloned().unwrap_or(Value::Array(vec![]));
+            match serde_json::from_value::<Vec<crate::AccessRule>>(deny) {
+                Ok(rules) => {
+                    let n = rules.len();
+                    double.set_access_rules(rules);
+                    ok(json!({ "deny": n }))
+                }
+                Err(e) => bad(format!("invalid access rules: {e}")),
+            }
+        }
+        (Method::GET, ["access"]) => ok(json!({ "deny": double.access_rules() })),
         (Method::POST, ["compact"]) => {
             double.compact();
             ok(json!({ "resourceVersion": double.resource_version().to_string() }))

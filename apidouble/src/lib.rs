@@ -9,6 +9,7 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod control;
 mod discovery;
 mod faults;
@@ -35,6 +36,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+pub use access::AccessRule;
 pub use faults::{Fault, FaultId, FaultKind};
 pub use kubelet::Kubelet;
 pub use reqlog::RequestRecord;
@@ -61,6 +63,8 @@ pub(crate) struct Shared {
     pub(crate) rv_tx: tokio::sync::watch::Sender<u64>,
     pub(crate) kubelet_wake: Notify,
     faults: Mutex<Vec<(FaultId, Fault)>>,
+    /// SelfSubjectAccessReviews matching one of these are denied.
+    pub(crate) access: Mutex<Vec<access::AccessRule>>,
     next_fault: AtomicU64,
     log: Mutex<Vec<RequestRecord>>,
     seq: AtomicU64,
@@ -68,7 +72,7 @@ pub(crate) struct Shared {
     pub(crate) addr: SocketAddr,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -176,6 +180,7 @@ impl ApiDouble {
             rv_tx,
             kubelet_wake: Notify::new(),
             faults: Mutex::new(Vec::new()),
+            access: Mutex::new(Vec::new()),
             next_fault: AtomicU64::new(1),
             log: Mutex::new(Vec::new()),
             seq: AtomicU64::new(0),
@@ -382,6 +387,21 @@ impl ApiDouble {
 
     pub fn clear_faults(&self) {
         lock(&self.shared.faults).clear();
+    }
+
+    /// Deny SelfSubjectAccessReviews that match `rule` (the double has no
+    /// RBAC: everything else is allowed, as it is for real requests).
+    pub fn deny_access(&self, rule: AccessRule) {
+        lock(&self.shared.access).push(rule);
+    }
+
+    /// Replace the deny list.
+    pub fn set_access_rules(&self, rules: Vec<AccessRule>) {
+        *lock(&self.shared.access) = rules;
+    }
+
+    pub fn access_rules(&self) -> Vec<AccessRule> {
+        lock(&self.shared.access).clone()
     }
 
     /// The simulated kubelet's knobs.

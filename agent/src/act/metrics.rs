@@ -1,14 +1,26 @@
-//! Prometheus metrics (prometheus-client). The HTTP endpoint serves
-//! `Metrics::encode`.
+//! Prometheus metrics (prometheus-client), served by `crate::http` on
+//! `/metrics`. Names are `lastgasp_*` with their unit; counters get
+//! `_total` from the encoder. The kubelet-compatible
+//! `graceful_shutdown_{start,end}_time_seconds` keep the kubelet's names.
 use std::sync::{atomic::AtomicU64, Arc};
 
 use prometheus_client::{
     encoding::text::encode,
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
-    registry::Registry,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
 };
 
-use crate::report::BootEnd;
+use crate::{
+    decide::Decision,
+    detect::ebpf::{HookReport, HookState},
+    report::BootEnd,
+    signal::ShutdownSignal,
+};
+
+type Labels = Vec<(String, String)>;
+
+/// Buckets of the last-gasp latency (seconds): 1 ms to 1 s.
+pub const LAST_GASP_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0];
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -17,42 +29,256 @@ pub struct Metrics {
     pub graceful_start: Gauge<f64, AtomicU64>,
     pub graceful_end: Gauge<f64, AtomicU64>,
     /// Past boots in the audit log, by how they ended.
-    pub boots_ended: Family<Vec<(String, String)>, Counter>,
+    pub boots_ended: Family<Labels, Counter>,
+    pub detections: Family<Labels, Counter>,
+    pub decisions: Family<Labels, Counter>,
+    pub last_gasp_latency: Histogram,
+    pub last_gasp_failures: Counter,
+    pub ringbuf_drops: Counter,
+    pub hooks: Family<Labels, Gauge>,
+    pub boot_info: Family<Labels, Gauge>,
+    pub audit_failures: Counter,
+}
+
+fn label(v: impl serde::Serialize) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "unknown".into(),
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::default();
+        let mut r = Registry::default();
         let graceful_start = Gauge::<f64, AtomicU64>::default();
         let graceful_end = Gauge::<f64, AtomicU64>::default();
-        registry.register(
+        r.register(
             "graceful_shutdown_start_time_seconds",
             "Last graceful shutdown start time since unix epoch in seconds",
             graceful_start.clone(),
         );
-        registry.register(
+        r.register(
             "graceful_shutdown_end_time_seconds",
             "Last graceful shutdown end time since unix epoch in seconds",
             graceful_end.clone(),
         );
-        let boots_ended = Family::<Vec<(String, String)>, Counter>::default();
-        registry.register(
+        let boots_ended = Family::<Labels, Counter>::default();
+        r.register(
             "lastgasp_previous_boots_ended",
-            "Past boots recorded in the audit log, by how they ended",
+            "Past boots recorded in the audit log, by how they ended (graceful, forced, interrupted, unannounced)",
             boots_ended.clone(),
         );
-        Metrics { registry: Arc::new(registry), graceful_start, graceful_end, boots_ended }
+        let detections = Family::<Labels, Counter>::default();
+        r.register(
+            "lastgasp_detections",
+            "Shutdown signals seen, by detector (source), kind and scope (node or container)",
+            detections.clone(),
+        );
+        let decisions = Family::<Labels, Counter>::default();
+        r.register(
+            "lastgasp_decisions",
+            "Decisions taken on shutdown signals, by action (graceful, immediate, cancel, warn, join, audit-only)",
+            decisions.clone(),
+        );
+        let last_gasp_latency = Histogram::new(LAST_GASP_BUCKETS.iter().copied());
+        r.register_with_unit(
+            "lastgasp_last_gasp_latency",
+            "From the detection (kernel boot clock) to both last-gasp patches acknowledged by the API server",
+            Unit::Seconds,
+            last_gasp_latency.clone(),
+        );
+        let last_gasp_failures = Counter::default();
+        r.register(
+            "lastgasp_last_gasp_failures",
+            "Last gasps the API server did not acknowledge (the record waits in the audit log for the next boot)",
+            last_gasp_failures.clone(),
+        );
+        let ringbuf_drops = Counter::default();
+        r.register(
+            "lastgasp_ringbuf_drops",
+            "Kernel records lost because the eBPF ring buffer was full",
+            ringbuf_drops.clone(),
+        );
+        let hooks = Family::<Labels, Gauge>::default();
+        r.register(
+            "lastgasp_hook_armed",
+            "Kernel hooks by attach method: 1 armed (possibly degraded), 0 refused by this kernel",
+            hooks.clone(),
+        );
+        let boot_info = Family::<Labels, Gauge>::default();
+        r.register(
+            "lastgasp_boot_info",
+            "The node's current boot id (/proc/sys/kernel/random/boot_id), always 1",
+            boot_info.clone(),
+        );
+        let audit_failures = Counter::default();
+        r.register(
+            "lastgasp_audit_write_failures",
+            "Audit records (signals or outcomes) that could not be written and fsync'd",
+            audit_failures.clone(),
+        );
+        Metrics {
+            registry: Arc::new(r),
+            graceful_start,
+            graceful_end,
+            boots_ended,
+            detections,
+            decisions,
+            last_gasp_latency,
+            last_gasp_failures,
+            ringbuf_drops,
+            hooks,
+            boot_info,
+            audit_failures,
+        }
     }
 }
 
 impl Metrics {
     pub fn count_boot_end(&self, end: BootEnd) {
-        self.boots_ended.get_or_create(&vec![("end".to_string(), end.as_str().to_string())]).inc();
+        self.boots_ended
+            .get_or_create(&vec![("end".to_string(), end.as_str().to_string())])
+            .inc();
+    }
+
+    pub fn count_detection(&self, s: &ShutdownSignal) {
+        self.detections
+            .get_or_create(&vec![
+                ("source".into(), label(s.source)),
+                ("kind".into(), label(s.kind)),
+                ("scope".into(), label(s.scope)),
+            ])
+            .inc();
+    }
+
+    pub fn count_decision(&self, d: &Decision) {
+        let action = serde_json::to_value(&d.action)
+            .ok()
+            .and_then(|v| v["action"].as_str().map(String::from))
+            .unwrap_or_else(|| "unknown".into());
+        self.decisions
+            .get_or_create(&vec![("action".into(), action)])
+            .inc();
+    }
+
+    /// One gauge per hook of the start report (not the BTF offsets line).
+    pub fn set_hooks(&self, report: &[HookReport]) {
+        for h in report.iter().filter(|h| h.hook != "task offsets") {
+            let armed = !matches!(h.state, HookState::Unavailable(_));
+            self.hooks
+                .get_or_create(&vec![
+                    ("hook".into(), h.hook.clone()),
+                    ("attach".into(), h.attach.clone()),
+                ])
+                .set(i64::from(armed));
+        }
+    }
+
+    pub fn set_boot(&self, boot_id: &str) {
+        self.boot_info
+            .get_or_create(&vec![("boot_id".into(), boot_id.to_string())])
+            .set(1);
+    }
+
+    /// Total ring-buffer drops as the kernel counts them (monotonic).
+    pub fn set_ringbuf_drops(&self, total: u64) {
+        let have = self.ringbuf_drops.get();
+        if total > have {
+            self.ringbuf_drops.inc_by(total - have);
+        }
     }
 
     pub fn encode(&self) -> String {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("encoding metrics into a String");
         out
+    }
+}
+
+/// The controller's metrics (`lastgasp controller`, its own endpoint).
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    registry: Arc<Registry>,
+    pub lease_held: Gauge,
+    pub actions: Family<Labels, Counter>,
+    pub pass_errors: Counter,
+    pub nodes: Gauge,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        let mut r = Registry::default();
+        let lease_held = Gauge::default();
+        r.register(
+            "lastgasp_controller_lease_held",
+            "1 while this replica holds the Lease (the active one), else 0",
+            lease_held.clone(),
+        );
+        let actions = Family::<Labels, Counter>::default();
+        r.register(
+            "lastgasp_controller_actions",
+            "out-of-service taint actions: taint-added, taint-removed, skipped-flap-limit",
+            actions.clone(),
+        );
+        let pass_errors = Counter::default();
+        r.register(
+            "lastgasp_controller_pass_errors",
+            "Controller passes that ended in an error (the Lease or a patch failed)",
+            pass_errors.clone(),
+        );
+        let nodes = Gauge::default();
+        r.register(
+            "lastgasp_controller_nodes",
+            "Nodes in the controller's watch at its last pass",
+            nodes.clone(),
+        );
+        ControllerMetrics {
+            registry: Arc::new(r),
+            lease_held,
+            actions,
+            pass_errors,
+            nodes,
+        }
+    }
+}
+
+impl ControllerMetrics {
+    pub fn count_action(&self, action: &str) {
+        self.actions
+            .get_or_create(&vec![("action".into(), action.to_string())])
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("encoding metrics into a String");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_units_and_labels() {
+        let m = Metrics::default();
+        m.set_boot("abc");
+        m.last_gasp_latency.observe(0.004);
+        m.set_ringbuf_drops(3);
+        m.set_ringbuf_drops(2);
+        let text = m.encode();
+        for want in [
+            "lastgasp_boot_info{boot_id=\"abc\"} 1",
+            "lastgasp_last_gasp_latency_seconds_bucket{le=\"0.005\"} 1",
+            "lastgasp_last_gasp_latency_seconds_count 1",
+            "lastgasp_ringbuf_drops_total 3",
+            "lastgasp_audit_write_failures_total 0",
+            "lastgasp_last_gasp_failures_total 0",
+            "# TYPE graceful_shutdown_start_time_seconds gauge",
+        ] {
+            assert!(text.contains(want), "{want} missing:\n{text}");
+        }
     }
 }

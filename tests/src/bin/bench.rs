@@ -41,7 +41,10 @@ fn main() -> Result<()> {
         &mut rows,
         if quick { 300 } else { LATENCY_TRIGGERS },
     ))?;
-    rt.block_on(last_gasp_latency(&mut rows, if quick { 50 } else { LAST_GASP_TRIGGERS }))?;
+    rt.block_on(last_gasp_latency(
+        &mut rows,
+        if quick { 50 } else { LAST_GASP_TRIGGERS },
+    ))?;
     exec_overhead(&mut rows, if quick { 3 } else { EXEC_ROUNDS })?;
     armed_and_idle(&mut rows, if quick { 5 } else { IDLE_SECS })?;
 
@@ -375,19 +378,37 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize) -> Result<()> {
         let child = Command::new(&tool).arg("-ff").spawn()?;
         let pid = child.id();
         let signal = loop {
-            let batch = tokio::time::timeout(Duration::from_secs(5), det.next_batch()).await.context("no exec event")??;
-            if let Some(s) = batch.into_iter().find(|s| s.actor.as_ref().is_some_and(|a| a.pid == pid)) {
+            let batch = tokio::time::timeout(Duration::from_secs(5), det.next_batch())
+                .await
+                .context("no exec event")??;
+            if let Some(s) = batch
+                .into_iter()
+                .find(|s| s.actor.as_ref().is_some_and(|a| a.pid == pid))
+            {
                 break s;
             }
         };
         let at = signal.at;
-        let mut agent = Agent::new(audit, Some(cluster.clone()), None, Metrics::default(), false);
+        let mut agent = Agent::new(
+            audit,
+            Some(cluster.clone()),
+            None,
+            Metrics::default(),
+            false,
+        );
         let t = Instant::now();
         agent.handle(signal).await?;
         let handled = t.elapsed();
-        let patches: Vec<_> = double.requests().into_iter().filter(|r| r.method == "PATCH" && r.status == 200).collect();
+        let patches: Vec<_> = double
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "PATCH" && r.status == 200)
+            .collect();
         if patches.len() < 2 {
-            bail!("trigger {i}: the last gasp did not arrive ({} patches)", patches.len());
+            bail!(
+                "trigger {i}: the last gasp did not arrive ({} patches)",
+                patches.len()
+            );
         }
         let applied = patches.iter().map(|r| r.at + r.elapsed).max().unwrap();
         lat_ms.push(applied.duration_since(at).unwrap_or_default().as_secs_f64() * 1e3);

@@ -49,6 +49,8 @@ mountpoint -q "$AUDIT" || mount "$AUDIT" || { say "FAIL cannot mount the audit d
 # restricted to the API double's forward.
 if [ -f "$IN/lastgasp.env" ]; then
     cp "$IN/kubeconfig" /run/kubeconfig.lastgasp
+    cp "$IN/lastgasp.yaml" /run/lastgasp.yaml
+    cp "$IN/ca.crt" /run/lastgasp-ca.crt
     nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
     ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" && ip route add default via 10.0.2.2 \
         || say "FAIL no network for cluster mode (nic '$nic')"
@@ -93,6 +95,26 @@ if [ "$boot" -gt 1 ]; then
     say "HISTORY boot=$boot records=$(wc -l < "$OUT/history-boot$boot.jsonl")"
     finish "after-boot-$boot"
 fi
+
+# Cluster mode: relate the guest's clock to the host's (the API double's
+# request log) for the "trigger -> request received" latencies. Each probe
+# opens a connection first, then sends one request that the double logs with
+# its host time: that time lies between the guest's send and receive times
+# ($EPOCHREALTIME: no fork in between). out/clock: "N SEND_US RECV_US".
+clock_probes() {
+    local i t0 t1 line
+    for i in 1 2 3 4 5 6; do
+        exec 3<>/dev/tcp/10.0.2.100/8099 || continue
+        t0=$EPOCHREALTIME
+        printf 'GET /version HTTP/1.1\r\nHost: 10.0.2.100\r\nUser-Agent: lastgasp-vm-clock/%s\r\nConnection: close\r\n\r\n' "$i" >&3
+        read -r -t 10 line <&3
+        t1=$EPOCHREALTIME
+        exec 3<&-
+        case "$line" in HTTP/*) echo "$i ${t0/./} ${t1/./}" >> "$OUT/clock" ;; esac
+        sleep 0.2
+    done
+}
+[ -f "$IN/lastgasp.env" ] && clock_probes
 
 say "TRIGGER $SCENARIO"
 trigger > "$OUT/trigger.out" 2>&1

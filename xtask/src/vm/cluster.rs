@@ -1,177 +1,650 @@
-//! The cluster half of the harness, behind `--cluster` and off until its
-//! pieces exist: the Kubernetes API double (`lastgasp-apidouble`, crate
-//! `apidouble/`, issue 5) on the host's loopback, and the guest's only route
-//! to it — qemu user networking with `restrict=on` (no other traffic leaves
-//! the guest) and one `guestfwd` from 10.0.2.100:8099 in the guest to the
-//! double's port on 127.0.0.1 (through `socat`, so the double may start
-//! after qemu). The agent then runs in cluster mode (issues 4-5) with a
-//! kubeconfig pointing at that address.
+//! The cluster half of the harness (`--cluster`): the Kubernetes API double
+//! (`lastgasp-apidouble`, crate `apidouble/`) on the host's loopback, started
+//! afresh for every boot from `tests/vm/cluster/objects.json`, and the
+//! guest's only route to it — qemu user networking with `restrict=on` (no
+//! other traffic leaves the guest) and one `guestfwd` from 10.0.2.100:8099 in
+//! the guest to the double's port on 127.0.0.1 (through `socat`). The agent
+//! runs in cluster mode with `tests/vm/cluster/lastgasp.yaml` as its config
+//! and a kubeconfig pointing at that address.
 //!
 //! What the double logged during a run (`GET /_double/log`) is the matrix's
-//! "cluster got" column.
+//! "cluster got" column: which writes reached it, in order, and how many ms
+//! after the trigger.
+//!
+//! ## One clock for the guest and the double
+//!
+//! The trigger time is the runner's (guest CLOCK_REALTIME, just before it
+//! runs the command); the double stamps each request with the host's
+//! CLOCK_REALTIME as its headers arrive. The guest's clock starts from qemu's
+//! RTC (`-rtc base=utc`, whole seconds), so it is off by up to a second and
+//! is related to the host's by an offset, bounded from both sides:
+//! - from above by every runner marker on the serial console (guest time in
+//!   the line, host time on arrival: the offset is at most their difference),
+//! - from both sides by the runner's clock probes (`out/clock`): a request
+//!   sent on an open connection between two guest readings, logged by the
+//!   double with its host time, which lies between them.
+//!
+//! The offset is the middle of the tightest bracket and its half-width is
+//! the error bar printed with every latency.
 use std::{
-    fs,
+    fmt, fs,
     io::{Read, Write},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
-    time::{Duration, Instant},
+    time::{Duration, Instant, UNIX_EPOCH},
 };
 
 use anyhow::{bail, Context, Result};
+use serde_json::Value;
 
-use super::qemu::Spec;
+use super::{qemu::Run, qemu::Spec, report::parse_rfc3339_ns};
 use crate::setup;
 
 /// Where the guest finds the API server.
 pub const GUEST_ADDR: &str = "10.0.2.100:8099";
+/// The guest's Node in the double (also `nodeName` in lastgasp.yaml).
+pub const NODE: &str = "lastgasp-guest";
+const TAINT: &str = "lastgasp.dev/shutting-down";
+const RECORD: &str = "lastgasp.dev/last-shutdown";
 
 pub struct Cluster {
-    child: Child,
-    port: u16,
+    bin: PathBuf,
     vm_dir: PathBuf,
-    /// Log entries already seen before the current run.
-    seen: usize,
+    log: PathBuf,
+    child: Option<Child>,
+    port: u16,
+    /// The seeded pods bound to the guest's node: `ns/name` and priority.
+    pub pods: Vec<(String, i64)>,
 }
 
 impl Cluster {
-    pub fn start(root: &Path) -> Result<Cluster> {
+    /// `profile`: the agent's (`debug` or `release`); the double is built likewise.
+    pub fn start(root: &Path, profile: &str) -> Result<Cluster> {
         setup::ensure_debs(&[("socat", "socat")])?;
-        let bin = apidouble_binary(root)?;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let bin = apidouble_binary(root, profile)?;
         let vm_dir = root.join("tests/vm");
-        let objects = vm_dir.join("cluster/objects.json");
-        let log = fs::File::create(crate::target_dir(root).join("vm/apidouble.log"))?;
-        let child = Command::new(&bin)
+        let objects: Value = serde_json::from_str(
+            &fs::read_to_string(vm_dir.join("cluster/objects.json"))
+                .context("reading tests/vm/cluster/objects.json")?,
+        )
+        .context("tests/vm/cluster/objects.json")?;
+        let pods = seeded_pods(&objects);
+        let out = crate::target_dir(root).join("vm");
+        fs::create_dir_all(&out)?;
+        let mut c = Cluster {
+            bin,
+            vm_dir,
+            log: out.join("apidouble.log"),
+            child: None,
+            port: 0,
+            pods,
+        };
+        // Once now, so a double that cannot start fails the run before any boot.
+        c.respawn()?;
+        println!(
+            "vm-test: API double {} (a fresh one for every boot), reached from the guest as {GUEST_ADDR}",
+            c.bin.display()
+        );
+        Ok(c)
+    }
+
+    /// A fresh double (seed objects only, empty request log) on a new port.
+    fn respawn(&mut self) -> Result<()> {
+        self.stop();
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&self.bin)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--objects")
-            .arg(&objects)
+            .arg(self.vm_dir.join("cluster/objects.json"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut c = Cluster {
-            child,
-            port,
-            vm_dir,
-            seen: 0,
-        };
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        self.child = Some(child);
+        self.port = port;
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if t.elapsed() > Duration::from_secs(15) || c.child.try_wait()?.is_some() {
-                bail!("the API double did not listen on 127.0.0.1:{port}");
+            let exited = self.child.as_mut().unwrap().try_wait()?.is_some();
+            if t.elapsed() > Duration::from_secs(15) || exited {
+                bail!(
+                    "the API double did not listen on 127.0.0.1:{port} (see {})",
+                    self.log.display()
+                );
             }
             thread::sleep(Duration::from_millis(50));
         }
-        println!("vm-test: API double on 127.0.0.1:{port}, reached from the guest as {GUEST_ADDR}");
-        Ok(c)
+        Ok(())
     }
 
-    /// The guest's NIC, the agent's cluster-mode settings, the kubeconfig.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A fresh double, the guest's NIC, the agent's cluster-mode settings
+    /// (env file, config, kubeconfig).
     pub fn prepare(&mut self, spec: &mut Spec) -> Result<()> {
+        self.respawn()?;
         let (ip, gport) = GUEST_ADDR.split_once(':').unwrap();
         spec.nic = Some(format!(
             "user,model=virtio-net-pci,restrict=on,guestfwd=tcp:{ip}:{gport}-cmd:socat STDIO TCP:127.0.0.1:{}",
             self.port
         ));
-        spec.extra_in.push((
-            "kubeconfig".into(),
-            fs::read(self.vm_dir.join("cluster/kubeconfig"))?,
-        ));
-        spec.extra_in.push((
-            "lastgasp.env".into(),
-            fs::read(self.vm_dir.join("cluster/lastgasp.env"))?,
-        ));
-        self.seen = self.log().map(|l| l.len()).unwrap_or(0);
+        for (name, file) in [
+            ("kubeconfig", "cluster/kubeconfig"),
+            ("lastgasp.env", "cluster/lastgasp.env"),
+            ("lastgasp.yaml", "cluster/lastgasp.yaml"),
+            ("ca.crt", "cluster/ca.crt"),
+        ] {
+            spec.extra_in.push((
+                name.into(),
+                fs::read(self.vm_dir.join(file)).with_context(|| format!("tests/vm/{file}"))?,
+            ));
+        }
         Ok(())
     }
 
-    /// The requests the double logged since `prepare`.
-    pub fn summary_since_prepare(&mut self) -> String {
-        match self.log() {
-            Ok(entries) => {
-                let new: Vec<String> = entries
-                    .iter()
-                    .skip(self.seen)
-                    .map(|e| {
-                        let get =
-                            |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_string();
-                        format!("{} {}", get("method"), get("path"))
-                    })
-                    .collect();
-                self.seen = entries.len();
-                if new.is_empty() {
-                    "nothing".into()
-                } else {
-                    format!("{} request(s): {}", new.len(), new.join(", "))
-                }
-            }
-            Err(e) => format!("unknown: {e:#}"),
-        }
-    }
-
-    fn log(&self) -> Result<Vec<serde_json::Value>> {
+    /// Every request the double logged since `prepare`.
+    pub fn requests(&self) -> Result<Vec<Value>> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(s, "GET /_double/log HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
         let json = body.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-        // JSON lines (the double's format), or one JSON array.
-        if let Ok(lines) = json
-            .lines()
+        json.lines()
             .filter(|l| !l.trim().is_empty())
-            .map(serde_json::from_str::<serde_json::Value>)
-            .collect::<Result<Vec<_>, _>>()
-        {
-            if lines.iter().all(|v| v.is_object()) {
-                return Ok(lines);
-            }
-        }
-        let v: serde_json::Value =
-            serde_json::from_str(json).context("the double's /_double/log is not JSON")?;
-        Ok(match v {
-            serde_json::Value::Array(a) => a,
-            serde_json::Value::Object(mut o) => {
-                match o.remove("items").or_else(|| o.remove("requests")) {
-                    Some(serde_json::Value::Array(a)) => a,
-                    _ => Vec::new(),
-                }
-            }
-            _ => Vec::new(),
-        })
+            .map(|l| serde_json::from_str::<Value>(l).context("the double's /_double/log line"))
+            .collect()
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
-fn apidouble_binary(root: &Path) -> Result<PathBuf> {
-    let target = crate::target_dir(root);
-    let find = || {
-        ["release", "debug"]
-            .iter()
-            .map(|p| target.join(p).join("lastgasp-apidouble"))
-            .find(|p| p.is_file())
-    };
-    if let Some(b) = find() {
-        return Ok(b);
+fn apidouble_binary(root: &Path, profile: &str) -> Result<PathBuf> {
+    let bin = crate::target_dir(root)
+        .join(profile)
+        .join("lastgasp-apidouble");
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root)
+        .args(["build", "--package", "lastgasp-apidouble"]);
+    if profile == "release" {
+        cmd.arg("--release");
     }
-    let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .current_dir(root)
-        .args(["build", "--release", "--package", "lastgasp-apidouble"])
-        .status()?;
-    match find() {
-        Some(b) if st.success() => Ok(b),
-        _ => bail!(
-            "no lastgasp-apidouble binary (the API double, crate apidouble/, is not built yet): \
-             run without --cluster"
-        ),
+    let st = cmd.status()?;
+    if !st.success() || !bin.is_file() {
+        bail!("building the API double ({cmd:?}) failed");
+    }
+    Ok(bin)
+}
+
+/// Pods bound to the guest's node in the seed objects, with their priority.
+fn seeded_pods(objects: &Value) -> Vec<(String, i64)> {
+    let items = match objects {
+        Value::Array(a) => a.clone(),
+        Value::Object(o) if o.contains_key("items") => {
+            o["items"].as_array().cloned().unwrap_or_default()
+        }
+        v => vec![v.clone()],
+    };
+    items
+        .iter()
+        .filter(|o| o["kind"] == "Pod" && o["spec"]["nodeName"] == NODE)
+        .map(|o| {
+            (
+                format!(
+                    "{}/{}",
+                    o["metadata"]["namespace"].as_str().unwrap_or("default"),
+                    o["metadata"]["name"].as_str().unwrap_or("?")
+                ),
+                o["spec"]["priority"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// The guest-to-host clock offset (host ns − guest ns) and its error bar.
+#[derive(Clone, Debug)]
+pub struct Clock {
+    pub offset_ns: i128,
+    /// Half the width of the bracket; `None`: bounded from above only.
+    pub err_ms: Option<f64>,
+    pub how: String,
+}
+
+impl Clock {
+    /// See the module's documentation.
+    pub fn relate(run: &Run, reqs: &[Value]) -> Option<Clock> {
+        let start = run.start_wall.duration_since(UNIX_EPOCH).ok()?.as_nanos() as i128;
+        let mut hi: Option<(i128, String)> = None;
+        let mut lo: Option<(i128, String)> = None;
+        let mut upper = |v: i128, why: String| {
+            if hi.as_ref().is_none_or(|(h, _)| v < *h) {
+                hi = Some((v, why));
+            }
+        };
+        for l in &run.console {
+            let Some(rest) = l.text.split("lastgasp-vm: ").nth(1) else {
+                continue;
+            };
+            let mut w = rest.split_whitespace();
+            let (Some(ns), Some(word)) = (w.next().and_then(|n| n.parse::<i128>().ok()), w.next())
+            else {
+                continue;
+            };
+            upper(
+                start + l.t.as_nanos() as i128 - ns,
+                format!("console marker {word}"),
+            );
+        }
+        let probes = fs::read_to_string(run.out.join("clock")).unwrap_or_default();
+        let mut n = 0;
+        for line in probes.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [i, send, recv] = f[..] else { continue };
+            let (Ok(send), Ok(recv)) = (send.parse::<i128>(), recv.parse::<i128>()) else {
+                continue;
+            };
+            let ua = format!("lastgasp-vm-clock/{i}");
+            let Some(at) = reqs
+                .iter()
+                .find(|r| r["userAgent"].as_str() == Some(&ua))
+                .and_then(|r| r["at"].as_str())
+                .and_then(parse_rfc3339_ns)
+            else {
+                continue;
+            };
+            n += 1;
+            upper(at - send * 1000, format!("probe {i}"));
+            let v = at - recv * 1000;
+            if lo.as_ref().is_none_or(|(l, _)| v > *l) {
+                lo = Some((v, format!("probe {i}")));
+            }
+        }
+        let (hi, hi_why) = hi?;
+        Some(match lo {
+            Some((lo, lo_why)) => Clock {
+                offset_ns: (hi + lo) / 2,
+                err_ms: Some((hi - lo).abs() as f64 / 2e6),
+                how: format!(
+                    "{n} clock probe(s); offset bracket {:.1} ms wide ({lo_why} .. {hi_why}){}",
+                    (hi - lo) as f64 / 1e6,
+                    if lo > hi {
+                        " — INCONSISTENT (lower > upper bound)"
+                    } else {
+                        ""
+                    }
+                ),
+            },
+            None => Clock {
+                offset_ns: hi,
+                err_ms: None,
+                how: format!("no clock probe answered: upper bound only ({hi_why})"),
+            },
+        })
+    }
+}
+
+/// What a write to the double was.
+#[derive(Clone, Debug, PartialEq)]
+pub enum What {
+    /// The `ShutdownInProgress` condition (status patch): status and reason.
+    Condition(String),
+    /// A patch of the Node itself: taint set (Some(true)), removed
+    /// (Some(false)) or untouched (None); the record annotation.
+    NodePatch {
+        taint: Option<bool>,
+        record: bool,
+    },
+    Event(String),
+    /// `delete` or `evict`, `ns/name`.
+    Pod(&'static str, String),
+    Other(String),
+}
+
+impl What {
+    fn of(r: &Value) -> Option<What> {
+        let method = r["method"].as_str()?;
+        if method == "GET" || r["watch"].as_bool() == Some(true) {
+            return None;
+        }
+        let path = r["path"].as_str()?;
+        let body = &r["body"];
+        let node = format!("/api/v1/nodes/{NODE}");
+        let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        Some(if path == format!("{node}/status") {
+            let c = body["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "ShutdownInProgress"));
+            match c {
+                Some(c) => What::Condition(format!(
+                    "{} {}",
+                    c["status"].as_str().unwrap_or("?"),
+                    c["reason"].as_str().unwrap_or("")
+                )),
+                None => What::Other(format!("{method} {path}")),
+            }
+        } else if path == node {
+            let taint = body["spec"].get("taints").map(|t| {
+                t.as_array()
+                    .is_some_and(|a| a.iter().any(|x| x["key"] == TAINT))
+            });
+            let record = body["metadata"]["annotations"].get(RECORD).is_some();
+            What::NodePatch { taint, record }
+        } else if path.ends_with("/events") && method == "POST" {
+            What::Event(body["reason"].as_str().unwrap_or("?").to_string())
+        } else if seg.iter().rev().nth(1) == Some(&"events") && method == "PATCH" {
+            // The same Event again (a series): not a new announcement.
+            What::Other(format!(
+                "Event {} updated",
+                body["reason"].as_str().unwrap_or("?")
+            ))
+        } else if seg.len() >= 6 && seg[..2] == ["api", "v1"] && seg[4] == "pods" {
+            let pod = format!("{}/{}", seg[3], seg[5]);
+            match (method, seg.get(6)) {
+                ("DELETE", None) => What::Pod("delete", pod),
+                ("POST", Some(&"eviction")) => What::Pod("evict", pod),
+                _ => What::Other(format!("{method} {path}")),
+            }
+        } else {
+            What::Other(format!("{method} {path}"))
+        })
+    }
+
+    /// The node-level announcement of a shutdown (not its undoing).
+    pub fn announces(&self) -> bool {
+        match self {
+            What::Condition(s) => s.starts_with("True"),
+            What::NodePatch { taint, record } => *taint == Some(true) || *record,
+            What::Event(r) => r == "NodeShutdown",
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for What {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            What::Condition(s) => write!(f, "condition ShutdownInProgress={}", s.trim()),
+            What::NodePatch { taint, record } => {
+                let mut parts = Vec::new();
+                match taint {
+                    Some(true) => parts.push("taint"),
+                    Some(false) => parts.push("taint removed"),
+                    None => {}
+                }
+                if *record {
+                    parts.push("record annotation");
+                }
+                if parts.is_empty() {
+                    parts.push("node patch");
+                }
+                f.write_str(&parts.join(" + "))
+            }
+            What::Event(r) => write!(f, "Event {r}"),
+            What::Pod(how, p) => write!(f, "{how} {p}"),
+            What::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// One write the double received after the trigger.
+#[derive(Clone, Debug)]
+pub struct Item {
+    pub what: What,
+    /// Trigger (the runner's, guest clock) → received by the double, ms.
+    pub ms: f64,
+    pub status: u64,
+    /// Received before the guest's first boot ended.
+    pub before_end: bool,
+}
+
+impl Item {
+    pub fn ok(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+/// What the cluster got from one run.
+#[derive(Clone, Debug)]
+pub struct Got {
+    pub items: Vec<Item>,
+    /// Trigger → the end of the first boot (the kernel's last console line,
+    /// host receipt), on the same clock as the items' ms.
+    pub end_ms: Option<f64>,
+    pub clock: Option<Clock>,
+    pub error: Option<String>,
+}
+
+impl Got {
+    /// `trig_ns`: the runner's trigger (guest clock); `end`: the end of the
+    /// first boot (host time since qemu's start), none if it stayed up.
+    pub fn read(reqs: &[Value], run: &Run, trig_ns: i128, end: Option<Duration>) -> Got {
+        let Some(clock) = Clock::relate(run, reqs) else {
+            return Got {
+                items: Vec::new(),
+                end_ms: None,
+                clock: None,
+                error: Some("no clock relation (no runner marker on the console)".into()),
+            };
+        };
+        let start = run
+            .start_wall
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i128)
+            .unwrap_or(0);
+        let trig_host = trig_ns + clock.offset_ns;
+        let end_host = end.map(|e| start + e.as_nanos() as i128);
+        let items = reqs
+            .iter()
+            .filter_map(|r| {
+                let at = r["at"].as_str().and_then(parse_rfc3339_ns)?;
+                // The double's clock and the estimate share the error bar: keep
+                // writes up to it before the trigger (none are expected).
+                let slack = clock.err_ms.map(|e| (e * 1e6) as i128).unwrap_or(0);
+                if at < trig_host - slack {
+                    return None;
+                }
+                Some(Item {
+                    what: What::of(r)?,
+                    ms: (at - trig_host) as f64 / 1e6,
+                    status: r["status"].as_u64().unwrap_or(0),
+                    before_end: end_host.is_none_or(|e| at <= e),
+                })
+            })
+            .collect();
+        Got {
+            items,
+            end_ms: end_host.map(|e| (e - trig_host) as f64 / 1e6),
+            clock: Some(clock),
+            error: None,
+        }
+    }
+
+    /// The first successful write of this sort before the end, its ms.
+    pub fn first(&self, f: impl Fn(&What) -> bool) -> Option<f64> {
+        self.items
+            .iter()
+            .find(|i| i.before_end && i.ok() && f(&i.what))
+            .map(|i| i.ms)
+    }
+
+    pub fn announced(&self) -> bool {
+        self.first(What::announces).is_some()
+    }
+
+    /// Both last-gasp patches: the condition and the taint/record.
+    pub fn both_patches_ms(&self) -> Option<f64> {
+        let c = self.first(|w| matches!(w, What::Condition(s) if s.starts_with("True")))?;
+        let n = self.first(|w| {
+            matches!(
+                w,
+                What::NodePatch {
+                    taint: Some(true),
+                    ..
+                }
+            )
+        })?;
+        Some(c.max(n))
+    }
+
+    /// Pod removals before the end, in order.
+    pub fn pods_removed(&self) -> Vec<(String, f64)> {
+        let mut out: Vec<(String, f64)> = Vec::new();
+        for i in self.items.iter().filter(|i| i.before_end && i.ok()) {
+            if let What::Pod(_, p) = &i.what {
+                if !out.iter().any(|(x, _)| x == p) {
+                    out.push((p.clone(), i.ms));
+                }
+            }
+        }
+        out
+    }
+
+    pub fn summary(&self, pods: &[(String, i64)]) -> String {
+        if let Some(e) = &self.error {
+            return format!("unknown: {e}");
+        }
+        let err = self
+            .clock
+            .as_ref()
+            .and_then(|c| c.err_ms)
+            .map(|e| format!(" (±{e:.0} ms)"))
+            .unwrap_or_else(|| " (clock: upper bound only)".into());
+        let label = |i: &Item| {
+            let prio = match &i.what {
+                What::Pod(_, p) => pods
+                    .iter()
+                    .find(|(x, _)| x == p)
+                    .map(|(_, pr)| format!(" (prio {pr})"))
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            format!(
+                "{}{prio} +{:.0}{}",
+                i.what,
+                i.ms,
+                if i.ok() {
+                    String::new()
+                } else {
+                    format!(" → {}", i.status)
+                }
+            )
+        };
+        let before: Vec<String> = self
+            .items
+            .iter()
+            .filter(|i| i.before_end)
+            .map(label)
+            .collect();
+        let after: Vec<String> = self
+            .items
+            .iter()
+            .filter(|i| !i.before_end)
+            .map(label)
+            .collect();
+        let mut s = if before.is_empty() {
+            "nothing".to_string()
+        } else {
+            before.join("; ")
+        };
+        if !after.is_empty() {
+            s.push_str(&format!("; after the boot ended: {}", after.join("; ")));
+        }
+        s + &err
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn req(method: &str, path: &str, body: Value) -> Value {
+        json!({"method": method, "path": path, "body": body, "watch": false, "status": 200})
+    }
+
+    #[test]
+    fn writes_are_classified() {
+        let node = format!("/api/v1/nodes/{NODE}");
+        let cases = [
+            (
+                req(
+                    "PATCH",
+                    &format!("{node}/status"),
+                    json!({"status": {"conditions": [{"type": "ShutdownInProgress", "status": "True", "reason": "ForcedShutdown"}]}}),
+                ),
+                Some("condition ShutdownInProgress=True ForcedShutdown"),
+                true,
+            ),
+            (
+                req(
+                    "PATCH",
+                    &node,
+                    json!({"metadata": {"annotations": {RECORD: "{}"}}, "spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]}}),
+                ),
+                Some("taint + record annotation"),
+                true,
+            ),
+            (
+                req("PATCH", &node, json!({"spec": {"taints": []}})),
+                Some("taint removed"),
+                false,
+            ),
+            (
+                req(
+                    "POST",
+                    "/apis/events.k8s.io/v1/namespaces/default/events",
+                    json!({"reason": "NodeShutdown"}),
+                ),
+                Some("Event NodeShutdown"),
+                true,
+            ),
+            (
+                req("DELETE", "/api/v1/namespaces/default/pods/web-1", json!({})),
+                Some("delete default/web-1"),
+                false,
+            ),
+            (
+                req(
+                    "POST",
+                    "/api/v1/namespaces/default/pods/web-1/eviction",
+                    json!({}),
+                ),
+                Some("evict default/web-1"),
+                false,
+            ),
+            (req("GET", &node, Value::Null), None, false),
+        ];
+        for (r, want, announces) in cases {
+            let got = What::of(&r);
+            assert_eq!(got.as_ref().map(|w| w.to_string()).as_deref(), want, "{r}");
+            assert_eq!(got.is_some_and(|w| w.announces()), announces, "{r}");
+        }
+    }
+
+    #[test]
+    fn seeded_pods_of_the_node() {
+        let objects: Value =
+            serde_json::from_str(include_str!("../../../tests/vm/cluster/objects.json")).unwrap();
+        let pods = seeded_pods(&objects);
+        assert!(pods.len() >= 3, "{pods:?}");
+        let mut prios: Vec<i64> = pods.iter().map(|(_, p)| *p).collect();
+        prios.dedup();
+        assert!(prios.len() >= 3, "several priority classes: {pods:?}");
     }
 }

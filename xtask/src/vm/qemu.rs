@@ -17,7 +17,7 @@ use std::{
     process::{Child, Command, ExitStatus, Stdio},
     sync::{Arc, Mutex},
     thread,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{bail, Context, Result};
@@ -149,6 +149,8 @@ pub struct Run {
     pub exit: Exit,
     pub exit_t: Duration,
     pub stderr: String,
+    /// The host's wall clock when qemu started (`Line::t` counts from it).
+    pub start_wall: SystemTime,
 }
 
 impl Run {
@@ -167,6 +169,11 @@ impl Run {
 }
 
 const AUDIT_DISK_BYTES: u64 = 32 << 20;
+
+/// From the runner's BOOT marker to the agent armed (or the runner's FAIL).
+const ARM_TIMEOUT: Duration = Duration::from_secs(180);
+/// How a kill for a guest stuck before the trigger starts (see `Exit::Killed`).
+pub const HUNG_BEFORE_TRIGGER: &str = "the guest hung: the agent had not armed";
 
 impl Guest<'_> {
     pub fn boot(&self, spec: &Spec) -> Result<Run> {
@@ -225,6 +232,9 @@ impl Guest<'_> {
                 Accel::Kvm => ["-accel", "kvm"],
             })
             .args(["-smp", "2", "-m", "1024"])
+            // The guest's clock starts from the host's UTC (whole seconds);
+            // cluster mode relates the two to the ms (vm/cluster.rs).
+            .args(["-rtc", "base=utc"])
             .arg("-kernel")
             .arg(&self.image.kernel)
             .arg("-initrd")
@@ -272,6 +282,7 @@ impl Guest<'_> {
         fs::write(dir.join("qemu.cmd"), format!("{cmd:?}\n"))?;
 
         let start = Instant::now();
+        let start_wall = SystemTime::now();
         let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
         let console = Arc::new(Mutex::new(Vec::<Line>::new()));
         let con_thread = {
@@ -308,19 +319,41 @@ impl Guest<'_> {
                 break Exit::Exited(st);
             }
             let now = start.elapsed();
-            let (booted, halted) = {
+            let (booted, halted, armed, lockup) = {
                 let c = console.lock().unwrap();
-                (
+                let marker = |w: &str| {
                     c.iter()
-                        .any(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(" BOOT ")),
+                        .find(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(w))
+                        .map(|l| l.t)
+                };
+                (
+                    marker(" BOOT "),
                     c.iter().any(|l| l.text.contains("reboot: System halted")),
+                    marker(" ARMED ").or(marker(" FAIL ")).is_some(),
+                    c.iter().any(|l| l.text.contains("soft lockup")),
                 )
             };
+            let booted_at = booted;
+            let booted = booted.is_some();
             if halted && halted_at.is_none() {
                 halted_at = Some(Instant::now());
             }
             let why = if halted_at.is_some_and(|h| h.elapsed() > Duration::from_secs(3)) {
                 Some(None)
+            } else if booted_at.is_some_and(|b| !armed && now > b + ARM_TIMEOUT) {
+                // The runner gives the agent 120 s to arm; past that the guest
+                // itself is stuck (seen under TCG: soft lockups of both vCPUs
+                // while the agent attaches its programs).
+                Some(Some(format!(
+                    "{} {} s after the boot, before the trigger{}",
+                    HUNG_BEFORE_TRIGGER,
+                    ARM_TIMEOUT.as_secs(),
+                    if lockup {
+                        " (the guest kernel reported soft lockups)"
+                    } else {
+                        ""
+                    }
+                )))
             } else if !booted && now > spec.boot_timeout {
                 Some(Some(format!(
                     "the guest did not come up within {} s",
@@ -379,6 +412,7 @@ impl Guest<'_> {
             exit,
             exit_t,
             stderr,
+            start_wall,
         })
     }
 }

@@ -672,6 +672,7 @@ pub fn matrix(
     outcomes: &[Outcome],
     race: Option<&Race>,
     total: Duration,
+    cluster: bool,
 ) -> String {
     let mut m = String::new();
     let systemd = fs::read_to_string(img.dir.join("packages.lst"))
@@ -693,8 +694,14 @@ pub fn matrix(
     if let Some(o) = outcomes.iter().find(|o| !o.caps.is_empty()) {
         let _ = writeln!(
             m,
-            "\nAgent: `lastgasp run --standalone` ({profile} build) as the systemd unit \
+            "\nAgent: `lastgasp run {}{profile} build) as the systemd unit \
              `tests/vm/guest/lastgasp.service`; as it ran: {}.",
+            if cluster {
+                "--config tests/vm/cluster/lastgasp.yaml` (cluster mode; the API double on the host's \
+                 loopback, seeded with `tests/vm/cluster/objects.json`, afresh for every boot; "
+            } else {
+                "--standalone` ("
+            },
             o.caps
         );
     }
@@ -703,6 +710,24 @@ pub fn matrix(
             m,
             "Hooks the guest kernel accepted: {}.",
             o.hooks.join("; ")
+        );
+    }
+    if cluster {
+        let errs: Vec<f64> = outcomes
+            .iter()
+            .chain(race.iter().flat_map(|r| r.runs.iter()))
+            .filter_map(|o| o.cluster.as_ref()?.clock.as_ref()?.err_ms)
+            .collect();
+        let _ = writeln!(
+            m,
+            "\nCluster got: the writes the API double logged after the trigger, in order, ms from the \
+             runner's trigger (guest clock, just before it runs the command) to the double receiving the \
+             request (host clock); `→ N`: answered N. The clocks are related per boot: the guest's \
+             offset from the host is bracketed by 6 probes (a request on an open connection between two \
+             guest readings, logged with the host's time) and bounded above by every console marker; \
+             the latency's error bar is half the tightest bracket: {} (ms). \
+             \"after the boot ended\": what the next boot sent (reboot, kexec).",
+            dist(errs)
         );
     }
     let _ = writeln!(
@@ -718,8 +743,18 @@ pub fn matrix(
     let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for o in outcomes {
         let result = match &o.status {
-            Status::Pass => "pass".to_string(),
-            Status::Fail => format!("**FAIL**: {}", o.problems.join("; ")),
+            Status::Pass => match &o.retried {
+                Some(why) => format!("pass (on a second boot: {why})"),
+                None => "pass".to_string(),
+            },
+            Status::Fail => format!(
+                "**FAIL**: {}{}",
+                o.problems.join("; "),
+                o.retried
+                    .as_ref()
+                    .map(|w| format!(" (on a second boot; the first: {w})"))
+                    .unwrap_or_default()
+            ),
             Status::Skipped(why) => format!("skipped: {why}"),
         };
         if let Status::Skipped(_) = o.status {
@@ -812,10 +847,84 @@ pub fn matrix(
             "\n### Last-gasp race: {} × `systemctl poweroff --force --force`, each a fresh boot\n",
             r.n
         );
+        if cluster {
+            let gots: Vec<&super::cluster::Got> =
+                done.iter().filter_map(|o| o.cluster.as_ref()).collect();
+            let both: Vec<f64> = gots.iter().filter_map(|g| g.both_patches_ms()).collect();
+            let cond: Vec<f64> = gots
+                .iter()
+                .filter_map(|g| {
+                    g.first(|w| {
+                        matches!(w, super::cluster::What::Condition(s) if s.starts_with("True"))
+                    })
+                })
+                .collect();
+            let taint: Vec<f64> = gots
+                .iter()
+                .filter_map(|g| {
+                    g.first(|w| {
+                        matches!(
+                            w,
+                            super::cluster::What::NodePatch {
+                                taint: Some(true),
+                                ..
+                            }
+                        )
+                    })
+                })
+                .collect();
+            let errs: Vec<f64> = gots
+                .iter()
+                .filter_map(|g| g.clock.as_ref()?.err_ms)
+                .collect();
+            let _ = writeln!(
+                m,
+                "- **Patches delivered to the API double before the guest died: {}/{}** (both the \
+                 condition (status patch) and the taint + record (node patch), answered 2xx, received \
+                 before the kernel's \"reboot: Power down\"); condition alone {}/{}, taint + record alone {}/{}.",
+                both.len(),
+                r.n,
+                cond.len(),
+                r.n,
+                taint.len(),
+                r.n
+            );
+            let _ = writeln!(
+                m,
+                "- trigger → both patches received by the double (ms, guest trigger vs host receipt): {}",
+                dist(both)
+            );
+            let _ = writeln!(
+                m,
+                "- trigger → condition patch received (ms): {}",
+                dist(cond)
+            );
+            let _ = writeln!(
+                m,
+                "- trigger → taint + record patch received (ms): {}",
+                dist(taint)
+            );
+            let _ = writeln!(
+                m,
+                "- trigger → the guest's end (the kernel's \"reboot: Power down\" received by the host, \
+                 same clock, ms): {}",
+                dist(gots.iter().filter_map(|g| g.end_ms).collect())
+            );
+            let _ = writeln!(
+                m,
+                "- margin: the guest's end − both patches received (ms): {}",
+                dist(
+                    gots.iter()
+                        .filter_map(|g| Some(g.end_ms? - g.both_patches_ms()?))
+                        .collect()
+                )
+            );
+            let _ = writeln!(m, "- clock error bar per run (± ms): {}", dist(errs));
+        }
         let _ = writeln!(
             m,
-            "- Delivered before the guest died: **{delivered}/{}** — the exec's audit record on the \
-             guest's disk (the Kubernetes patch is not built yet: n/a). The guest powered off in {powered_off}/{}.",
+            "- The exec's audit record on the guest's disk before the guest died: **{delivered}/{}**. \
+             The guest powered off in {powered_off}/{}.",
             r.n, r.n
         );
         let _ = writeln!(
@@ -913,6 +1022,7 @@ mod tests {
             exit: Exit::Halted,
             exit_t: Duration::ZERO,
             stderr: String::new(),
+            start_wall: std::time::UNIX_EPOCH,
         };
         assert_eq!(
             hook_lines(&run),

@@ -11,10 +11,11 @@ use std::{
 };
 
 use anyhow::Result;
+use serde_json::Value;
 
 use super::{
-    cluster::Cluster,
-    qemu::{Exit, Guest, Run, Spec},
+    cluster::{Cluster, Got},
+    qemu::{Exit, Guest, Run, Spec, HUNG_BEFORE_TRIGGER},
     report::{self, Det},
 };
 
@@ -131,6 +132,13 @@ pub struct Scenario {
     pub container_only: bool,
     /// Needs the cluster pieces (decision core, cluster mode, API double).
     pub cluster_only: bool,
+    /// With `--cluster`: nothing may be written to the API double after the
+    /// trigger (the node is not shutting down). Every scenario whose guest
+    /// goes down must instead announce it there before it dies.
+    pub quiet: bool,
+    /// With `--cluster`: every seeded pod of the node is removed before the
+    /// guest dies, lowest priority first.
+    pub drains: bool,
 }
 
 const EXEC: &str = "exec";
@@ -171,6 +179,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "reboot",
@@ -182,6 +192,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "poweroff-force",
@@ -193,6 +205,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "poweroff-force-force",
@@ -205,6 +219,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "poweroff-target",
@@ -216,6 +232,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "shutdown-h-1",
@@ -227,6 +245,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "shutdown-cancel",
@@ -238,6 +258,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &["cancel"],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "sigrtmin4",
@@ -249,6 +271,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "sigrtmin14",
@@ -260,6 +284,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "halt-f",
@@ -273,6 +299,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "pidns-reboot",
@@ -284,6 +312,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: true,
         cluster_only: false,
+        quiet: true,
+        drains: false,
     },
     Scenario {
         name: "kexec",
@@ -298,6 +328,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &["graceful"],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "soft-reboot",
@@ -305,10 +337,12 @@ pub static SCENARIOS: &[Scenario] = &[
         end: End::StaysUp,
         first: Some(w(EXEC, "soft-reboot", false, "now").by("systemctl")),
         then: &[],
-        decide: None,
+        decide: Some("audit-only"),
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: true,
+        drains: false,
     },
     Scenario {
         name: "sysrq-poweroff",
@@ -320,6 +354,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "privileges",
@@ -331,10 +367,12 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: false,
+        quiet: false,
+        drains: false,
     },
     Scenario {
         name: "graceful-pods",
-        trigger: "systemctl poweroff, pods in 3 priority classes",
+        trigger: "systemctl poweroff, pods in 4 priority classes",
         end: End::PowerOff,
         first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
         then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
@@ -342,6 +380,8 @@ pub static SCENARIOS: &[Scenario] = &[
         decide_then: &[],
         container_only: false,
         cluster_only: true,
+        quiet: false,
+        drains: true,
     },
 ];
 
@@ -414,12 +454,16 @@ pub struct Outcome {
     pub next_boot: String,
     pub decision: String,
     pub cluster_got: String,
+    /// With `--cluster`: what the API double received.
+    pub cluster: Option<Got>,
     pub boot_s: Option<f64>,
     pub wall: Duration,
     pub hooks: Vec<String>,
     pub caps: String,
     /// Findings that are not detections (the privilege probes).
     pub notes: Vec<String>,
+    /// Booted a second time: why the first boot did not count.
+    pub retried: Option<String>,
 }
 
 impl Outcome {
@@ -438,12 +482,14 @@ impl Outcome {
             audit_summary: String::new(),
             next_boot: String::new(),
             decision: "n/a: not built yet".into(),
-            cluster_got: "n/a: not built yet".into(),
+            cluster_got: "n/a (standalone: run with --cluster)".into(),
+            cluster: None,
             boot_s: None,
             wall: Duration::ZERO,
             hooks: Vec::new(),
             caps: String::new(),
             notes: Vec::new(),
+            retried: None,
         }
     }
     pub fn failed(&self) -> bool {
@@ -510,8 +556,20 @@ pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluste
         return o;
     }
     let t = Instant::now();
-    if let Err(e) = run_inner(guest, sc, dir, cluster, &mut o) {
+    let mut cluster = cluster;
+    if let Err(e) = run_inner(guest, sc, dir, cluster.as_deref_mut(), &mut o) {
         o.problems.push(format!("{e:#}"));
+    }
+    // A guest that hung before the trigger (nothing of the scenario ran) is
+    // booted once more; the retry is reported with the result.
+    if o.end_seen.contains(HUNG_BEFORE_TRIGGER) {
+        let why = o.end_seen.clone();
+        println!("vm-test:   {why}: booting once more");
+        o = Outcome::new(sc);
+        if let Err(e) = run_inner(guest, sc, &dir.join("retry"), cluster, &mut o) {
+            o.problems.push(format!("{e:#}"));
+        }
+        o.retried = Some(why);
     }
     o.wall = t.elapsed();
     if o.problems.is_empty() {
@@ -542,15 +600,46 @@ fn run_inner(
         c.prepare(&mut spec)?;
     }
     let run = guest.boot(&spec)?;
-    if let Some(c) = cluster {
-        o.cluster_got = c.summary_since_prepare();
+    let reqs = match cluster {
+        Some(c) => {
+            let reqs = c
+                .requests()
+                .map_err(|e| anyhow::anyhow!("reading the API double's request log: {e:#}"))?;
+            fs::write(
+                dir.join("apidouble-requests.jsonl"),
+                reqs.iter().map(|r| format!("{r}\n")).collect::<String>(),
+            )?;
+            Some((reqs, c.pods.clone()))
+        }
+        None => None,
+    };
+    check(
+        sc,
+        &run,
+        reqs.as_ref().map(|(r, p)| (r.as_slice(), p.as_slice())),
+        o,
+    );
+    if let Some(c) = o.cluster.as_ref().and_then(|g| g.clock.as_ref()) {
+        fs::write(
+            dir.join("clock.txt"),
+            format!(
+                "guest->host offset {} ns, ±{} ms: {}\n",
+                c.offset_ns,
+                c.err_ms
+                    .map(|e| format!("{e:.2}"))
+                    .unwrap_or_else(|| "?".into()),
+                c.how
+            ),
+        )?;
     }
-    check(sc, &run, o);
     Ok(())
 }
 
 /// Everything the run shows, compared with what the scenario must show.
-fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
+/// The double's request log and the seeded pods of the node (`--cluster`).
+type ClusterLog<'a> = Option<(&'a [Value], &'a [(String, i64)])>;
+
+fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
     let p = &mut o.problems;
     let tl = report::Timeline::read(&run.out);
     for f in tl.fails() {
@@ -582,20 +671,33 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
         }
     }
     let trig_host = run.markers("TRIGGER").first().map(|l| l.t);
-    o.death_ms = trig_host.and_then(|t0| {
-        let last = match seen {
-            Some(End::StaysUp) | None => None,
-            Some(End::Kexec) => run
-                .console_at("Starting new kernel", t0)
-                .or_else(|| run.markers("BOOT").get(1).copied())
-                .map(|l| l.t),
-            _ => run
-                .console_at("reboot: ", t0)
-                .map(|l| l.t)
-                .or(Some(run.exit_t)),
-        }?;
-        Some((last.saturating_sub(t0)).as_secs_f64() * 1e3)
+    // The end of the first boot (host time since qemu's start).
+    let end_t = trig_host.and_then(|t0| match seen {
+        Some(End::StaysUp) | None => None,
+        Some(End::Kexec) => run
+            .console_at("Starting new kernel", t0)
+            .or_else(|| run.markers("BOOT").get(1).copied())
+            .map(|l| l.t),
+        _ => run
+            .console_at("reboot: ", t0)
+            .map(|l| l.t)
+            .or(Some(run.exit_t)),
     });
+    o.death_ms = trig_host
+        .zip(end_t)
+        .map(|(t0, last)| (last.saturating_sub(t0)).as_secs_f64() * 1e3);
+
+    // What reached the API double, and when.
+    if let (Some((reqs, pods)), Some(trig_ns)) = (cluster, tl.trigger_ns()) {
+        let end = match seen {
+            Some(End::StaysUp) => None,
+            _ => end_t.or(Some(run.exit_t)),
+        };
+        let got = Got::read(reqs, run, trig_ns, end);
+        o.cluster_got = got.summary(pods);
+        check_cluster(sc, &got, pods, p);
+        o.cluster = Some(got);
+    }
 
     // What the agent saw and wrote.
     let audit = match report::read_audit(&run.audit_img) {
@@ -719,6 +821,53 @@ fn check(sc: &Scenario, run: &Run, o: &mut Outcome) {
     }
 }
 
+/// What the API double must (not) have received.
+fn check_cluster(sc: &Scenario, got: &Got, pods: &[(String, i64)], p: &mut Vec<String>) {
+    if let Some(e) = &got.error {
+        p.push(format!("cluster: {e}"));
+        return;
+    }
+    if sc.end != End::StaysUp && !got.announced() {
+        p.push(
+            "nothing announcing the shutdown (condition, taint/record, NodeShutdown Event) \
+             reached the API double before the guest died"
+                .into(),
+        );
+    }
+    if sc.quiet {
+        let w: Vec<String> = got
+            .items
+            .iter()
+            .map(|i| format!("{} +{:.0} ms", i.what, i.ms))
+            .collect();
+        if !w.is_empty() {
+            p.push(format!(
+                "the API double was written to although the node is not shutting down: {}",
+                w.join(", ")
+            ));
+        }
+    }
+    if sc.drains {
+        let removed = got.pods_removed();
+        for (pod, _) in pods {
+            if !removed.iter().any(|(x, _)| x == pod) {
+                p.push(format!("pod {pod} was not removed before the guest died"));
+            }
+        }
+        let prio = |pod: &str| pods.iter().find(|(x, _)| x == pod).map(|(_, pr)| *pr);
+        for w in removed.windows(2) {
+            if let (Some(a), Some(b)) = (prio(&w[0].0), prio(&w[1].0)) {
+                if b < a {
+                    p.push(format!(
+                        "pods removed out of priority order: {} (prio {a}) before {} (prio {b})",
+                        w[0].0, w[1].0
+                    ));
+                }
+            }
+        }
+    }
+}
+
 /// How the guest ended, from the runner's markers, the kernel's last words
 /// and qemu's events.
 fn observed_end(run: &Run, tl: &report::Timeline) -> Option<End> {
@@ -765,9 +914,16 @@ pub struct Race {
 }
 
 impl Race {
-    /// The goal is every run's first record on disk before the guest died.
+    /// The goal is every run's first record on disk before the guest died,
+    /// and, with `--cluster`, both last-gasp patches received by the double.
     pub fn failed(&self) -> bool {
-        self.runs.len() as u32 != self.n || self.runs.iter().any(|o| o.failed())
+        self.runs.len() as u32 != self.n
+            || self.runs.iter().any(|o| {
+                o.failed()
+                    || o.cluster
+                        .as_ref()
+                        .is_some_and(|g| g.both_patches_ms().is_none())
+            })
     }
 }
 

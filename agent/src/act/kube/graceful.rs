@@ -100,7 +100,9 @@ impl GracefulReport {
     /// Pods the graceful path stopped and waited for (not the skipped ones,
     /// nor the agent's own pod, which goes last and is not waited for).
     fn counted(&self) -> impl Iterator<Item = &PodOutcome> {
-        self.pods.iter().filter(|p| !p.how.starts_with("skipped") && p.how != "delete-self")
+        self.pods
+            .iter()
+            .filter(|p| !p.how.starts_with("skipped") && p.how != "delete-self")
     }
     pub fn terminated(&self) -> usize {
         self.counted().filter(|p| p.gone_ms.is_some()).count()
@@ -273,7 +275,10 @@ async fn terminate(
     };
     let delete_options = |grace: i64| K8sDeleteOptions {
         grace_period_seconds: Some(grace.max(0)),
-        preconditions: Some(K8sPreconditions { uid: pod.uid(), resource_version: None }),
+        preconditions: Some(K8sPreconditions {
+            uid: pod.uid(),
+            resource_version: None,
+        }),
         ..Default::default()
     };
     let delete = |grace: i64| DeleteParams {
@@ -296,10 +301,21 @@ async fn terminate(
                 // options as `delete_options`, which the API server ignores
                 // (the grace period would be lost).
                 let eviction = Eviction {
-                    metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(ns.clone()), ..Default::default() },
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(ns.clone()),
+                        ..Default::default()
+                    },
                     delete_options: Some(delete_options(grace)),
                 };
-                let sent = api.create_subresource::<_, kube::core::Status>("eviction", &name, &PostParams::default(), &eviction).await;
+                let sent = api
+                    .create_subresource::<_, kube::core::Status>(
+                        "eviction",
+                        &name,
+                        &PostParams::default(),
+                        &eviction,
+                    )
+                    .await;
                 let refusal = match sent {
                     Ok(_) => break Ok(()),
                     Err(kube::Error::Api(s)) if s.code == 404 => break Ok(()),

@@ -140,7 +140,8 @@ impl NodeClient {
 impl NodeClient {
     /// Writes the shutdown record annotation (merge patch on metadata).
     pub async fn set_record(&self, record: &serde_json::Value) -> Result<()> {
-        let body = json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_string() } } });
+        let body =
+            json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_string() } } });
         let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
         retry("record", || self.nodes.patch(&self.node, &params, &patch)).await?;
         Ok(())
@@ -152,12 +153,21 @@ impl NodeClient {
     pub async fn clear_when_ready(&self) -> Result<()> {
         loop {
             let node = retry("get node", || self.nodes.get(&self.node)).await?;
-            let conds = node.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default();
-            let ready = conds.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            let conds = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.clone())
+                .unwrap_or_default();
+            let ready = conds
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
             if ready {
-                let ours_on = conds.iter().any(|c| c.type_ == CONDITION && c.status == "True");
+                let ours_on = conds
+                    .iter()
+                    .any(|c| c.type_ == CONDITION && c.status == "True");
                 if ours_on {
-                    self.set_condition(false, "NodeReady", "the node is back and Ready").await?;
+                    self.set_condition(false, "NodeReady", "the node is back and Ready")
+                        .await?;
                 }
                 self.set_taint(false).await?;
                 if let Some(mut rec) = self.record().await? {
@@ -186,12 +196,24 @@ impl NodeClient {
 
 /// A reflector store kept up to date by a watch in the background (with
 /// backoff on errors); returns once the first list is in.
-pub async fn warm_store<K>(api: Api<K>, config: watcher::Config, what: &'static str) -> Result<Store<K>>
+pub async fn warm_store<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+) -> Result<Store<K>>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff().touched_objects();
+    let stream = reflector::reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects();
     tokio::spawn(async move {
         use futures::StreamExt;
         let mut stream = std::pin::pin!(stream);
@@ -201,7 +223,10 @@ where
             }
         }
     });
-    store.wait_until_ready().await.with_context(|| format!("the {what} watch ended before its first list"))?;
+    store
+        .wait_until_ready()
+        .await
+        .with_context(|| format!("the {what} watch ended before its first list"))?;
     Ok(store)
 }
 

@@ -1,0 +1,3 @@
+{{- define "lastgasp.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}

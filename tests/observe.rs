@@ -1,0 +1,839 @@
+//! Observability and the node preflight, from the outside: the real agent's
+//! `/metrics`, `/readyz` and `/healthz` (standalone, as root), the
+//! `--metrics-listen` flag, the last-gasp histogram against the API double,
+//! and `lastgasp check` (hooks loaded for real as root; API permissions
+//! through SelfSubjectAccessReview against the double).
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use lastgasp::{
+    act::{
+        audit::AuditLog,
+        kube::{
+            graceful::{GracefulOptions, Removal},
+            lastgasp::LastGasp,
+            NodeClient,
+        },
+        metrics::Metrics,
+    },
+    agent::{Agent, Cluster},
+    grace::Bucket,
+    signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+};
+use lastgasp_apidouble::{AccessRule, ApiDouble, Fault};
+use lastgasp_tests::support::*;
+use serde_json::{json, Value};
+
+/// A plain HTTP/1.1 GET: (status, body).
+fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of one sample line (`name{labels} value`), if present.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+struct Running {
+    child: std::process::Child,
+    logs: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    fn logs(&self) -> Vec<Value> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// Waits for a JSON log line matching `pred`.
+    fn wait_log(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(v) = self.logs().into_iter().find(|v| pred(v)) {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line for {what}:\n{:#?}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `lastgasp --json-logs run --standalone ...`: every stderr line must be JSON.
+fn start_standalone(audit: &std::path::Path, extra: &[&str]) -> Running {
+    let mut child = Command::new(agent_bin())
+        .args([
+            "--json-logs",
+            "run",
+            "--standalone",
+            "--no-dbus",
+            "--audit-dir",
+        ])
+        .arg(audit)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting lastgasp (build it with cargo xtask build)");
+    let err = child.stderr.take().unwrap();
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let l = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { return };
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| json!({"NOT_JSON": line, "error": e.to_string()}));
+            l.lock().unwrap().push(v);
+        }
+    });
+    Running { child, logs }
+}
+
+#[test]
+fn standalone_agent_serves_metrics_readiness_and_liveness() {
+    if !can_load_ebpf("observe_standalone") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lastgasp-observe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let agent = start_standalone(&dir, &["--metrics-listen", "127.0.0.1:0"]);
+    let listen = agent.wait_log("the endpoint's address", |v| {
+        v["fields"]["listen"].is_string()
+    });
+    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+
+    // Ready once armed: 503 with a reason before, 200 after.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = get(&addr, "/readyz").unwrap();
+        if code == 200 {
+            assert_eq!(body.trim(), "ok");
+            break;
+        }
+        assert_eq!(code, 503, "{body}");
+        assert!(
+            !body.trim().is_empty() && body.trim().lines().count() == 1,
+            "one-line reason: {body:?}"
+        );
+        assert!(Instant::now() < deadline, "/readyz never 200: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get(&addr, "/healthz").unwrap(), (200, "ok\n".into()));
+    assert_eq!(get(&addr, "/nope").unwrap().0, 404);
+
+    // The start report went out as JSON log lines; the gauges say the same.
+    let hooks: Vec<Value> = agent
+        .logs()
+        .into_iter()
+        .filter(|v| v["fields"]["message"] == "hook")
+        .collect();
+    assert!(hooks.len() >= 7, "{hooks:#?}");
+    let bad: Vec<Value> = agent
+        .logs()
+        .into_iter()
+        .filter(|v| v.get("NOT_JSON").is_some())
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "--json-logs: every stderr line is JSON: {bad:#?}"
+    );
+    let (code, metrics) = get(&addr, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    for h in &hooks {
+        let f = &h["fields"];
+        let series = format!(
+            "lastgasp_hook_armed{{hook=\"{}\",attach=\"{}\"}}",
+            f["hook"].as_str().unwrap(),
+            f["attach"].as_str().unwrap()
+        );
+        let want = if f["state"] == "unavailable" {
+            0.0
+        } else {
+            1.0
+        };
+        assert_eq!(
+            sample(&metrics, &series),
+            Some(want),
+            "{series}:\n{metrics}"
+        );
+    }
+    for tp in ["sys_enter_reboot", "sched_process_exec", "signal_generate"] {
+        assert!(
+            hooks
+                .iter()
+                .any(|h| h["fields"]["hook"] == tp && h["fields"]["state"] == "armed"),
+            "{tp}: {hooks:#?}"
+        );
+    }
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("lastgasp_boot_info{{boot_id=\"{}\"}}", boot_id.trim())
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&metrics, "lastgasp_ringbuf_drops_total"), Some(0.0));
+
+    // A safe detection: reboot(2) with bad magic (the kernel refuses it).
+    let series =
+        "lastgasp_detections_total{source=\"reboot-syscall\",kind=\"poweroff\",scope=\"node\"}";
+    let before = sample(&metrics, series).unwrap_or(0.0);
+    let audit_only =
+        sample(&metrics, "lastgasp_decisions_total{action=\"audit-only\"}").unwrap_or(0.0);
+    let out = trigger(&["bad-magic-reboot", "4321fedc"]).output().unwrap();
+    assert!(out.status.success(), "the kernel must refuse bad magic");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let (_, m) = get(&addr, "/metrics").unwrap();
+        if sample(&m, series).unwrap_or(0.0) > before {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the detection counter did not move:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        sample(&metrics, "lastgasp_decisions_total{action=\"audit-only\"}").unwrap() > audit_only
+    );
+    assert_eq!(
+        sample(&metrics, "lastgasp_audit_write_failures_total"),
+        Some(0.0)
+    );
+    assert!(metrics.contains("# TYPE graceful_shutdown_start_time_seconds gauge"));
+    assert!(metrics.ends_with("# EOF\n"));
+    assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+
+    let mut agent = agent;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(agent.child.wait().unwrap().success());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_bad_metrics_listen_fails_at_start_naming_the_flag() {
+    for bad in ["localhost", "127.0.0.1", "1.2.3:99"] {
+        let out = Command::new(agent_bin())
+            .args(["run", "--standalone", "--metrics-listen", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--metrics-listen") && err.contains(bad),
+            "{err}"
+        );
+    }
+    // A well-formed address this host does not have: refused before arming.
+    let out = Command::new(agent_bin())
+        .args(["run", "--standalone", "--metrics-listen", "192.0.2.1:9850"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--metrics-listen 192.0.2.1:9850"), "{err}");
+    assert!(!err.contains("armed_ms"), "stopped before arming: {err}");
+}
+
+#[test]
+fn cluster_mode_listens_on_the_pod_ip_or_says_what_is_missing() {
+    let dir = std::env::temp_dir().join(format!("lastgasp-observe-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("config.yaml");
+    std::fs::write(
+        &cfg,
+        "shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n",
+    )
+    .unwrap();
+    let out = Command::new(agent_bin())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env_remove("POD_IP")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("$POD_IP") && err.contains("--metrics-listen"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+const NODE: &str = "n1";
+
+fn forced_exec() -> ShutdownSignal {
+    ShutdownSignal {
+        source: Source::Exec,
+        kind: Kind::Reboot,
+        forced: true,
+        bypasses_logind: true,
+        scope: Scope::Node,
+        effect: Effect::Now,
+        actor: Some(Actor {
+            pid: 1,
+            comm: "reboot".into(),
+            ..Default::default()
+        }),
+        at: SystemTime::now(),
+        boot_ns: 0,
+        deadline: None,
+        detail: Detail::Exec {
+            path: "/sbin/reboot".into(),
+            argv: vec!["reboot".into(), "-ff".into()],
+            raw: String::new(),
+            truncated: false,
+        },
+    }
+}
+
+/// Cluster mode in process against the API double: a forced reboot's last
+/// gasp is observed in the latency histogram; a refused one is counted.
+#[tokio::test]
+async fn last_gasp_latency_and_failures_are_measured() {
+    let double = ApiDouble::start().await.unwrap();
+    double
+        .create_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("lastgasp-observe-lg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nc = NodeClient::start(double.client_without_retry().await, NODE)
+        .await
+        .unwrap();
+    let lg = LastGasp::start(
+        double.client_without_retry().await,
+        double.client_without_retry().await,
+        NODE,
+    )
+    .await
+    .unwrap();
+    let cluster = Arc::new(Cluster {
+        node: nc,
+        lastgasp: lg,
+        graceful: Arc::new(GracefulOptions {
+            buckets: vec![Bucket {
+                priority: 0,
+                seconds: 2,
+            }],
+            removal: Removal::Delete,
+            own_pod: None,
+            state_file: dir.join("graceful_node_shutdown_state"),
+        }),
+    });
+    let metrics = Metrics::default();
+    let mut agent = Agent::new(
+        AuditLog::open(&dir, "b1").unwrap(),
+        Some(cluster.clone()),
+        None,
+        metrics.clone(),
+        false,
+    );
+    agent.handle(forced_exec()).await.unwrap();
+    let text = metrics.encode();
+    assert_eq!(
+        sample(&text, "lastgasp_last_gasp_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    let sum = sample(&text, "lastgasp_last_gasp_latency_seconds_sum").unwrap();
+    assert!(sum > 0.0 && sum < 5.0, "{sum}");
+    assert_eq!(
+        sample(
+            &text,
+            "lastgasp_last_gasp_latency_seconds_bucket{le=\"+Inf\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "lastgasp_detections_total{source=\"exec\",kind=\"reboot\",scope=\"node\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, "lastgasp_decisions_total{action=\"immediate\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "lastgasp_last_gasp_failures_total"),
+        Some(0.0)
+    );
+
+    // The next boot's agent, with the API server refusing every patch.
+    double.inject(Fault::status(503).method("PATCH").always());
+    let metrics = Metrics::default();
+    let mut agent = Agent::new(
+        AuditLog::open(&dir, "b2").unwrap(),
+        Some(cluster),
+        None,
+        metrics.clone(),
+        false,
+    );
+    agent.handle(forced_exec()).await.unwrap();
+    let text = metrics.encode();
+    assert_eq!(
+        sample(&text, "lastgasp_last_gasp_failures_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "lastgasp_last_gasp_latency_seconds_count"),
+        Some(0.0)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `lastgasp check` with a kubeconfig for the double: (exit code, stdout).
+fn check_against(double: &ApiDouble, args: &[&str]) -> (i32, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "lastgasp-observe-kc-{}-{}",
+        std::process::id(),
+        double.addr().port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {}\nusers:\n- name: agent\n  user: {{}}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: agent\ncurrent-context: double\n",
+            double.url()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(agent_bin())
+        .arg("check")
+        .args(args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let report = String::from_utf8(out.stdout).unwrap();
+    println!("{report}");
+    (out.status.code().unwrap(), report)
+}
+
+// Multi-threaded: the double serves while the test waits for the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_asks_for_every_api_permission_and_fails_naming_a_denied_one() {
+    let double = ApiDouble::start().await.unwrap();
+    let (code, report) = check_against(&double, &["--only", "cluster"]);
+    assert_eq!(code, 0, "{report}");
+    for perm in [
+        "get nodes",
+        "list nodes",
+        "watch nodes",
+        "patch nodes",
+        "patch nodes/status",
+        "list pods",
+        "watch pods",
+        "delete pods",
+        "create pods/eviction",
+        "create events.k8s.io/events",
+    ] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.trim_start().starts_with("ok") && l.contains(&format!(" {perm} "))),
+            "{perm} not ok:\n{report}"
+        );
+    }
+    let reviews = double
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+        .count();
+    assert_eq!(reviews, lastgasp::check::PERMISSIONS.len());
+
+    double.deny_access(AccessRule::deny("patch", "", "nodes").subresource("status"));
+    let (code, report) = check_against(&double, &["--only", "cluster"]);
+    assert_eq!(code, 1, "{report}");
+    let line = report
+        .lines()
+        .find(|l| l.contains("patch nodes/status"))
+        .unwrap();
+    assert!(
+        line.trim_start().starts_with("FAIL") && line.contains("DENIED"),
+        "{line}"
+    );
+    let fails = report
+        .lines()
+        .filter(|l| l.trim_start().starts_with("FAIL"))
+        .count();
+    assert_eq!(fails, 1, "{report}");
+    assert!(
+        report.contains("result: FAIL: 1 required item missing or refused"),
+        "{report}"
+    );
+
+    // The Eviction API is required only with podRemoval: evict.
+    double.set_access_rules(vec![
+        AccessRule::deny("create", "", "pods").subresource("eviction")
+    ]);
+    let (code, report) = check_against(&double, &["--only", "cluster"]);
+    assert_eq!(code, 0, "{report}");
+    let line = report
+        .lines()
+        .find(|l| l.contains("create pods/eviction"))
+        .unwrap();
+    assert!(
+        line.trim_start().starts_with("WARN") && line.contains("DENIED"),
+        "{line}"
+    );
+    let cfg = std::env::temp_dir().join(format!(
+        "lastgasp-observe-evict-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &cfg,
+        "podRemoval: evict\nshutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n",
+    )
+    .unwrap();
+    let (code, report) = check_against(
+        &double,
+        &["--only", "cluster", "--config", cfg.to_str().unwrap()],
+    );
+    std::fs::remove_file(&cfg).ok();
+    assert_eq!(code, 1, "{report}");
+    let line = report
+        .lines()
+        .find(|l| l.contains("create pods/eviction"))
+        .unwrap();
+    assert!(line.trim_start().starts_with("FAIL"), "{line}");
+
+    // --standalone skips the cluster: no review is asked.
+    double.clear_requests();
+    let (code, report) = check_against(&double, &["--only", "cluster", "--standalone"]);
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("--standalone: skipped"));
+    assert!(double.requests().is_empty());
+}
+
+#[test]
+fn check_reports_this_node_truthfully() {
+    if !can_load_ebpf("check_node") {
+        return;
+    }
+    let out = Command::new(agent_bin())
+        .args(["check", "--standalone"])
+        .env(
+            "DBUS_SYSTEM_BUS_ADDRESS",
+            "unix:path=/nonexistent/lastgasp-test-bus",
+        )
+        .output()
+        .unwrap();
+    let report = String::from_utf8(out.stdout).unwrap();
+    println!("{report}");
+    let line = |what: &str| -> String {
+        report
+            .lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(what))
+            .unwrap_or_else(|| panic!("no {what} line:\n{report}"))
+            .to_string()
+    };
+    assert!(line("loaded").trim_start().starts_with("ok"), "{report}");
+    for tp in ["sys_enter_reboot", "sched_process_exec", "signal_generate"] {
+        let l = line(tp);
+        assert!(
+            l.trim_start().starts_with("ok") && l.ends_with("armed"),
+            "{l}"
+        );
+    }
+    // The kernel hooks' lines agree with the kernel's features.
+    let kprobes = std::path::Path::new("/sys/bus/event_source/devices/kprobe").is_dir();
+    assert_eq!(
+        line("kprobes").trim_start().starts_with("ok"),
+        kprobes,
+        "{report}"
+    );
+    for f in [
+        "kernel_power_off",
+        "kernel_restart",
+        "kernel_halt",
+        "emergency_restart",
+    ] {
+        let l = line(f);
+        if l.contains(": armed") {
+            assert!(l.trim_start().starts_with("ok"), "{l}");
+        } else {
+            assert!(
+                l.trim_start().starts_with("WARN") && l.contains("fentry") && l.contains("kprobe"),
+                "{l}"
+            );
+            if !kprobes {
+                assert!(l.contains("no kprobes"), "{l}");
+            }
+        }
+    }
+    for what in [
+        "BTF",
+        "task",
+        "CapEff",
+        "perf_paranoid",
+        "CAP_BPF",
+        "CAP_PERFMON",
+    ] {
+        line(what);
+    }
+    assert!(
+        line("system").trim_start().starts_with("WARN"),
+        "no bus is a warning: {report}"
+    );
+    assert!(line("permissions").contains("--standalone: skipped"));
+    let fails = report
+        .lines()
+        .filter(|l| l.trim_start().starts_with("FAIL"))
+        .count();
+    assert_eq!(out.status.code(), Some(i32::from(fails > 0)), "{report}");
+}
+
+/// The controller's metrics: the Lease held, and its actions by kind.
+#[tokio::test]
+async fn controller_counts_its_lease_and_actions() {
+    use lastgasp::{
+        act::kube::RECORD_ANNOTATION,
+        controller::{Controller, ControllerConfig, Policy},
+    };
+    let double = ApiDouble::start().await.unwrap();
+    let rec = json!({"signal": {"kind": "poweroff", "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
+    double
+        .create_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "annotations": {RECORD_ANNOTATION: rec.to_string()}},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]}
+        }))
+        .unwrap();
+    let cfg = |id: &str| ControllerConfig {
+        policy: Policy::PoweroffOnly,
+        reboot_timeout: Duration::from_secs(600),
+        max_taints_per_hour: 3,
+        lease_namespace: "kube-system".into(),
+        lease_name: "lastgasp-controller".into(),
+        identity: id.into(),
+        lease_duration: Duration::from_secs(15),
+    };
+    let mut a = Controller::start(double.client_without_retry().await, cfg("a"))
+        .await
+        .unwrap();
+    let mut b = Controller::start(double.client_without_retry().await, cfg("b"))
+        .await
+        .unwrap();
+    assert!(a.tick().await.unwrap());
+    assert!(!b.tick().await.unwrap());
+    let (ma, mb) = (a.metrics.encode(), b.metrics.encode());
+    assert_eq!(
+        sample(&ma, "lastgasp_controller_lease_held"),
+        Some(1.0),
+        "{ma}"
+    );
+    assert_eq!(
+        sample(&mb, "lastgasp_controller_lease_held"),
+        Some(0.0),
+        "{mb}"
+    );
+    assert_eq!(
+        sample(
+            &ma,
+            "lastgasp_controller_actions_total{action=\"taint-added\"}"
+        ),
+        Some(1.0),
+        "{ma}"
+    );
+    assert_eq!(sample(&ma, "lastgasp_controller_nodes"), Some(1.0));
+
+    // A failing pass is counted (the Lease cannot be read).
+    double.inject(Fault::status(500).path_prefix("/apis/coordination.k8s.io/"));
+    assert!(a.tick().await.is_err());
+    assert_eq!(
+        sample(&a.metrics.encode(), "lastgasp_controller_pass_errors_total"),
+        Some(1.0)
+    );
+}
+
+/// SIGTERM (the pod being stopped, a rollout) during a graceful run: the
+/// agent finishes the run first, then exits; it does not abandon the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_waits_for_the_graceful_run_under_way() {
+    if !can_load_ebpf("sigterm_waits_for_the_graceful_run_under_way") {
+        return;
+    }
+    let node = "n-sigterm";
+    let double = ApiDouble::start().await.unwrap();
+    double
+        .create_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+    double
+        .create_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "slow", "namespace": "default"},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 30,
+                     "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+    // Runs until its grace period (the bucket's 4 s) is over.
+    double.kubelet().hang("default", "slow");
+
+    let dir = std::env::temp_dir().join(format!("lastgasp-sigterm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cfg, kubeconfig) = (dir.join("config.yaml"), dir.join("kubeconfig"));
+    std::fs::write(&cfg, "shutdownGracePeriod: 4s\n").unwrap();
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: d, cluster: {{server: \"{}\"}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: d, user: u}}}}]\n\
+             current-context: c\n",
+            double.url()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(agent_bin())
+        .args([
+            "--json-logs",
+            "run",
+            "--no-dbus",
+            "--metrics-listen",
+            "off",
+            "--config",
+        ])
+        .arg(&cfg)
+        .arg("--audit-dir")
+        .arg(dir.join("audit"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env("NODE_NAME", node)
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting lastgasp (build it with cargo xtask build)");
+    let err = child.stderr.take().unwrap();
+    let logs = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let l = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            l.lock()
+                .unwrap()
+                .push(serde_json::from_str(&line).unwrap_or(json!({"raw": line})));
+        }
+    });
+    let logs_say = |text: &str| {
+        logs.lock()
+            .unwrap()
+            .iter()
+            .any(|v| v.to_string().contains(text))
+    };
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(
+                Instant::now() < deadline,
+                "waited 30 s for {what}: {:#?}",
+                logs.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    until("armed", &|| logs_say("\"armed\""));
+
+    // A graceful shutdown request, as `systemctl poweroff` would exec (a stand-in).
+    let tool = stand_in(&dir, "systemctl");
+    assert!(Command::new(&tool)
+        .arg("poweroff")
+        .status()
+        .unwrap()
+        .success());
+    until("the pod's deletion", &|| {
+        double
+            .requests()
+            .iter()
+            .any(|r| r.method == "DELETE" && r.path.ends_with("/pods/slow"))
+    });
+    let termed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the agent exited with the drain under way: {:#?}",
+        logs.lock().unwrap()
+    );
+    assert!(logs_say("finishing the graceful run first"));
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            termed.elapsed() < Duration::from_secs(20),
+            "still running 20 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    let audit = std::fs::read_to_string(dir.join("audit").join("audit.jsonl")).unwrap();
+    assert!(audit.contains("\"outcome\":\"graceful-done\""), "{audit}");
+    println!(
+        "exited {:.1} s after SIGTERM, once the graceful run was done",
+        termed.elapsed().as_secs_f64()
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
