@@ -230,6 +230,19 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
     .await
     .unwrap();
 
+    // The start's writes do not trip over each other (a 409 costs a backoff).
+    let conflicts: Vec<String> = s
+        .double
+        .requests()
+        .iter()
+        .filter(|r| r.status == 409)
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        conflicts.is_empty(),
+        "conflicts at the graceful start: {conflicts:?}"
+    );
+
     // Order and grace periods: bucket by bucket, lowest first; the pod's own
     // shorter grace wins; our own pod last; mirror and finished pods untouched.
     let dels = deletions(&s.double);

@@ -150,17 +150,23 @@ pub async fn run(
         .unwrap_or_default();
     let message =
         format!("graceful {:?} shutdown (episode {}): {how}", ep.kind, ep.id).to_lowercase();
-    let (c, t, r, e) = tokio::join!(
-        nc.set_condition(true, "GracefulShutdown", &message),
-        nc.set_taint(true),
-        nc.set_record(record),
+    // The taint and the record in one patch, then the condition (see
+    // set_taint_and_record); the Event beside them.
+    let ((t, c), e) = tokio::join!(
+        async {
+            let t = nc.set_taint_and_record(true, Some(record)).await;
+            (
+                t,
+                nc.set_condition(true, "GracefulShutdown", &message).await,
+            )
+        },
         nc.event(
             EventType::Normal,
             "Shutdown",
             format!("Shutdown manager detected shutdown event: {message}")
         ),
     );
-    for r in [c, t, r, e] {
+    for r in [t, c, e] {
         if let Err(err) = r {
             tracing::error!("graceful start: {err:#}");
         }
@@ -378,9 +384,14 @@ async fn send_delete(api: &Api<Pod>, name: &str, dp: &DeleteParams) -> Result<()
 /// Undoes the graceful start: taint off, condition False, an Event.
 pub async fn cancel(nc: &NodeClient, ep: &Episode) -> Result<()> {
     let message = format!("shutdown cancelled (episode {})", ep.id);
-    let (c, t, e) = tokio::join!(
-        nc.set_condition(false, "ShutdownCancelled", &message),
-        nc.set_taint(false),
+    let ((t, c), e) = tokio::join!(
+        async {
+            let t = nc.set_taint(false).await;
+            (
+                t,
+                nc.set_condition(false, "ShutdownCancelled", &message).await,
+            )
+        },
         nc.event(
             EventType::Normal,
             "ShutdownCancelled",

@@ -112,21 +112,39 @@ impl NodeClient {
     /// list, so this reads the node and writes the whole list with its
     /// resourceVersion: a concurrent change gives 409, and a retry.
     pub async fn set_taint(&self, present: bool) -> Result<()> {
+        self.set_taint_and_record(present, None).await
+    }
+
+    /// The taint, and with it the record annotation when given: one
+    /// read-modify-write patch guarded by the resourceVersion, so that a
+    /// concurrent writer's taint is never lost. Send the condition (a status
+    /// write, which moves the resourceVersion too) after it, not beside it:
+    /// side by side they conflict and the retry costs its backoff.
+    pub async fn set_taint_and_record(
+        &self,
+        present: bool,
+        record: Option<&serde_json::Value>,
+    ) -> Result<()> {
         retry("taint", || async {
             let node = self.nodes.get(&self.node).await?;
             let mut taints: Vec<Taint> = node.spec.and_then(|s| s.taints).unwrap_or_default();
             let had = taints.iter().any(|t| t.key == TAINT_KEY);
-            if had == present {
+            if had == present && record.is_none() {
                 return Ok(());
             }
-            taints.retain(|t| t.key != TAINT_KEY);
-            if present {
-                taints.push(shutdown_taint(SystemTime::now()));
+            if had != present {
+                taints.retain(|t| t.key != TAINT_KEY);
+                if present {
+                    taints.push(shutdown_taint(SystemTime::now()));
+                }
             }
-            let patch = json!({
+            let mut patch = json!({
                 "metadata": { "resourceVersion": node.metadata.resource_version },
                 "spec": { "taints": taints },
             });
+            if let Some(r) = record {
+                patch["metadata"]["annotations"] = json!({ RECORD_ANNOTATION: r.to_string() });
+            }
             self.nodes
                 .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
