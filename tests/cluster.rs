@@ -649,6 +649,7 @@ mod agent_flow {
     };
 
     use super::*;
+    use lastgasp_tests::support::forced_exec;
 
     async fn cluster(s: &Setup) -> Arc<Cluster> {
         let lg = LastGasp::start(
@@ -670,31 +671,6 @@ mod agent_flow {
                 Removal::Delete,
             )),
         })
-    }
-
-    fn forced_exec() -> ShutdownSignal {
-        ShutdownSignal {
-            source: Source::Exec,
-            kind: Kind::Reboot,
-            forced: true,
-            bypasses_logind: true,
-            scope: Scope::Node,
-            effect: Effect::Now,
-            actor: Some(lastgasp::signal::Actor {
-                pid: 1,
-                comm: "reboot".into(),
-                ..Default::default()
-            }),
-            at: SystemTime::now(),
-            boot_ns: 0,
-            deadline: None,
-            detail: Detail::Exec {
-                path: "/sbin/reboot".into(),
-                argv: vec!["reboot".into(), "-ff".into()],
-                raw: String::new(),
-                truncated: false,
-            },
-        }
     }
 
     fn records(dir: &std::path::Path) -> Vec<audit::Record> {

@@ -23,7 +23,6 @@ use lastgasp::{
     },
     agent::{Agent, Cluster},
     grace::Bucket,
-    signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
 use lastgasp_apidouble::{AccessRule, ApiDouble, Fault};
 use lastgasp_tests::support::*;
@@ -306,31 +305,6 @@ fn cluster_mode_listens_on_the_pod_ip_or_says_what_is_missing() {
 }
 
 const NODE: &str = "n1";
-
-fn forced_exec() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::Exec,
-        kind: Kind::Reboot,
-        forced: true,
-        bypasses_logind: true,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: Some(Actor {
-            pid: 1,
-            comm: "reboot".into(),
-            ..Default::default()
-        }),
-        at: SystemTime::now(),
-        boot_ns: 0,
-        deadline: None,
-        detail: Detail::Exec {
-            path: "/sbin/reboot".into(),
-            argv: vec!["reboot".into(), "-ff".into()],
-            raw: String::new(),
-            truncated: false,
-        },
-    }
-}
 
 /// Cluster mode in process against the API double: a forced reboot's last
 /// gasp is observed in the latency histogram; a refused one is counted.

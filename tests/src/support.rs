@@ -6,7 +6,11 @@ use std::{
     time::Duration,
 };
 
-use lastgasp::{detect::ebpf::EbpfDetector, node::NodePidNs, signal::ShutdownSignal};
+use lastgasp::{
+    detect::ebpf::EbpfDetector,
+    node::NodePidNs,
+    signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+};
 
 /// Tests that need root (to load eBPF) call this first; without it they print
 /// why they are skipped and return `false`. They never pass silently.
@@ -143,4 +147,30 @@ pub fn stand_in(dir: &Path, name: &str) -> PathBuf {
         std::fs::copy("/usr/bin/true", &path).expect("copying /usr/bin/true");
     }
     path
+}
+
+/// A `reboot -ff` as the exec hook reports it: forced, node scope, now.
+pub fn forced_exec() -> ShutdownSignal {
+    ShutdownSignal {
+        source: Source::Exec,
+        kind: Kind::Reboot,
+        forced: true,
+        bypasses_logind: true,
+        scope: Scope::Node,
+        effect: Effect::Now,
+        actor: Some(Actor {
+            pid: 1,
+            comm: "reboot".into(),
+            ..Default::default()
+        }),
+        at: std::time::SystemTime::now(),
+        boot_ns: 0,
+        deadline: None,
+        detail: Detail::Exec {
+            path: "/sbin/reboot".into(),
+            argv: vec!["reboot".into(), "-ff".into()],
+            raw: String::new(),
+            truncated: false,
+        },
+    }
 }
