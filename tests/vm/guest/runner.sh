@@ -32,6 +32,16 @@ finish() {
     sleep 60
 }
 
+# The API double's request log (cluster mode), from its test endpoint.
+double_log() {
+    exec 3<>/dev/tcp/10.0.2.100/8099 || return 1
+    printf 'GET /_double/log HTTP/1.0\r\nHost: 10.0.2.100\r\nUser-Agent: lastgasp-vm-runner\r\nConnection: close\r\n\r\n' >&3
+    # qemu's guestfwd does not always pass the double's close on: the whole
+    # (small) log is there well within 3 s.
+    timeout 3 cat <&3
+    exec 3<&-
+}
+
 boot_id=$(cat /proc/sys/kernel/random/boot_id)
 echo "$boot_id" >> "$OUT/boots"
 boot=$(wc -l < "$OUT/boots")
@@ -93,6 +103,28 @@ if [ "$boot" -gt 1 ]; then
     /usr/local/sbin/lastgasp history --audit-dir "$AUDIT" --boot previous \
         > "$OUT/history-boot$boot.jsonl" 2> "$OUT/history-boot$boot.err"
     say "HISTORY boot=$boot records=$(wc -l < "$OUT/history-boot$boot.jsonl")"
+    # Cluster mode: the agent reports the previous boot to the cluster as it
+    # starts (a PreviousBoot Event, then the last gasp delivered late if it
+    # never left); stopping it earlier would race that report. Wait until
+    # the API double has logged the Event (its test endpoint, read-only),
+    # then up to 5 s for a late record, before ending the guest.
+    if [ -f "$IN/lastgasp.env" ]; then
+        reported=no
+        for _ in $(seq 1 60); do
+            double_log > "$OUT/double-log-boot$boot" 2>/dev/null
+            if grep -q PreviousBoot "$OUT/double-log-boot$boot"; then reported=yes; break; fi
+            sleep 1
+        done
+        if [ "$reported" = yes ]; then
+            for _ in $(seq 1 10); do
+                grep -q delivered_late "$OUT/double-log-boot$boot" && break
+                sleep 0.5
+                double_log > "$OUT/double-log-boot$boot" 2>/dev/null
+            done
+        fi
+        rm -f "$OUT/double-log-boot$boot"
+        say "REPORTED previous-boot-event=$reported"
+    fi
     finish "after-boot-$boot"
 fi
 

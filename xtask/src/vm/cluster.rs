@@ -48,6 +48,8 @@ pub const GUEST_ADDR: &str = "10.0.2.100:8099";
 pub const NODE: &str = "lastgasp-guest";
 const TAINT: &str = "lastgasp.dev/shutting-down";
 const RECORD: &str = "lastgasp.dev/last-shutdown";
+/// `Got::after_label` for a reboot or kexec.
+pub const AFTER_END: &str = "after the boot ended";
 
 pub struct Cluster {
     bin: PathBuf,
@@ -134,6 +136,14 @@ impl Cluster {
     /// (env file, config, kubeconfig).
     pub fn prepare(&mut self, spec: &mut Spec) -> Result<()> {
         self.respawn()?;
+        self.attach(spec)
+    }
+
+    /// The guest's NIC and the agent's settings for the double as it is,
+    /// state and request log kept: a later boot of the same machine (the
+    /// harness switching a powered-off guest on again) talks to the same
+    /// cluster.
+    pub fn attach(&self, spec: &mut Spec) -> Result<()> {
         let (ip, gport) = GUEST_ADDR.split_once(':').unwrap();
         spec.nic = Some(format!(
             "user,model=virtio-net-pci,restrict=on,guestfwd=tcp:{ip}:{gport}-cmd:socat STDIO TCP:127.0.0.1:{}",
@@ -236,6 +246,7 @@ impl Clock {
                 hi = Some((v, why));
             }
         };
+        let mut boots = 0;
         for l in &run.console {
             let Some(rest) = l.text.split("lastgasp-vm: ").nth(1) else {
                 continue;
@@ -245,6 +256,14 @@ impl Clock {
             else {
                 continue;
             };
+            // A second boot in the same qemu (reboot, kexec) sets its clock
+            // from the RTC afresh: its markers say nothing of the first's.
+            if word == "BOOT" {
+                boots += 1;
+                if boots > 1 {
+                    break;
+                }
+            }
             upper(
                 start + l.t.as_nanos() as i128 - ns,
                 format!("console marker {word}"),
@@ -308,8 +327,12 @@ pub enum What {
     NodePatch {
         taint: Option<bool>,
         record: bool,
+        /// The record says `delivered_late: true` (a later boot sent it).
+        late: bool,
     },
-    Event(String),
+    /// Reason; for the after-boot report (action PreviousBoot) also how the
+    /// previous boot ended, as its note says ("unannounced", "forced", ...).
+    Event(String, Option<String>),
     /// `delete` or `evict`, `ns/name`.
     Pod(&'static str, String),
     Other(String),
@@ -342,10 +365,26 @@ impl What {
                 t.as_array()
                     .is_some_and(|a| a.iter().any(|x| x["key"] == TAINT))
             });
-            let record = body["metadata"]["annotations"].get(RECORD).is_some();
-            What::NodePatch { taint, record }
+            let rec = body["metadata"]["annotations"].get(RECORD);
+            let late = rec
+                .and_then(|r| r.as_str())
+                .and_then(|r| serde_json::from_str::<Value>(r).ok())
+                .is_some_and(|r| r["delivered_late"] == true);
+            What::NodePatch {
+                taint,
+                record: rec.is_some(),
+                late,
+            }
         } else if path.ends_with("/events") && method == "POST" {
-            What::Event(body["reason"].as_str().unwrap_or("?").to_string())
+            let previous = (body["action"] == "PreviousBoot").then(|| {
+                body["note"]
+                    .as_str()
+                    .and_then(|n| n.split(" ended ").nth(1))
+                    .and_then(|n| n.split([' ', ':', ',']).next())
+                    .unwrap_or("?")
+                    .to_string()
+            });
+            What::Event(body["reason"].as_str().unwrap_or("?").to_string(), previous)
         } else if seg.iter().rev().nth(1) == Some(&"events") && method == "PATCH" {
             // The same Event again (a series): not a new announcement.
             What::Other(format!(
@@ -368,8 +407,8 @@ impl What {
     pub fn announces(&self) -> bool {
         match self {
             What::Condition(s) => s.starts_with("True"),
-            What::NodePatch { taint, record } => *taint == Some(true) || *record,
-            What::Event(r) => r == "NodeShutdown",
+            What::NodePatch { taint, record, .. } => *taint == Some(true) || *record,
+            What::Event(r, _) => r == "NodeShutdown",
             _ => false,
         }
     }
@@ -379,14 +418,20 @@ impl fmt::Display for What {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             What::Condition(s) => write!(f, "condition ShutdownInProgress={}", s.trim()),
-            What::NodePatch { taint, record } => {
+            What::NodePatch {
+                taint,
+                record,
+                late,
+            } => {
                 let mut parts = Vec::new();
                 match taint {
                     Some(true) => parts.push("taint"),
                     Some(false) => parts.push("taint removed"),
                     None => {}
                 }
-                if *record {
+                if *record && *late {
+                    parts.push("record annotation (delivered_late)");
+                } else if *record {
                     parts.push("record annotation");
                 }
                 if parts.is_empty() {
@@ -394,7 +439,8 @@ impl fmt::Display for What {
                 }
                 f.write_str(&parts.join(" + "))
             }
-            What::Event(r) => write!(f, "Event {r}"),
+            What::Event(r, None) => write!(f, "Event {r}"),
+            What::Event(r, Some(end)) => write!(f, "Event {r} PreviousBoot ({end})"),
             What::Pod(how, p) => write!(f, "{how} {p}"),
             What::Other(s) => f.write_str(s),
         }
@@ -427,6 +473,10 @@ pub struct Got {
     pub end_ms: Option<f64>,
     pub clock: Option<Clock>,
     pub error: Option<String>,
+    /// How the summary names the writes after the end: "after the boot
+    /// ended" (a reboot or kexec in the same qemu), "after the next boot"
+    /// (the harness switched the powered-off guest on again).
+    pub after_label: &'static str,
 }
 
 impl Got {
@@ -439,6 +489,7 @@ impl Got {
                 end_ms: None,
                 clock: None,
                 error: Some("no clock relation (no runner marker on the console)".into()),
+                after_label: AFTER_END,
             };
         };
         let start = run
@@ -471,6 +522,7 @@ impl Got {
             end_ms: end_host.map(|e| (e - trig_host) as f64 / 1e6),
             clock: Some(clock),
             error: None,
+            after_label: AFTER_END,
         }
     }
 
@@ -484,6 +536,22 @@ impl Got {
 
     pub fn announced(&self) -> bool {
         self.first(What::announces).is_some()
+    }
+
+    /// The after-boot report of the shut-down boot that reached the double
+    /// after it ended (answered 2xx): the PreviousBoot Event and the record
+    /// delivered late, in order.
+    pub fn reported_after(&self) -> Vec<&Item> {
+        self.items
+            .iter()
+            .filter(|i| !i.before_end && i.ok())
+            .filter(|i| {
+                matches!(
+                    &i.what,
+                    What::Event(_, Some(_)) | What::NodePatch { late: true, .. }
+                )
+            })
+            .collect()
     }
 
     /// Both last-gasp patches: the condition and the taint/record.
@@ -562,7 +630,7 @@ impl Got {
             before.join("; ")
         };
         if !after.is_empty() {
-            s.push_str(&format!("; after the boot ended: {}", after.join("; ")));
+            s.push_str(&format!("; {}: {}", self.after_label, after.join("; ")));
         }
         s + &err
     }
@@ -627,6 +695,25 @@ mod tests {
                 ),
                 Some("evict default/web-1"),
                 false,
+            ),
+            (
+                req(
+                    "POST",
+                    "/apis/events.k8s.io/v1/namespaces/default/events",
+                    json!({"reason": "NodeShutdown", "action": "PreviousBoot",
+                           "note": "previous boot 1234 ended unannounced: no shutdown was seen"}),
+                ),
+                Some("Event NodeShutdown PreviousBoot (unannounced)"),
+                true,
+            ),
+            (
+                req(
+                    "PATCH",
+                    &node,
+                    json!({"metadata": {"annotations": {RECORD: "{\"delivered_late\":true,\"back\":true}"}}}),
+                ),
+                Some("record annotation (delivered_late)"),
+                true,
             ),
             (req("GET", &node, Value::Null), None, false),
         ];

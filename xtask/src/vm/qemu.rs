@@ -114,6 +114,14 @@ pub struct Spec<'a> {
     /// Extra files for the share's `in/` (cluster mode), and a NIC.
     pub extra_in: Vec<(String, Vec<u8>)>,
     pub nic: Option<String>,
+    /// Boot the disks and the share of an earlier boot again (its `dir`):
+    /// the same root overlay, audit disk and `out/` — the same machine
+    /// switched on again after it powered off. `dir` then holds only this
+    /// boot's logs and sockets; the overlay is removed after it (unless
+    /// --keep-disks).
+    pub disks_from: Option<PathBuf>,
+    /// Keep the root overlay after the boot (another boot of it follows).
+    pub keep_overlay: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -179,48 +187,23 @@ impl Guest<'_> {
     pub fn boot(&self, spec: &Spec) -> Result<Run> {
         let dir = &spec.dir;
         let _ = fs::remove_dir_all(dir);
-        let share = dir.join("share");
-        let (inp, out) = (share.join("in"), share.join("out"));
-        fs::create_dir_all(&inp)?;
-        fs::create_dir_all(&out)?;
-        // Stripped if possible: a third of the size through 9p, and of what the guest pages in.
-        let stripped = Command::new("strip")
-            .arg("-o")
-            .arg(inp.join("lastgasp"))
-            .arg(self.agent)
-            .status()
-            .is_ok_and(|s| s.success());
-        if stripped {
-            fs::set_permissions(inp.join("lastgasp"), fs::Permissions::from_mode(0o755))?;
-        } else {
-            copy_exec(self.agent, &inp.join("lastgasp"))?;
+        fs::create_dir_all(dir)?;
+        let (overlay, audit_img, share) = match &spec.disks_from {
+            Some(from) => {
+                let share = from.join("share");
+                for (name, data) in &spec.extra_in {
+                    fs::write(share.join("in").join(name), data)?;
+                }
+                (from.join("root.qcow2"), from.join("audit.img"), share)
+            }
+            None => self.fresh_disks(spec)?,
+        };
+        let out = share.join("out");
+        for f in [&overlay, &audit_img] {
+            if !f.is_file() {
+                bail!("no disk {} to boot", f.display());
+            }
         }
-        copy_exec(&self.vm_dir.join("guest/runner.sh"), &inp.join("runner.sh"))?;
-        fs::copy(
-            self.vm_dir.join("guest/lastgasp.service"),
-            inp.join("lastgasp.service"),
-        )?;
-        let sc = self.vm_dir.join(format!("scenarios/{}.sh", spec.scenario));
-        fs::copy(&sc, inp.join("scenario.sh"))
-            .with_context(|| format!("copying {}", sc.display()))?;
-        for (name, data) in &spec.extra_in {
-            fs::write(inp.join(name), data)?;
-        }
-
-        let overlay = dir.join("root.qcow2");
-        run_quiet(
-            Command::new("qemu-img")
-                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-                .arg(&self.image.base)
-                .arg(&overlay),
-        )?;
-        let audit_img = dir.join("audit.img");
-        fs::File::create(&audit_img)?.set_len(AUDIT_DISK_BYTES)?;
-        run_quiet(
-            Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-L", "lastgasp-audit"])
-                .arg(&audit_img),
-        )?;
 
         let (qmp_sock, agent_sock) = (dir.join("qmp.sock"), dir.join("agent.sock"));
         let mut cmd = Command::new("qemu-system-x86_64");
@@ -400,7 +383,7 @@ impl Guest<'_> {
                 .collect::<String>(),
         )?;
         fs::write(dir.join("qemu.stderr"), &stderr)?;
-        if !self.keep_disks {
+        if !self.keep_disks && !spec.keep_overlay {
             let _ = fs::remove_file(&overlay);
         }
         Ok(Run {
@@ -414,6 +397,57 @@ impl Guest<'_> {
             stderr,
             start_wall,
         })
+    }
+}
+
+impl Guest<'_> {
+    /// A fresh share (the agent, its unit, the runner, the scenario), a qcow2
+    /// overlay over the image and an empty audit disk, under `spec.dir`.
+    fn fresh_disks(&self, spec: &Spec) -> Result<(PathBuf, PathBuf, PathBuf)> {
+        let dir = &spec.dir;
+        let share = dir.join("share");
+        let (inp, out) = (share.join("in"), share.join("out"));
+        fs::create_dir_all(&inp)?;
+        fs::create_dir_all(&out)?;
+        // Stripped if possible: a third of the size through 9p, and of what the guest pages in.
+        let stripped = Command::new("strip")
+            .arg("-o")
+            .arg(inp.join("lastgasp"))
+            .arg(self.agent)
+            .status()
+            .is_ok_and(|s| s.success());
+        if stripped {
+            fs::set_permissions(inp.join("lastgasp"), fs::Permissions::from_mode(0o755))?;
+        } else {
+            copy_exec(self.agent, &inp.join("lastgasp"))?;
+        }
+        copy_exec(&self.vm_dir.join("guest/runner.sh"), &inp.join("runner.sh"))?;
+        fs::copy(
+            self.vm_dir.join("guest/lastgasp.service"),
+            inp.join("lastgasp.service"),
+        )?;
+        let sc = self.vm_dir.join(format!("scenarios/{}.sh", spec.scenario));
+        fs::copy(&sc, inp.join("scenario.sh"))
+            .with_context(|| format!("copying {}", sc.display()))?;
+        for (name, data) in &spec.extra_in {
+            fs::write(inp.join(name), data)?;
+        }
+
+        let overlay = dir.join("root.qcow2");
+        run_quiet(
+            Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+                .arg(&self.image.base)
+                .arg(&overlay),
+        )?;
+        let audit_img = dir.join("audit.img");
+        fs::File::create(&audit_img)?.set_len(AUDIT_DISK_BYTES)?;
+        run_quiet(
+            Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-L", "lastgasp-audit"])
+                .arg(&audit_img),
+        )?;
+        Ok((overlay, audit_img, share))
     }
 }
 

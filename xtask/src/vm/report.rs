@@ -480,7 +480,7 @@ pub fn next_boot_report(out: &Path, boot1: &str, dets: &[Det]) -> (usize, String
         .find_map(|r| r.get("signal"))
         .and_then(Det::from_signal)
         .map(|d| d.what)
-        .unwrap_or_default();
+        .unwrap_or_else(|| "-".into());
     (
         of_boot1,
         format!(
@@ -726,7 +726,10 @@ pub fn matrix(
              offset from the host is bracketed by 6 probes (a request on an open connection between two \
              guest readings, logged with the host's time) and bounded above by every console marker; \
              the latency's error bar is half the tightest bracket: {} (ms). \
-             \"after the boot ended\": what the next boot sent (reboot, kexec).",
+             \"after the boot ended\": what the next boot sent (reboot, kexec); \"after the next \
+             boot\": what the guest sent when the harness switched it on again on the same disks, \
+             with the same API double (sysrq-poweroff: the kernel powers off before any last gasp \
+             can leave).",
             dist(errs)
         );
     }
@@ -743,10 +746,16 @@ pub fn matrix(
     let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for o in outcomes {
         let result = match &o.status {
-            Status::Pass => match &o.retried {
-                Some(why) => format!("pass (on a second boot: {why})"),
-                None => "pass".to_string(),
-            },
+            Status::Pass => {
+                let mut r = match &o.retried {
+                    Some(why) => format!("pass (on a second boot: {why})"),
+                    None => "pass".to_string(),
+                };
+                if let Some(n) = &o.pass_note {
+                    r.push_str(&format!(": {n}"));
+                }
+                r
+            }
             Status::Fail => format!(
                 "**FAIL**: {}{}",
                 o.problems.join("; "),
