@@ -517,7 +517,7 @@ impl Outcome {
             death_ms: None,
             audit_summary: String::new(),
             next_boot: String::new(),
-            decision: "n/a: not built yet".into(),
+            decision: "none (nothing detected)".into(),
             cluster_got: "n/a (standalone: run with --cluster)".into(),
             cluster: None,
             boot_s: None,
