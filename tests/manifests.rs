@@ -27,8 +27,7 @@ use lastgasp::{
         audit::AuditLog,
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            lastgasp::LastGasp,
-            NodeClient, RECORD_ANNOTATION,
+            RECORD_ANNOTATION,
         },
         metrics::Metrics,
     },
@@ -40,6 +39,7 @@ use lastgasp::{
     signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
 use lastgasp_apidouble::{ApiDouble, Fault, RequestRecord};
+use lastgasp_tests::support::warm_clients;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -1045,16 +1045,7 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
     std::fs::create_dir_all(&dir).unwrap();
 
     // Start-up, as `run` does it: two clients, the warm watches.
-    let nc = NodeClient::start(double.client_without_retry().await, NODE)
-        .await
-        .unwrap();
-    let lg = LastGasp::start(
-        double.client_without_retry().await,
-        double.client_without_retry().await,
-        NODE,
-    )
-    .await
-    .unwrap();
+    let (nc, lg) = warm_clients(&double, NODE).await;
     let opts = |removal, seconds| GracefulOptions {
         buckets: vec![
             Bucket {

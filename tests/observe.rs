@@ -14,11 +14,7 @@ use std::{
 use lastgasp::{
     act::{
         audit::AuditLog,
-        kube::{
-            graceful::{GracefulOptions, Removal},
-            lastgasp::LastGasp,
-            NodeClient,
-        },
+        kube::graceful::{GracefulOptions, Removal},
         metrics::Metrics,
     },
     agent::{Agent, Cluster},
@@ -319,16 +315,7 @@ async fn last_gasp_latency_and_failures_are_measured() {
         .unwrap();
     let dir = std::env::temp_dir().join(format!("lastgasp-observe-lg-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let nc = NodeClient::start(double.client_without_retry().await, NODE)
-        .await
-        .unwrap();
-    let lg = LastGasp::start(
-        double.client_without_retry().await,
-        double.client_without_retry().await,
-        NODE,
-    )
-    .await
-    .unwrap();
+    let (nc, lg) = warm_clients(&double, NODE).await;
     let cluster = Arc::new(Cluster {
         node: nc,
         lastgasp: lg,

@@ -174,3 +174,25 @@ pub fn forced_exec() -> ShutdownSignal {
         },
     }
 }
+
+/// The agent's cluster clients as `run` starts them against the API double:
+/// the node's warm watches and the last gasp's two warm connections.
+pub async fn warm_clients(
+    double: &lastgasp_apidouble::ApiDouble,
+    node: &str,
+) -> (
+    lastgasp::act::kube::NodeClient,
+    lastgasp::act::kube::lastgasp::LastGasp,
+) {
+    let nc = lastgasp::act::kube::NodeClient::start(double.client_without_retry().await, node)
+        .await
+        .expect("node client");
+    let lg = lastgasp::act::kube::lastgasp::LastGasp::start(
+        double.client_without_retry().await,
+        double.client_without_retry().await,
+        node,
+    )
+    .await
+    .expect("last gasp clients");
+    (nc, lg)
+}
