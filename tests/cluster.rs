@@ -911,17 +911,7 @@ mod agent_flow {
         assert!(events
             .iter()
             .any(|e| e.reason.as_deref() == Some("OutOfServiceTaintRemoved")));
-        let kinds: Vec<_> = a
-            .actions
-            .iter()
-            .map(|(_, v)| {
-                format!("{v:?}")
-                    .split([' ', '{'])
-                    .next()
-                    .unwrap()
-                    .to_string()
-            })
-            .collect();
+        let kinds: Vec<_> = a.actions.iter().map(|(_, v)| v.kind()).collect();
         assert_eq!(kinds, vec!["Taint", "Untaint", "Taint"]);
         assert!(b.actions.is_empty());
     }

@@ -1242,17 +1242,7 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
         settle().await;
         a.tick().await.unwrap();
     }
-    let kinds: Vec<String> = a
-        .actions
-        .iter()
-        .map(|(_, v)| {
-            format!("{v:?}")
-                .split([' ', '{'])
-                .next()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
+    let kinds: Vec<&str> = a.actions.iter().map(|(_, v)| v.kind()).collect();
     assert_eq!(kinds, ["Taint", "Untaint", "Taint", "Untaint"]);
 
     let requests = double.requests();

@@ -115,6 +115,18 @@ pub enum Verdict {
     Nothing,
 }
 
+impl Verdict {
+    /// The variant's name, without its reason.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Verdict::Taint { .. } => "Taint",
+            Verdict::Untaint => "Untaint",
+            Verdict::RateLimited => "RateLimited",
+            Verdict::Nothing => "Nothing",
+        }
+    }
+}
+
 /// The pure rule, for one node at time `now`. `recent` is how many times
 /// this node was tainted in the last hour.
 pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize) -> Verdict {
