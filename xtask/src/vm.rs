@@ -126,6 +126,10 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
     }
     let selected = scenario::select(&CI_SUBSET.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
     build_agent()?;
+    if let Err(e) = enough_disk(root) {
+        println!("SKIPPED VM scenarios: {e:#}");
+        return Ok(());
+    }
     let args = Args {
         cluster: true,
         ..Args::default()
@@ -149,6 +153,35 @@ fn preflight() -> Result<()> {
     .context("installing qemu and debootstrap")?;
     qemu::probe().context("qemu-system-x86_64 does not start")?;
     Ok(())
+}
+
+/// What a run writes under `target/vm`: a guest's overlay grows to ~40 MiB,
+/// its audit disk is 32 MiB, logs and the audit read back are small; the
+/// margin is for the host's own writes while the guests run.
+const MIN_FREE: u64 = 1 << 30;
+
+fn enough_disk(root: &Path) -> Result<()> {
+    let dir = crate::target_dir(root);
+    match free_space(&dir) {
+        Some(free) if free < MIN_FREE => bail!(
+            "only {} free under {} (the VM scenarios need {}: qemu would pause a guest \
+             whose disk write fails)",
+            mib(free),
+            dir.display(),
+            mib(MIN_FREE)
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Bytes available (as `df` shows them) on the filesystem holding `path`.
+pub fn free_space(path: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    Some(s.blocks_available() as u64 * s.fragment_size() as u64)
+}
+
+pub fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
 }
 
 fn is_root() -> bool {
@@ -185,6 +218,7 @@ fn run_all(
     );
     let agent = agent_binary(root, profile)?;
     println!("vm-test: agent {}", agent.display());
+    enough_disk(root)?;
     let out = crate::target_dir(root).join("vm");
     let stamp = date_stamp();
     let run_dir = out.join(format!("run-{stamp}"));

@@ -189,8 +189,12 @@ fn apidouble_binary(root: &Path, profile: &str) -> Result<PathBuf> {
         .join(profile)
         .join("lastgasp-apidouble");
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    // The same packages as `crate::build` (a no-op after it): the agent's build needs
+    // LASTGASP_EBPF_OBJ, already built by then.
     cmd.current_dir(root)
-        .args(["build", "--package", "lastgasp-apidouble"]);
+        .arg("build")
+        .args(crate::BINS)
+        .env("LASTGASP_EBPF_OBJ", crate::ebpf_object(root));
     if profile == "release" {
         cmd.arg("--release");
     }

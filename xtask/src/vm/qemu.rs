@@ -321,8 +321,26 @@ impl Guest<'_> {
             if halted && halted_at.is_none() {
                 halted_at = Some(Instant::now());
             }
+            let io_error = qmp
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|e| e.event == "BLOCK_IO_ERROR")
+                .map(|e| e.data.clone());
             let why = if halted_at.is_some_and(|h| h.elapsed() > Duration::from_secs(3)) {
                 Some(None)
+            } else if let Some(d) = io_error {
+                // qemu pauses the guest on ENOSPC (werror=enospc): it would
+                // sit there until the timeout. Say why, now.
+                Some(Some(format!(
+                    "qemu stopped the guest: a {} on its {} disk failed on the host: {} \
+                     ({} free under {})",
+                    d["operation"].as_str().unwrap_or("write"),
+                    d["device"].as_str().unwrap_or("?"),
+                    d["reason"].as_str().unwrap_or("I/O error"),
+                    super::free_space(dir).map_or("?".into(), super::mib),
+                    dir.display()
+                )))
             } else if booted_at.is_some_and(|b| !armed && now > b + ARM_TIMEOUT) {
                 // The runner gives the agent 120 s to arm; past that the guest
                 // itself is stuck (seen under TCG: soft lockups of both vCPUs
