@@ -272,8 +272,9 @@ fn run_all(
         args.cluster,
     );
     println!("\n{md}");
-    fs::write(run_dir.join("matrix.md"), &md)?;
-    fs::write(out.join("matrix.md"), &md)?;
+    for f in [run_dir.join("matrix.md"), out.join("matrix.md")] {
+        fs::write(&f, &md).with_context(|| format!("writing {}", f.display()))?;
+    }
     println!(
         "vm-test: matrix written to {}",
         out.join("matrix.md").display()

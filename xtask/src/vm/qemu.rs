@@ -392,15 +392,17 @@ impl Guest<'_> {
         let console = console.lock().unwrap().clone();
         let agent = agent.lock().unwrap().clone();
         let qmp = qmp.lock().unwrap().clone();
-        write_lines(&dir.join("console.log"), &console)?;
-        write_lines(&dir.join("agent-stdout.log"), &agent)?;
-        fs::write(
-            dir.join("qmp-events.log"),
-            qmp.iter()
+        // Best effort: on a full disk these fail too, and the run's own
+        // result (in memory) must still reach the report.
+        save(&dir.join("console.log"), &lines(&console));
+        save(&dir.join("agent-stdout.log"), &lines(&agent));
+        save(
+            &dir.join("qmp-events.log"),
+            &qmp.iter()
                 .map(|e| format!("{:>9.3} {} {}\n", e.t.as_secs_f64(), e.event, e.data))
                 .collect::<String>(),
-        )?;
-        fs::write(dir.join("qemu.stderr"), &stderr)?;
+        );
+        save(&dir.join("qemu.stderr"), &stderr);
         if !self.keep_disks && !spec.keep_overlay {
             let _ = fs::remove_file(&overlay);
         }
@@ -563,11 +565,15 @@ fn read_qmp(s: UnixStream, start: Instant, out: &Mutex<Vec<QmpEvent>>) {
     }
 }
 
-fn write_lines(path: &Path, lines: &[Line]) -> Result<()> {
-    let mut s = String::new();
-    for l in lines {
-        s.push_str(&format!("{:>9.3} {}\n", l.t.as_secs_f64(), l.text));
+fn lines(lines: &[Line]) -> String {
+    lines
+        .iter()
+        .map(|l| format!("{:>9.3} {}\n", l.t.as_secs_f64(), l.text))
+        .collect()
+}
+
+fn save(path: &Path, data: &str) {
+    if let Err(e) = fs::write(path, data) {
+        eprintln!("vm-test: could not write {}: {e}", path.display());
     }
-    fs::write(path, s)?;
-    Ok(())
 }
