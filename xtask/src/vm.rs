@@ -126,7 +126,7 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
     }
     let selected = scenario::select(&CI_SUBSET.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
     build_agent()?;
-    if let Err(e) = enough_disk(root) {
+    if let Err(e) = enough_disk(&crate::target_dir(root).join("vm")) {
         println!("SKIPPED VM scenarios: {e:#}");
         return Ok(());
     }
@@ -160,9 +160,10 @@ fn preflight() -> Result<()> {
 /// margin is for the host's own writes while the guests run.
 const MIN_FREE: u64 = 1 << 30;
 
-fn enough_disk(root: &Path) -> Result<()> {
-    let dir = crate::target_dir(root);
-    match free_space(&dir) {
+/// `dir` (created if missing) has room for a run.
+fn enough_disk(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir)?;
+    match free_space(dir) {
         Some(free) if free < MIN_FREE => bail!(
             "only {} free under {} (the VM scenarios need {}: qemu would pause a guest \
              whose disk write fails)",
@@ -218,7 +219,7 @@ fn run_all(
     );
     let agent = agent_binary(root, profile)?;
     println!("vm-test: agent {}", agent.display());
-    enough_disk(root)?;
+    enough_disk(&crate::target_dir(root).join("vm"))?;
     let out = crate::target_dir(root).join("vm");
     let stamp = date_stamp();
     let run_dir = out.join(format!("run-{stamp}"));

@@ -873,7 +873,7 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
     };
     if seen != Some(sc.end) {
         p.push(format!(
-            "expected the guest to have {}, it {}",
+            "expected the guest to have {}; seen instead: {}",
             o.expected, o.end_seen
         ));
         let err = run.stderr.trim();
