@@ -382,7 +382,9 @@ mod tests {
             s.scope = Scope::Container;
             s
         };
-        let cases: Vec<(&str, Vec<ShutdownSignal>, Vec<&str>, Vec<u32>)> = vec![
+        // (name, signals, the action each yields, the episode each joins)
+        type Case = (&'static str, Vec<ShutdownSignal>, Vec<&'static str>, Vec<u32>);
+        let cases: Vec<Case> = vec![
             (
                 "systemctl poweroff through logind, to the end",
                 vec![

@@ -30,6 +30,8 @@ pub struct Record {
 /// action achieved.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(tag = "type", rename_all = "kebab-case")]
+// A record per detection, written once: a box would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Entry {
     Signal {
         signal: ShutdownSignal,
