@@ -383,7 +383,12 @@ mod tests {
             s
         };
         // (name, signals, the action each yields, the episode each joins)
-        type Case = (&'static str, Vec<ShutdownSignal>, Vec<&'static str>, Vec<u32>);
+        type Case = (
+            &'static str,
+            Vec<ShutdownSignal>,
+            Vec<&'static str>,
+            Vec<u32>,
+        );
         let cases: Vec<Case> = vec![
             (
                 "systemctl poweroff through logind, to the end",
