@@ -21,7 +21,10 @@ use lastgasp::{
     grace::Bucket,
 };
 use lastgasp_apidouble::{AccessRule, ApiDouble, Fault};
-use lastgasp_tests::support::*;
+use lastgasp_tests::{
+    bus::{have_dbus_daemon, TestBus},
+    support::*,
+};
 use serde_json::{json, Value};
 
 /// A plain HTTP/1.1 GET: (status, body).
@@ -91,16 +94,17 @@ impl Running {
     }
 }
 
-/// `lastgasp --json-logs run --standalone ...`: every stderr line must be JSON.
+/// `lastgasp --json-logs run --standalone --no-dbus ...`.
 fn start_standalone(audit: &std::path::Path, extra: &[&str]) -> Running {
+    let mut args = vec!["--no-dbus"];
+    args.extend_from_slice(extra);
+    start_run(audit, &args)
+}
+
+/// `lastgasp --json-logs run --standalone ...`: every stderr line must be JSON.
+fn start_run(audit: &std::path::Path, extra: &[&str]) -> Running {
     let mut child = Command::new(agent_bin())
-        .args([
-            "--json-logs",
-            "run",
-            "--standalone",
-            "--no-dbus",
-            "--audit-dir",
-        ])
+        .args(["--json-logs", "run", "--standalone", "--audit-dir"])
         .arg(audit)
         .args(extra)
         .stdout(Stdio::null())
@@ -245,6 +249,75 @@ fn standalone_agent_serves_metrics_readiness_and_liveness() {
     )
     .unwrap();
     assert!(agent.child.wait().unwrap().success());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Polls `/readyz` until `pred(status, body)`; returns the body.
+fn wait_ready(addr: &str, what: &str, pred: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = get(addr, "/readyz").unwrap();
+        if pred(code, &body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: /readyz said {code} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A node whose system bus goes away: the agent it had connected to logind
+/// and systemd says so on /readyz until both are back (a real dbus-daemon,
+/// killed and started again on the same socket).
+#[tokio::test]
+async fn readiness_is_lost_with_the_bus_and_comes_back_with_it() {
+    if !can_load_ebpf("observe_readiness_bus") || !have_dbus_daemon("observe_readiness_bus") {
+        return;
+    }
+    let mut bus = TestBus::start("readyz", &[], &[]);
+    let dir = std::env::temp_dir().join(format!("lastgasp-readyz-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let root = bus.root.to_str().unwrap().to_string();
+    let agent = start_run(
+        &dir,
+        &[
+            "--logind-root",
+            &root,
+            "--system-bus",
+            &bus.address,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let listen = agent.wait_log("the endpoint's address", |v| {
+        v["fields"]["listen"].is_string()
+    });
+    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    agent.wait_log("systemd detector started", |v| {
+        v["fields"]["message"] == "systemd: following shutdown jobs"
+    });
+    wait_ready(&addr, "ready once armed", |c, _| c == 200);
+
+    bus.stop_bus();
+    let body = wait_ready(&addr, "both detectors lost", |c, b| {
+        c == 503 && b.contains("logind: ") && b.contains("systemd: ")
+    });
+    assert_eq!(body.trim().lines().count(), 1, "one line: {body:?}");
+    assert!(body.contains("reconnecting every"), "{body}");
+    // Alive all the while: the loop still turns, the eBPF hooks still see.
+    assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+    agent.wait_log("the loss logged", |v| {
+        v["level"] == "WARN" && v["fields"]["part"] == "logind"
+    });
+
+    bus.start_bus().await;
+    wait_ready(&addr, "ready again with the bus back", |c, _| c == 200);
+    agent.wait_log("the return logged", |v| {
+        v["fields"]["message"] == "logind back"
+    });
+    drop(agent);
     std::fs::remove_dir_all(&dir).ok();
 }
 

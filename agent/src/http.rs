@@ -2,10 +2,12 @@
 //! `/healthz`. hyper 1 (HTTP/1.1 only), one small task per connection.
 //!
 //! - `/readyz`: 200 `ok` once the agent is ready (hooks armed and, in cluster
-//!   mode, the warm watches listed); else 503 with a one-line reason.
+//!   mode, the warm watches listed) and while no part it had is lost (the
+//!   logind or systemd bus connection); else 503 with a one-line reason.
 //! - `/healthz`: 200 while the main loop turns (it stamps a heartbeat every
 //!   tick); 503 once the last stamp is older than the stall limit (30 s).
 use std::{
+    collections::BTreeMap,
     convert::Infallible,
     net::{IpAddr, SocketAddr},
     str::FromStr,
@@ -81,6 +83,8 @@ pub struct Health {
     started: Instant,
     /// Why not ready; `None` once ready.
     not_ready: Mutex<Option<String>>,
+    /// Parts lost after the start, with why ("logind": "the bus ...").
+    lost: Mutex<BTreeMap<&'static str, String>>,
     /// Milliseconds since `started` of the loop's last turn; `NOT_LOOPING`
     /// until the first (the start itself is readiness's business).
     heartbeat_ms: AtomicU64,
@@ -91,6 +95,7 @@ impl Health {
         Arc::new(Health {
             started: Instant::now(),
             not_ready: Mutex::new(Some(why_not_ready.to_string())),
+            lost: Mutex::default(),
             heartbeat_ms: AtomicU64::new(NOT_LOOPING),
         })
     }
@@ -103,11 +108,34 @@ impl Health {
         *self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    pub fn readiness(&self) -> Result<(), String> {
-        match &*self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) {
-            None => Ok(()),
-            Some(why) => Err(why.clone()),
+    /// `part` stopped working (not ready until `regained`); logged once per loss.
+    pub fn lost(&self, part: &'static str, why: &str) {
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if lost.insert(part, why.to_string()).is_none() {
+            tracing::warn!(part, why, "not ready: {part} lost");
         }
+    }
+
+    pub fn regained(&self, part: &'static str) {
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if lost.remove(part).is_some() {
+            tracing::info!(part, "{part} back");
+        }
+    }
+
+    pub fn readiness(&self) -> Result<(), String> {
+        if let Some(why) = &*self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Err(why.clone());
+        }
+        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if lost.is_empty() {
+            return Ok(());
+        }
+        Err(lost
+            .iter()
+            .map(|(part, why)| format!("{part}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; "))
     }
 
     /// The main loop calls this on every turn.
@@ -307,6 +335,7 @@ mod tests {
         let h2 = Health {
             started: Instant::now() - Duration::from_secs(31),
             not_ready: Mutex::new(None),
+            lost: Mutex::default(),
             heartbeat_ms: AtomicU64::new(0),
         };
         let why = h2.liveness().unwrap_err();
@@ -320,5 +349,28 @@ mod tests {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         let r = route(&hyper::Method::GET, "/metrics", &|| "x 1\n".into(), &h);
         assert_eq!(r.status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn a_lost_part_makes_it_unready_until_regained() {
+        let h = Health::new("starting");
+        h.ready();
+        h.lost("systemd", "the bus connection closed");
+        h.lost("logind", "the bus connection closed");
+        assert_eq!(
+            h.readiness(),
+            Err("logind: the bus connection closed; systemd: the bus connection closed".into())
+        );
+        h.regained("logind");
+        assert_eq!(
+            h.readiness(),
+            Err("systemd: the bus connection closed".into())
+        );
+        h.regained("systemd");
+        assert_eq!(h.readiness(), Ok(()));
+        // Still starting: the start's reason comes first.
+        let h = Health::new("arming the hooks");
+        h.lost("logind", "gone");
+        assert_eq!(h.readiness(), Err("arming the hooks".into()));
     }
 }

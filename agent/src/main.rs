@@ -219,7 +219,7 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     };
     // logind and systemd over D-Bus feed the same loop.
     let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
-    let logind = dbus::spawn_detectors(&args.dbus, dbus_tx).await?;
+    let logind = dbus::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
     let mut agent = Agent::new(audit, cluster, logind, metrics.clone(), args.standalone);
     agent.after_boot(&boot_id).await?;
     // Arming parsed the kernel's BTF and the start read the audit log

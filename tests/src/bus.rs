@@ -103,10 +103,20 @@ impl TestBus {
     /// Stops dbus-daemon and starts a new one on the same socket; waits for
     /// the fake to be back on it.
     pub async fn restart_bus(&mut self) {
-        let before = self.events().iter().filter(|e| e.is("connected")).count();
+        self.stop_bus();
+        self.start_bus().await;
+    }
+
+    /// Kills the dbus-daemon (the fake stays, reconnecting).
+    pub fn stop_bus(&mut self) {
         self.daemon.kill().unwrap();
         self.daemon.wait().unwrap();
         let _ = std::fs::remove_file(self.dir.join("system_bus_socket"));
+    }
+
+    /// A new dbus-daemon on the same socket, once the fake is back on it.
+    pub async fn start_bus(&mut self) {
+        let before = self.events().iter().filter(|e| e.is("connected")).count();
         let (daemon, address) = start_daemon(&self.dir);
         self.daemon = daemon;
         self.address = address;

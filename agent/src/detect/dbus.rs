@@ -3,6 +3,7 @@
 //! detectors beside the eBPF one.
 use std::{
     path::PathBuf,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -16,7 +17,7 @@ use super::{
     logind::{LogindConfig, LogindDetector, LogindHandle, StartError},
     systemd::{SystemdConfig, SystemdDetector},
 };
-use crate::signal::ShutdownSignal;
+use crate::{http::Health, signal::ShutdownSignal};
 
 pub const LOGIND: &str = "org.freedesktop.login1";
 pub const LOGIND_PATH: &str = "/org/freedesktop/login1";
@@ -70,10 +71,12 @@ impl DbusArgs {
 /// Starts the logind and systemd detectors as tasks sending on `tx`. A node
 /// without a system bus, logind or systemd runs on without them (the eBPF
 /// hooks still see every shutdown); a logind that cannot give the delay the
-/// grace period needs is an error.
+/// grace period needs is an error. A connection lost later makes `health`
+/// unready until it is back.
 pub async fn spawn_detectors(
     args: &DbusArgs,
     tx: mpsc::Sender<ShutdownSignal>,
+    health: Arc<Health>,
 ) -> Result<Option<LogindHandle>> {
     if args.no_dbus {
         return Ok(None);
@@ -84,10 +87,12 @@ pub async fn spawn_detectors(
                 inhibit_delay_max = ?det.inhibit_delay_max(),
                 "logind: delay lock taken"
             );
-            let tx = tx.clone();
+            let (tx, health) = (tx.clone(), health.clone());
+            let det = det.report_to(health.clone());
             tokio::spawn(async move {
                 if let Err(e) = det.run(tx).await {
                     tracing::error!("logind detector stopped: {e:#}");
+                    health.lost("logind", &format!("the detector stopped: {e:#}"));
                 }
             });
             Some(handle)
@@ -101,9 +106,11 @@ pub async fn spawn_detectors(
     match SystemdDetector::start(args.systemd()).await {
         Ok(det) => {
             tracing::info!("systemd: following shutdown jobs");
+            let det = det.report_to(health.clone());
             tokio::spawn(async move {
                 if let Err(e) = det.run(tx).await {
                     tracing::error!("systemd detector stopped: {e:#}");
+                    health.lost("systemd", &format!("the detector stopped: {e:#}"));
                 }
             });
         }

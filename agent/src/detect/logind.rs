@@ -16,6 +16,7 @@ use std::{
     io::Write,
     os::{fd::OwnedFd, unix::fs::PermissionsExt},
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -32,6 +33,7 @@ use super::{
     dbus::{self, LOGIND, LOGIND_MANAGER, LOGIND_PATH},
     ebpf::now_pair,
 };
+use crate::http::Health;
 use crate::signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source};
 
 /// The drop-in written under `<root>/etc/systemd/logind.conf.d/`.
@@ -436,7 +438,13 @@ pub struct LogindDetector {
     sessions: u32,
     release_rx: mpsc::UnboundedReceiver<()>,
     held: watch::Sender<bool>,
+    /// Where a lost bus or lock is reported (the readiness endpoint).
+    health: Option<Arc<Health>>,
 }
+
+/// The parts `health` hears about.
+const LOST_BUS: &str = "logind";
+const LOST_LOCK: &str = "logind delay lock";
 
 enum Flow {
     /// The receiver of signals is gone.
@@ -474,6 +482,7 @@ impl LogindDetector {
             sessions: 0,
             release_rx,
             held,
+            health: None,
         };
         let handle = LogindHandle {
             release,
@@ -487,6 +496,12 @@ impl LogindDetector {
         self.delay_max
     }
 
+    /// Reports a lost bus connection or delay lock to `health` while it lasts.
+    pub fn report_to(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
     /// Runs until `tx` is closed, reconnecting (and re-locking) when the bus
     /// goes away.
     pub async fn run(mut self, tx: mpsc::Sender<ShutdownSignal>) -> anyhow::Result<()> {
@@ -495,10 +510,11 @@ impl LogindDetector {
                 Ok(Flow::Stop) => return Ok(()),
                 Err(e) => e,
             };
-            tracing::warn!(
-                "logind: {err:#}; reconnecting in {:?}",
-                self.cfg.reconnect_after
-            );
+            let why = format!("{err:#}; reconnecting every {:?}", self.cfg.reconnect_after);
+            if let Some(h) = &self.health {
+                h.lost(LOST_BUS, &why);
+            }
+            tracing::warn!("logind: {why}");
             self.conn = None;
             self.streams = None;
             // The lock and a shutdown under way outlive the bus connection:
@@ -568,6 +584,9 @@ impl LogindDetector {
         }
         if let Some(f) = self.check_scheduled(&conn, tx, None).await {
             return Ok(f);
+        }
+        if let Some(h) = &self.health {
+            h.regained(LOST_BUS);
         }
 
         let mut poll = tokio::time::interval(self.cfg.scheduled_poll);
@@ -784,8 +803,16 @@ impl LogindDetector {
                 let old = self.lock.replace(fd);
                 drop(old);
                 self.held.send_replace(true);
+                if let Some(h) = &self.health {
+                    h.regained(LOST_LOCK);
+                }
             }
-            Err(e) => tracing::error!("logind: cannot take a delay lock: {e}"),
+            Err(e) => {
+                tracing::error!("logind: cannot take a delay lock: {e}");
+                if let Some(h) = &self.health {
+                    h.lost(LOST_LOCK, &format!("cannot take a delay lock: {e}"));
+                }
+            }
         }
     }
 

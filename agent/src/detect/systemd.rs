@@ -18,7 +18,7 @@
 //! in systemd-poweroff.service and shutdown.target): one signal is sent per
 //! kind while its jobs are pending; `shutdown.target` alone counts as
 //! `unknown`.
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use anyhow::{bail, Result};
 use futures::StreamExt;
@@ -29,6 +29,7 @@ use super::{
     dbus::{self, LOGIND, LOGIND_MANAGER, LOGIND_PATH, SYSTEMD, SYSTEMD_MANAGER, SYSTEMD_PATH},
     ebpf::now_pair,
 };
+use crate::http::Health;
 use crate::signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source};
 
 #[derive(Clone, Debug)]
@@ -74,7 +75,12 @@ pub struct SystemdDetector {
     /// logind's last PrepareForShutdown(true), not cancelled since.
     prepared: Option<(Instant, Sequence)>,
     window: Duration,
+    /// Where a lost bus connection is reported (the readiness endpoint).
+    health: Option<Arc<Health>>,
 }
+
+/// The part `health` hears about.
+const LOST_BUS: &str = "systemd";
 
 impl SystemdDetector {
     pub async fn start(cfg: SystemdConfig) -> Result<Self> {
@@ -90,19 +96,29 @@ impl SystemdDetector {
             pending: HashMap::new(),
             prepared: None,
             window: Duration::ZERO,
+            health: None,
         })
     }
 
     /// Runs until `tx` is closed, reconnecting and subscribing again when
     /// the bus goes away.
+    /// Reports a lost bus connection to `health` while it lasts.
+    pub fn report_to(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
     pub async fn run(mut self, tx: mpsc::Sender<ShutdownSignal>) -> Result<()> {
         loop {
             match self.session(&tx).await {
                 Ok(()) => return Ok(()),
-                Err(e) => tracing::warn!(
-                    "systemd: {e:#}; reconnecting in {:?}",
-                    self.cfg.reconnect_after
-                ),
+                Err(e) => {
+                    let why = format!("{e:#}; reconnecting every {:?}", self.cfg.reconnect_after);
+                    if let Some(h) = &self.health {
+                        h.lost(LOST_BUS, &why);
+                    }
+                    tracing::warn!("systemd: {why}");
+                }
             }
             self.conn = None;
             self.streams = None;
@@ -163,6 +179,9 @@ impl SystemdDetector {
             }
         }
 
+        if let Some(h) = &self.health {
+            h.regained(LOST_BUS);
+        }
         let closed = || anyhow::anyhow!("the bus connection closed");
         loop {
             // logind's signal first: a job is judged after every signal the
@@ -319,6 +338,7 @@ mod tests {
             pending: HashMap::new(),
             prepared: None,
             window: Duration::ZERO,
+            health: None,
         };
         let s = d.job_new(1, "shutdown.target", false).unwrap();
         assert_eq!(s.kind, Kind::Unknown);
