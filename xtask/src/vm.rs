@@ -219,8 +219,8 @@ fn run_all(
     );
     let agent = agent_binary(root, profile)?;
     println!("vm-test: agent {}", agent.display());
-    enough_disk(&crate::target_dir(root).join("vm"))?;
     let out = crate::target_dir(root).join("vm");
+    enough_disk(&out)?;
     let stamp = date_stamp();
     let run_dir = out.join(format!("run-{stamp}"));
     fs::create_dir_all(&run_dir)?;

@@ -14,8 +14,8 @@ use zbus::{
 };
 
 use super::{
-    logind::{LogindConfig, LogindDetector, LogindHandle, StartError},
-    systemd::{SystemdConfig, SystemdDetector},
+    logind::{self, LogindConfig, LogindDetector, LogindHandle, StartError},
+    systemd::{self, SystemdConfig, SystemdDetector},
 };
 use crate::{http::Health, signal::ShutdownSignal};
 
@@ -92,7 +92,7 @@ pub async fn spawn_detectors(
             tokio::spawn(async move {
                 if let Err(e) = det.run(tx).await {
                     tracing::error!("logind detector stopped: {e:#}");
-                    health.lost("logind", &format!("the detector stopped: {e:#}"));
+                    health.lost(logind::PART, &format!("the detector stopped: {e:#}"));
                 }
             });
             Some(handle)
@@ -110,7 +110,7 @@ pub async fn spawn_detectors(
             tokio::spawn(async move {
                 if let Err(e) = det.run(tx).await {
                     tracing::error!("systemd detector stopped: {e:#}");
-                    health.lost("systemd", &format!("the detector stopped: {e:#}"));
+                    health.lost(systemd::PART, &format!("the detector stopped: {e:#}"));
                 }
             });
         }

@@ -442,9 +442,9 @@ pub struct LogindDetector {
     health: Option<Arc<Health>>,
 }
 
-/// The parts `health` hears about.
-const LOST_BUS: &str = "logind";
-const LOST_LOCK: &str = "logind delay lock";
+/// What `health` calls this detector's bus connection, and its delay lock.
+pub const PART: &str = "logind";
+const LOCK_PART: &str = "logind delay lock";
 
 enum Flow {
     /// The receiver of signals is gone.
@@ -512,7 +512,7 @@ impl LogindDetector {
             };
             let why = format!("{err:#}; reconnecting every {:?}", self.cfg.reconnect_after);
             if let Some(h) = &self.health {
-                h.lost(LOST_BUS, &why);
+                h.lost(PART, &why);
             }
             tracing::warn!("logind: {why}");
             self.conn = None;
@@ -586,7 +586,7 @@ impl LogindDetector {
             return Ok(f);
         }
         if let Some(h) = &self.health {
-            h.regained(LOST_BUS);
+            h.regained(PART);
         }
 
         let mut poll = tokio::time::interval(self.cfg.scheduled_poll);
@@ -804,13 +804,13 @@ impl LogindDetector {
                 drop(old);
                 self.held.send_replace(true);
                 if let Some(h) = &self.health {
-                    h.regained(LOST_LOCK);
+                    h.regained(LOCK_PART);
                 }
             }
             Err(e) => {
                 tracing::error!("logind: cannot take a delay lock: {e}");
                 if let Some(h) = &self.health {
-                    h.lost(LOST_LOCK, &format!("cannot take a delay lock: {e}"));
+                    h.lost(LOCK_PART, &format!("cannot take a delay lock: {e}"));
                 }
             }
         }

@@ -79,8 +79,8 @@ pub struct SystemdDetector {
     health: Option<Arc<Health>>,
 }
 
-/// The part `health` hears about.
-const LOST_BUS: &str = "systemd";
+/// What `health` calls this detector's bus connection.
+pub const PART: &str = "systemd";
 
 impl SystemdDetector {
     pub async fn start(cfg: SystemdConfig) -> Result<Self> {
@@ -100,14 +100,14 @@ impl SystemdDetector {
         })
     }
 
-    /// Runs until `tx` is closed, reconnecting and subscribing again when
-    /// the bus goes away.
     /// Reports a lost bus connection to `health` while it lasts.
     pub fn report_to(mut self, health: Arc<Health>) -> Self {
         self.health = Some(health);
         self
     }
 
+    /// Runs until `tx` is closed, reconnecting and subscribing again when
+    /// the bus goes away.
     pub async fn run(mut self, tx: mpsc::Sender<ShutdownSignal>) -> Result<()> {
         loop {
             match self.session(&tx).await {
@@ -115,7 +115,7 @@ impl SystemdDetector {
                 Err(e) => {
                     let why = format!("{e:#}; reconnecting every {:?}", self.cfg.reconnect_after);
                     if let Some(h) = &self.health {
-                        h.lost(LOST_BUS, &why);
+                        h.lost(PART, &why);
                     }
                     tracing::warn!("systemd: {why}");
                 }
@@ -180,7 +180,7 @@ impl SystemdDetector {
         }
 
         if let Some(h) = &self.health {
-            h.regained(LOST_BUS);
+            h.regained(PART);
         }
         let closed = || anyhow::anyhow!("the bus connection closed");
         loop {
