@@ -78,6 +78,7 @@ fn logind_signal() -> ShutdownSignal {
         scope: Scope::Node,
         effect: Effect::Now,
         actor: None,
+        sender: None,
         at: SystemTime::now(),
         boot_ns: 0,
         deadline: Some(SystemTime::now() + Duration::from_secs(30)),

@@ -981,6 +981,7 @@ fn signal(source: Source, forced: bool) -> ShutdownSignal {
             comm: "systemctl".into(),
             ..Default::default()
         }),
+        sender: None,
         at: SystemTime::now(),
         boot_ns: 0,
         deadline: (!forced).then(|| SystemTime::now() + Duration::from_secs(30)),

@@ -135,7 +135,7 @@ impl Decider {
         }
         let path = self.current.as_ref().map(|e| e.path);
         match &s.effect {
-            Effect::None { why } => Action::AuditOnly { why: why.clone() },
+            Effect::None { why } | Effect::Failed { why } => Action::AuditOnly { why: why.clone() },
             Effect::Cancel => match path {
                 Some(Path::Scheduled | Path::Graceful) => {
                     self.current.as_mut().unwrap().path = Path::Cancelled;
@@ -320,6 +320,7 @@ mod tests {
                 comm: "x".into(),
                 ..Default::default()
             }),
+            sender: None,
             at: t(0),
             boot_ns: 0,
             deadline: None,

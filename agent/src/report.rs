@@ -163,6 +163,7 @@ mod tests {
             scope: Scope::Node,
             effect: Effect::Now,
             actor: None,
+            sender: None,
             at: SystemTime::UNIX_EPOCH,
             boot_ns: 0,
             deadline: None,

@@ -55,8 +55,12 @@ pub enum Effect {
     },
     /// A scheduled or delayed shutdown is cancelled.
     Cancel,
-    /// Nothing is shut down (a query, `shutdown -k`, bad reboot magic...).
+    /// Nothing is shut down (a query, `shutdown -k`, bad reboot magic, a
+    /// caller without CAP_SYS_BOOT...).
     None { why: String },
+    /// A request that was carried out and failed (a reboot(2) that
+    /// returned): retract what it started.
+    Failed { why: String },
 }
 
 /// Who asked.
@@ -70,6 +74,14 @@ pub struct Actor {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exe: Option<String>,
     pub uid: u32,
+    /// Effective uid, read from the task's credentials in the kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub euid: Option<u32>,
+    /// Whether the task holds CAP_SYS_BOOT in its effective set in the
+    /// initial user namespace, i.e. whether its reboot(2) can work. `None`:
+    /// the kernel's credentials could not be read (no BTF offsets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_sys_boot: Option<bool>,
     pub cgroup_id: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
@@ -80,6 +92,18 @@ pub struct Actor {
     /// Parent chain, nearest first, as far as /proc still had it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parents: Vec<Parent>,
+}
+
+/// The D-Bus peer that sent a logind or systemd signal.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct BusSender {
+    /// Its unique name (`:1.42`).
+    pub unique: String,
+    /// It owned the service's well-known name (`org.freedesktop.login1` or
+    /// `org.freedesktop.systemd1`) when the signal came: only then is it
+    /// logind or systemd speaking. Anyone else on the bus can send the same
+    /// signal.
+    pub owns_name: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -134,6 +158,9 @@ pub struct ShutdownSignal {
     #[serde(flatten)]
     pub effect: Effect,
     pub actor: Option<Actor>,
+    /// D-Bus signals: who sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<BusSender>,
     /// When the kernel saw it (wall clock).
     #[serde(with = "humantime_serde")]
     pub at: SystemTime,

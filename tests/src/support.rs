@@ -163,6 +163,7 @@ pub fn forced_exec() -> ShutdownSignal {
             comm: "reboot".into(),
             ..Default::default()
         }),
+        sender: None,
         at: std::time::SystemTime::now(),
         boot_ns: 0,
         deadline: None,

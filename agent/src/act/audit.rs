@@ -60,6 +60,12 @@ pub enum Outcome {
     LastGaspFailed { error: String },
     /// A cancellation was applied.
     Cancelled,
+    /// The episode's expected end passed with the agent still alive and the
+    /// host saying no shutdown is under way: every mark was undone.
+    Abandoned { why: String },
+    /// A request that was never confirmed (pending) ran out: nothing was
+    /// done.
+    Expired { why: String },
     /// Episode `episode` of boot `boot_id` reached the cluster only in this
     /// later boot.
     DeliveredLate { boot_id: String },
@@ -249,6 +255,7 @@ mod tests {
             scope: Scope::Node,
             effect: Effect::Now,
             actor: None,
+            sender: None,
             at: SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789),
             boot_ns: 42,
             deadline: None,

@@ -482,6 +482,7 @@ pub fn decode_raw(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
         scope,
         effect: intent.effect,
         actor: Some(actor),
+        sender: None,
         at,
         boot_ns: raw.boot_ns,
         deadline: None,

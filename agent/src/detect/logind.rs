@@ -972,6 +972,7 @@ fn signal(
         scope: Scope::Node,
         effect,
         actor,
+        sender: None,
         at,
         boot_ns,
         deadline,

@@ -315,6 +315,7 @@ fn signal(
         scope: Scope::Node,
         effect,
         actor: None,
+        sender: None,
         at,
         boot_ns,
         deadline: None,
