@@ -645,8 +645,9 @@ mod agent_flow {
 
     use lastgasp::{
         act::audit::{self, AuditLog, Entry, Outcome},
-        agent::{Agent, Cluster},
+        agent::{Agent, Cluster, HostQuery, LAST_GASP_BOUND},
         controller::{Controller, ControllerConfig, Policy, OUT_OF_SERVICE_KEY},
+        decide::{HostAnswer, Policy as DecidePolicy},
     };
 
     use super::*;
@@ -794,6 +795,198 @@ mod agent_flow {
         assert_eq!(
             (r.boot_id.as_str(), r.end),
             ("boot-2", lastgasp::report::BootEnd::Unannounced)
+        );
+    }
+
+    /// PATCH/POST/DELETE requests the double answered since `from`.
+    fn writes_since(s: &Setup, from: usize) -> Vec<String> {
+        s.double.requests()[from..]
+            .iter()
+            .filter(|r| r.method != "GET")
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect()
+    }
+
+    fn host(answer: HostAnswer) -> (HostQuery, Arc<dyn Fn() -> bool + Send + Sync>) {
+        (
+            Arc::new(move || {
+                let a = answer.clone();
+                Box::pin(async move { a })
+            }),
+            Arc::new(|| true),
+        )
+    }
+
+    fn quick_policy() -> DecidePolicy {
+        DecidePolicy {
+            pending_expiry: Duration::from_millis(300),
+            immediate_end: Duration::from_millis(300),
+            ..DecidePolicy::default()
+        }
+    }
+
+    /// A `systemctl poweroff` alone is a request: nothing reaches the
+    /// cluster until logind, systemd or PID 1 confirms it, and unconfirmed it
+    /// expires, audit-only.
+    #[tokio::test]
+    async fn a_request_nobody_confirms_moves_nothing_and_expires() {
+        let s = setup("pending", vec![pod("web", Some(0), None, json!({}))]).await;
+        let c = cluster(&s).await;
+        let (q, r) = host(HostAnswer::NotUnderWay);
+        let mut agent = Agent::new(
+            AuditLog::open(&s.dir, "b").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        )
+        .with_policy(quick_policy())
+        .with_host(q, r);
+        let from = s.double.requests().len();
+        let mut req = forced_exec();
+        req.forced = false;
+        req.actor.as_mut().unwrap().uid = 1000;
+        let d = agent.handle(req).await.unwrap();
+        assert!(matches!(d.action, Action::Pending { .. }), "{d:?}");
+        agent.tick(SystemTime::now() + Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(writes_since(&s, from), Vec::<String>::new());
+        let n: Node = s.double.get("", NODE).unwrap();
+        assert!(condition(&n).is_none() && !taint_keys(&n).contains(&TAINT_KEY.to_string()));
+        assert!(
+            records(&s.dir).iter().any(|r| matches!(
+                &r.entry,
+                Entry::Outcome {
+                    outcome: Outcome::Expired { .. },
+                    ..
+                }
+            )),
+            "{:#?}",
+            records(&s.dir)
+        );
+    }
+
+    /// An immediate episode whose shutdown never comes (the agent is alive
+    /// past its expected end, and the host has none under way) is abandoned:
+    /// every mark is undone, and the next shutdown is handled in full.
+    #[tokio::test]
+    async fn an_episode_that_never_ends_the_node_is_unwound() {
+        let s = setup("abandon", vec![]).await;
+        let c = cluster(&s).await;
+        let (q, r) = host(HostAnswer::NotUnderWay);
+        let mut agent = Agent::new(
+            AuditLog::open(&s.dir, "b").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        )
+        .with_policy(quick_policy())
+        .with_host(q, r)
+        .with_boot_id("b");
+        agent.handle(forced_exec()).await.unwrap();
+        let n: Node = s.double.get("", NODE).unwrap();
+        assert_eq!(
+            condition(&n),
+            Some(("True".into(), "ForcedShutdown".into()))
+        );
+        assert!(taint_keys(&n).contains(&TAINT_KEY.to_string()));
+        let rec: serde_json::Value =
+            serde_json::from_str(&n.metadata.annotations.clone().unwrap()[RECORD_ANNOTATION])
+                .unwrap();
+        assert_eq!(rec["boot_id"], "b", "the record names its boot: {rec}");
+
+        agent.tick(SystemTime::now() + Duration::from_secs(1)).await;
+        let answer = tokio::time::timeout(Duration::from_secs(5), agent.next_answer())
+            .await
+            .expect("the host was asked");
+        agent.host_answer(answer).await;
+        let mut undone = false;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let n: Node = s.double.get("", NODE).unwrap();
+            if condition(&n) == Some(("False".into(), "ShutdownAbandoned".into()))
+                && !taint_keys(&n).contains(&TAINT_KEY.to_string())
+            {
+                undone = true;
+                break;
+            }
+        }
+        assert!(undone, "{:?}", s.double.get::<Node>("", NODE));
+        assert!(
+            taint_keys(&s.double.get::<Node>("", NODE).unwrap())
+                .contains(&"example.com/other".to_string()),
+            "another's taint stays"
+        );
+        assert!(records(&s.dir).iter().any(|r| matches!(
+            &r.entry,
+            Entry::Outcome {
+                outcome: Outcome::Abandoned { .. },
+                ..
+            }
+        )));
+        let d = agent.handle(forced_exec()).await.unwrap();
+        assert_eq!(
+            (short_action(&d.action), d.episode.map(|e| e.id)),
+            ("immediate", Some(2)),
+            "a new episode, handled in full"
+        );
+    }
+
+    fn short_action(a: &Action) -> &'static str {
+        match a {
+            Action::Immediate { .. } => "immediate",
+            _ => "other",
+        }
+    }
+
+    /// An API server that does not answer cannot hold the loop: the last
+    /// gasp gives up at its bound, is recorded as failed (for the next
+    /// boot), and the next record is handled at once.
+    #[tokio::test]
+    async fn a_silent_api_server_bounds_the_last_gasp() {
+        let s = setup("slow", vec![]).await;
+        let c = cluster(&s).await;
+        s.double.inject(
+            Fault::latency(Duration::from_secs(20))
+                .method("PATCH")
+                .always(),
+        );
+        let mut agent = Agent::new(
+            AuditLog::open(&s.dir, "b").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        );
+        let t = std::time::Instant::now();
+        agent.handle(forced_exec()).await.unwrap();
+        let took = t.elapsed();
+        assert!(
+            took < LAST_GASP_BOUND + Duration::from_secs(1),
+            "the last gasp took {took:?}"
+        );
+        let failed = records(&s.dir).into_iter().find_map(|r| match r.entry {
+            Entry::Outcome {
+                outcome: Outcome::LastGaspFailed { error },
+                ..
+            } => Some(error),
+            _ => None,
+        });
+        assert!(
+            failed
+                .as_deref()
+                .is_some_and(|e| e.contains("no answer within")),
+            "{failed:?}"
+        );
+        let mut next = forced_exec();
+        next.scope = Scope::Container;
+        let t = std::time::Instant::now();
+        agent.handle(next).await.unwrap();
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
         );
     }
 

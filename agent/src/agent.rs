@@ -1,11 +1,22 @@
-//! The agent's one loop: each `ShutdownSignal` is enriched, decided, audited
-//! (fsync'd) and then acted on. Detection → decision → action, one way.
-use std::{sync::Arc, time::SystemTime};
+//! The agent's one loop body: each `ShutdownSignal` is enriched, decided,
+//! audited (fsync'd when it acts) and then acted on; time passing is decided
+//! too (pending requests expire, episodes past their end are checked with the
+//! host and unwound). Detection → decision → action, one way.
+//!
+//! Nothing here waits on the network for long: the last gasp is bounded
+//! (`LAST_GASP_BOUND`), and Events, cancels, warnings, unwinding and the
+//! host check run as tasks beside the loop.
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use anyhow::Result;
 use kube::runtime::events::EventType;
-use serde_json::json;
-use tokio::task::JoinHandle;
+use serde_json::{json, Value};
+use tokio::{sync::mpsc, task::JoinHandle};
 
 use crate::{
     act::{
@@ -17,11 +28,18 @@ use crate::{
         },
         metrics::Metrics,
     },
-    decide::{Action, Decider, Decision, Episode},
+    decide::{Action, Decider, Decision, Episode, HostAnswer, Policy, Tick},
     detect::{actor, logind::LogindHandle},
     report::{self, BootEnd, BootReport},
-    signal::ShutdownSignal,
+    signal::{Kind, ShutdownSignal, Source},
 };
+
+/// The last gasp gives up after this, and is delivered after the next boot.
+pub const LAST_GASP_BOUND: Duration = Duration::from_secs(2);
+
+/// Asks the host whether a shutdown is under way (logind, systemd).
+pub type HostQuery =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = HostAnswer> + Send>> + Send + Sync>;
 
 /// What the agent reaches in cluster mode.
 pub struct Cluster {
@@ -38,7 +56,13 @@ pub struct Agent {
     metrics: Metrics,
     /// Print each signal as a JSON line (standalone mode).
     print: bool,
-    graceful: Option<JoinHandle<()>>,
+    boot_id: String,
+    /// The graceful run, and the task that joins it.
+    graceful: Option<(tokio::task::AbortHandle, JoinHandle<()>)>,
+    host: HostQuery,
+    /// Whether logind or systemd can be reached now.
+    host_reachable: Arc<dyn Fn() -> bool + Send + Sync>,
+    answers: (mpsc::Sender<HostAnswer>, mpsc::Receiver<HostAnswer>),
 }
 
 impl Agent {
@@ -56,14 +80,41 @@ impl Agent {
             logind,
             metrics,
             print,
+            boot_id: crate::node::boot_id().unwrap_or_default(),
             graceful: None,
+            host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),
+            host_reachable: Arc::new(|| true),
+            answers: mpsc::channel(4),
         }
+    }
+
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.decider = Decider::with_policy(policy);
+        self
+    }
+
+    /// How the host is asked whether a shutdown is under way, and whether it
+    /// can be reached at all.
+    pub fn with_host(
+        mut self,
+        query: HostQuery,
+        reachable: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Self {
+        self.host = query;
+        self.host_reachable = reachable;
+        self
+    }
+
+    pub fn with_boot_id(mut self, boot_id: &str) -> Self {
+        self.boot_id = boot_id.to_string();
+        self
     }
 
     pub async fn handle(&mut self, mut s: ShutdownSignal) -> Result<Decision> {
         if let Some(l) = &self.logind {
             self.decider.set_lock_held(l.lock_held());
         }
+        self.decider.set_host_reachable((self.host_reachable)());
         let d = self.decider.decide(&s);
         self.metrics.count_detection(&s);
         self.metrics.count_decision(&d);
@@ -83,57 +134,159 @@ impl Agent {
         tracing::info!(source = ?s.source, kind = ?s.kind, forced = s.forced, scope = ?s.scope,
             pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()),
             action = ?d.action, episode = d.episode.as_ref().map(|e| e.id), "shutdown signal");
-        self.act(&s, &d).await;
+        self.act(Some(&s), &d).await;
         Ok(d)
     }
 
-    async fn act(&mut self, s: &ShutdownSignal, d: &Decision) {
+    /// Time passes (the loop calls this every second): a pending request may
+    /// expire, an episode past its expected end is checked with the host
+    /// (the answer comes back through [`Agent::next_answer`]).
+    pub async fn tick(&mut self, now: SystemTime) {
+        match self.decider.tick(now) {
+            Tick::Nothing => {}
+            Tick::Decided(d) => self.decided(d).await,
+            Tick::AskHost => {
+                let (query, tx) = (self.host.clone(), self.answers.0.clone());
+                tokio::spawn(async move {
+                    let _ = tx.send(query().await).await;
+                });
+            }
+        }
+    }
+
+    /// The host's answer to the last check, when it comes.
+    pub async fn next_answer(&mut self) -> HostAnswer {
+        match self.answers.1.recv().await {
+            Some(a) => a,
+            // The agent holds a sender: never closed.
+            None => std::future::pending().await,
+        }
+    }
+
+    pub async fn host_answer(&mut self, answer: HostAnswer) {
+        tracing::info!(?answer, "host: is a shutdown under way?");
+        if let Some(d) = self.decider.host_answer(answer, SystemTime::now()) {
+            self.decided(d).await;
+        }
+    }
+
+    /// A decision made by time, not by a signal.
+    async fn decided(&mut self, d: Decision) {
+        self.metrics.count_decision(&d);
+        tracing::warn!(action = ?d.action, episode = d.episode.as_ref().map(|e| e.id), "episode ended without a shutdown");
+        self.act(None, &d).await;
+    }
+
+    async fn act(&mut self, s: Option<&ShutdownSignal>, d: &Decision) {
         let Some(ep) = d.episode.clone() else { return };
         match &d.action {
-            Action::Graceful { .. } => self.start_graceful(s, ep),
+            Action::Graceful { .. } => {
+                if let Some(s) = s {
+                    self.start_graceful(s, ep)
+                }
+            }
             Action::Immediate { escalated } => {
                 self.stop_graceful();
-                self.last_gasp(s, &ep, *escalated).await;
+                if let Some(s) = s {
+                    self.last_gasp(s, &ep, *escalated).await;
+                }
             }
             Action::Cancel => {
                 self.stop_graceful();
-                if let Some(c) = &self.cluster {
-                    if let Err(e) = graceful::cancel(&c.node, &ep).await {
-                        tracing::error!("undoing the shutdown in the cluster: {e:#}");
+                let (cluster, audit, metrics) = (
+                    self.cluster.clone(),
+                    self.audit.clone(),
+                    self.metrics.clone(),
+                );
+                tokio::spawn(async move {
+                    if let Some(c) = &cluster {
+                        if let Err(e) = graceful::cancel(&c.node, &ep).await {
+                            tracing::error!("undoing the shutdown in the cluster: {e:#}");
+                        }
                     }
-                }
-                self.outcome(ep.id, Outcome::Cancelled).await;
+                    write_outcome(&audit, &metrics, ep.id, Outcome::Cancelled).await;
+                });
+            }
+            Action::Abandon { why } => {
+                self.stop_graceful();
+                self.unwind(ep, why.clone());
+            }
+            Action::Expire { why } => {
+                self.outcome(ep.id, Outcome::Expired { why: why.clone() })
+                    .await;
             }
             Action::Warn { due } => {
-                if let Some(c) = &self.cluster {
+                if let Some(c) = self.cluster.clone() {
                     let when = due
                         .map(|t| humantime::format_rfc3339_seconds(t).to_string())
                         .unwrap_or("later".into());
-                    let msg = format!("{:?} scheduled for {when}", ep.kind).to_lowercase();
-                    let (a, b) = tokio::join!(
-                        c.node.set_condition(true, "ScheduledShutdown", &msg),
-                        c.node
-                            .event(EventType::Normal, "ScheduledShutdown", msg.clone()),
-                    );
-                    if let Err(e) = a.and(b) {
-                        tracing::error!("announcing the scheduled shutdown: {e:#}");
-                    }
+                    let msg = format!("{} scheduled for {when}", kind_name(ep.kind));
+                    tokio::spawn(async move {
+                        let (a, b) = tokio::join!(
+                            c.node.set_condition(true, "ScheduledShutdown", &msg),
+                            c.node
+                                .event(EventType::Normal, "ScheduledShutdown", msg.clone()),
+                        );
+                        if let Err(e) = a.and(b) {
+                            tracing::error!("announcing the scheduled shutdown: {e:#}");
+                        }
+                    });
                 }
             }
-            Action::Join | Action::AuditOnly { .. } => {}
+            Action::Join | Action::AuditOnly { .. } | Action::Pending { .. } => {}
         }
+    }
+
+    /// The shutdown did not come: every mark the episode made is undone, and
+    /// the delay lock is taken again for the next one.
+    fn unwind(&mut self, ep: Episode, why: String) {
+        let (cluster, audit, metrics, logind) = (
+            self.cluster.clone(),
+            self.audit.clone(),
+            self.metrics.clone(),
+            self.logind.clone(),
+        );
+        tokio::spawn(async move {
+            if let (Some(c), true) = (&cluster, ep.marked) {
+                let msg = format!("episode {}: {why}", ep.id);
+                let (t, cond, rec, ev) = tokio::join!(
+                    c.node.set_taint(false),
+                    c.node.set_condition(false, "ShutdownAbandoned", &msg),
+                    c.node.mark_abandoned(&why),
+                    c.node
+                        .event(EventType::Normal, "ShutdownAbandoned", msg.clone()),
+                );
+                if let Err(e) = t.and(cond).and(rec).and(ev) {
+                    tracing::error!("undoing the abandoned shutdown's marks: {e:#}");
+                }
+            }
+            write_outcome(&audit, &metrics, ep.id, Outcome::Abandoned { why }).await;
+            if let Some(l) = logind {
+                l.relock();
+            }
+        });
+    }
+
+    fn record(&self, s: &ShutdownSignal, ep: &Episode) -> Value {
+        json!({
+            "boot_id": self.boot_id,
+            "at": humantime::format_rfc3339_nanos(s.at).to_string(),
+            "episode": ep,
+            "signal": s,
+        })
     }
 
     fn start_graceful(&mut self, s: &ShutdownSignal, ep: Episode) {
         self.stop_graceful();
-        let record = json!({ "episode": ep, "signal": s });
+        let record = self.record(s, &ep);
         let (cluster, logind, audit, metrics) = (
             self.cluster.clone(),
             self.logind.clone(),
             self.audit.clone(),
             self.metrics.clone(),
         );
-        self.graceful = Some(tokio::spawn(async move {
+        let id = ep.id;
+        let run = tokio::spawn(async move {
             let outcome = match &cluster {
                 Some(c) => {
                     match graceful::run(&c.node, &c.graceful, &ep, &record, &metrics).await {
@@ -156,24 +309,43 @@ impl Agent {
                     remaining: 0,
                 },
             };
-            if let Err(e) = audit.lock().await.outcome(ep.id, outcome) {
-                metrics.audit_failures.inc();
-                tracing::error!("audit outcome NOT written: {e:#}");
+            write_outcome(&audit, &metrics, ep.id, outcome).await;
+        });
+        // The run is joined: a panic is reported, and the lock goes anyway.
+        let (audit, metrics) = (self.audit.clone(), self.metrics.clone());
+        let abort = run.abort_handle();
+        let joiner = tokio::spawn(async move {
+            if let Err(e) = run.await {
+                if e.is_panic() {
+                    tracing::error!("the graceful run panicked: {e}");
+                    let outcome = Outcome::GracefulDone {
+                        terminated: 0,
+                        remaining: 0,
+                    };
+                    write_outcome(&audit, &metrics, id, outcome).await;
+                } else {
+                    // Stopped by a cancel or an escalation: they release.
+                    return;
+                }
             }
             if let Some(l) = logind {
                 l.release();
             }
-        }));
+        });
+        self.graceful = Some((abort, joiner));
     }
 
     /// A graceful run is under way (it ends by releasing the logind lock).
     pub fn graceful_running(&self) -> bool {
-        self.graceful.as_ref().is_some_and(|t| !t.is_finished())
+        self.graceful
+            .as_ref()
+            .is_some_and(|(_, j)| !j.is_finished())
     }
 
     fn stop_graceful(&mut self) {
-        if let Some(t) = self.graceful.take() {
-            t.abort();
+        if let Some((run, joiner)) = self.graceful.take() {
+            run.abort();
+            joiner.abort();
         }
     }
 
@@ -195,20 +367,20 @@ impl Agent {
             .map(|a| format!("{} ({})", a.comm, a.pid))
             .unwrap_or_default();
         let message = format!(
-            "{:?} with no time left via {:?}{} by {actor}",
-            ep.kind,
-            s.source,
+            "{} with no time left via {}{} by {actor}",
+            kind_name(ep.kind),
+            source_name(s.source),
             if escalated {
                 " during a graceful shutdown"
             } else {
                 ""
             }
-        )
-        .to_lowercase();
-        let record = json!({ "episode": ep, "signal": s });
+        );
+        let record = self.record(s, ep);
         let (status, spec) = c.lastgasp.bodies(how, &message, &record, SystemTime::now());
-        let outcome = match c.lastgasp.send(&status, &spec).await {
-            Ok(_) => {
+        let sent = tokio::time::timeout(LAST_GASP_BOUND, c.lastgasp.send(&status, &spec)).await;
+        let outcome = match sent {
+            Ok(Ok(_)) => {
                 let ms = SystemTime::now()
                     .duration_since(s.at)
                     .map(|d| d.as_secs_f64() * 1e3)
@@ -219,23 +391,27 @@ impl Agent {
                 tracing::info!(ms = format!("{ms:.2}"), "last gasp delivered");
                 Outcome::LastGaspDelivered { ms }
             }
-            Err(e) => {
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => format!("{e:#}"),
+                    _ => format!("no answer within {}s", LAST_GASP_BOUND.as_secs_f64()),
+                };
                 self.metrics.last_gasp_failures.inc();
                 tracing::error!(
-                    "last gasp failed: {e:#}; it will be delivered after the next boot"
+                    "last gasp failed: {error}; it will be delivered after the next boot"
                 );
-                Outcome::LastGaspFailed {
-                    error: format!("{e:#}"),
-                }
+                Outcome::LastGaspFailed { error }
             }
         };
         self.outcome(ep.id, outcome).await;
         if let Some(l) = &self.logind {
             l.release();
         }
-        if let Err(e) = c.node.event(EventType::Warning, "Shutdown", message).await {
-            tracing::warn!("last gasp event: {e:#}");
-        }
+        tokio::spawn(async move {
+            if let Err(e) = c.node.event(EventType::Warning, "Shutdown", message).await {
+                tracing::warn!("last gasp event: {e:#}");
+            }
+        });
     }
 
     /// At start: how did the previous boot end? Reported as an Event (and a
@@ -266,9 +442,9 @@ impl Agent {
         let pstore = report::pstore(std::path::Path::new("/sys/fs/pstore"), 3);
         let mut note = match &r.episode {
             Some(ep) => format!(
-                "previous boot {prev} ended {} ({:?}, episode {}): {}",
+                "previous boot {prev} ended {} ({}, episode {}): {}",
                 r.end.as_str(),
-                ep.kind,
+                kind_name(ep.kind),
                 ep.id,
                 ep.timeline.iter().map(|e| e.summary.as_str()).collect::<Vec<_>>().join("; ")
             ),
@@ -318,8 +494,9 @@ impl Agent {
             }
         }
         let cluster = c.clone();
+        let current = boot_id.to_string();
         tokio::spawn(async move {
-            if let Err(e) = cluster.node.clear_when_ready().await {
+            if let Err(e) = cluster.node.clear_when_ready(&current).await {
                 tracing::warn!("clearing the shutdown marks: {e:#}");
             }
         });
@@ -331,11 +508,35 @@ impl Agent {
     }
 
     async fn outcome(&self, episode: u32, outcome: Outcome) {
-        if let Err(e) = self.audit.lock().await.outcome(episode, outcome) {
-            self.metrics.audit_failures.inc();
-            tracing::error!("audit outcome NOT written: {e:#}");
-        }
+        write_outcome(&self.audit, &self.metrics, episode, outcome).await;
     }
+}
+
+async fn write_outcome(
+    audit: &tokio::sync::Mutex<AuditLog>,
+    metrics: &Metrics,
+    episode: u32,
+    outcome: Outcome,
+) {
+    if let Err(e) = audit.lock().await.outcome(episode, outcome) {
+        metrics.audit_failures.inc();
+        tracing::error!("audit outcome NOT written: {e:#}");
+    }
+}
+
+/// User-facing names, as serde writes them.
+fn kind_name(k: Kind) -> String {
+    serde_json::to_value(k)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn source_name(s: Source) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// Seconds from the detection to now: on the kernel's boot clock when the

@@ -1,7 +1,10 @@
 //! The agent's one typed configuration (YAML or JSON). Unknown fields, wrong
 //! types and impossible values fail at start with the field named: the agent
 //! never runs half-configured.
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -34,6 +37,79 @@ pub struct Config {
     /// instead (e.g. /var/lib/kubelet/config.yaml), so they are set once.
     #[serde(default)]
     pub kubelet_config_path: Option<PathBuf>,
+    /// When a claim counts, and when an episode is given up.
+    #[serde(default)]
+    pub trust: Trust,
+}
+
+/// The decision core's timings (`decide::Policy`).
+#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Trust {
+    /// How long a request (`systemctl poweroff` by anyone) waits for logind,
+    /// systemd, PID 1 or a reboot(2) to confirm it before it expires,
+    /// audit-only. Default 60s.
+    #[serde(with = "humantime_serde")]
+    pub pending_expiry: Duration,
+    /// How long an immediate shutdown may take before the agent, still
+    /// alive, asks the host whether one is under way. Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub immediate_within: Duration,
+    /// How far past a graceful deadline (or a scheduled time) the agent asks.
+    /// Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub graceful_margin: Duration,
+    /// When the host says a shutdown is under way, ask again after this.
+    /// Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub recheck: Duration,
+}
+
+impl Default for Trust {
+    fn default() -> Self {
+        let p = crate::decide::Policy::default();
+        Trust {
+            pending_expiry: p.pending_expiry,
+            immediate_within: p.immediate_end,
+            graceful_margin: p.graceful_margin,
+            recheck: p.recheck,
+        }
+    }
+}
+
+impl Trust {
+    /// The decider's policy; `graceful_length` is the buckets' total time.
+    pub fn policy(
+        &self,
+        graceful_length: Duration,
+        trust_unowned_bus_signals: bool,
+    ) -> crate::decide::Policy {
+        crate::decide::Policy {
+            pending_expiry: self.pending_expiry,
+            immediate_end: self.immediate_within,
+            graceful_margin: self.graceful_margin,
+            graceful_length,
+            recheck: self.recheck,
+            trust_unowned_bus_signals,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        for (name, d, max) in [
+            ("trust.pendingExpiry", self.pending_expiry, 3600),
+            ("trust.immediateWithin", self.immediate_within, 3600),
+            ("trust.gracefulMargin", self.graceful_margin, 3600),
+            ("trust.recheck", self.recheck, 3600),
+        ] {
+            if d.is_zero() || d > Duration::from_secs(max) {
+                bail!(
+                    "{name}: {} is out of range (more than 0, at most {max}s)",
+                    humantime::format_duration(d)
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 fn default_audit_dir() -> PathBuf {
@@ -50,6 +126,7 @@ impl Default for Config {
             shutdown_grace_period_critical_pods: None,
             shutdown_grace_period_by_pod_priority: None,
             kubelet_config_path: None,
+            trust: Trust::default(),
         }
     }
 }
@@ -77,6 +154,7 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config> {
         let cfg: Config = serde_norway::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         cfg.grace()?;
+        cfg.trust.check()?;
         Ok(cfg)
     }
 
@@ -126,6 +204,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.pod_removal, Removal::Evict);
+        assert_eq!(
+            c.trust.pending_expiry,
+            Duration::from_secs(60),
+            "the default"
+        );
+        let c =
+            Config::parse("shutdownGracePeriod: 30s\ntrust: {pendingExpiry: 2m, recheck: 10s}\n")
+                .unwrap();
+        assert_eq!(
+            (
+                c.trust.pending_expiry,
+                c.trust.recheck,
+                c.trust.immediate_within
+            ),
+            (
+                Duration::from_secs(120),
+                Duration::from_secs(10),
+                Duration::from_secs(30)
+            )
+        );
         assert_eq!(c.buckets().unwrap().len(), 2);
     }
 
@@ -138,6 +236,9 @@ mod tests {
             ("shutdownGracePeriod: 0s\n", "shutdownGracePeriod"),
             ("shutdownGracePeriodByPodPriority: [{priority: x, shutdownGracePeriodSeconds: 1}]\n", "priority"),
             ("{}", "shutdownGracePeriod"),
+            ("shutdownGracePeriod: 30s\ntrust: {pendingExpiry: 0s}\n", "trust.pendingExpiry"),
+            ("shutdownGracePeriod: 30s\ntrust: {pendingExpiry: soon}\n", "pendingExpiry"),
+            ("shutdownGracePeriod: 30s\ntrust: {later: 1s}\n", "later"),
         ] {
             let e = format!("{:#}", Config::parse(text).unwrap_err());
             assert!(e.contains(field), "{text:?}: {e}");

@@ -1,29 +1,48 @@
-//! The decision core: a pure state machine over `ShutdownSignal`s. No I/O.
+//! The decision core: a pure state machine over `ShutdownSignal`s and time.
+//! No I/O.
+//!
+//! A signal is a *claim* (`shared/notes/trust-model.md`): it counts only as
+//! far as its source could really cause a shutdown.
+//! - A request anyone can make (`systemctl poweroff`, `shutdown -h now`) opens
+//!   a *pending* episode that does nothing until the host confirms it:
+//!   logind's PrepareForShutdown(true), systemd's shutdown job, PID 1 running
+//!   systemd-shutdown, or a reboot(2) from a caller that can reboot. Where no
+//!   bus can be reached, a privileged caller's request is enough. A pending
+//!   request that is never confirmed expires, audit-only.
+//! - A forced request, a signal to PID 1, a reboot(2) and the kernel's own
+//!   power-off act at once, when their caller can cause them.
+//! - logind and systemd signals count only from the owner of their bus name
+//!   (unless the policy trusts unowned senders, for test rigs).
+//! - A cancel counts only from the authority that opened the episode, or a
+//!   stronger one.
+//! - Every acting episode has an expected end. Past it, the agent asks the
+//!   host whether a shutdown is under way ([`Decider::tick`],
+//!   [`Decider::host_answer`]); if none is, the episode is abandoned and every
+//!   mark is undone. A reboot(2) that returns retracts what it started.
 //!
 //! One shutdown is usually seen several times (the exec of `systemctl`, then
-//! logind's PrepareForShutdown, then systemd's job, then the final reboot(2)):
-//! those merge into one episode with a timeline. Each signal yields the
-//! action to take now:
-//! - graceful: time is known to be available (a delay lock, a scheduled time,
-//!   or service stop jobs ahead);
-//! - immediate: no time (a forced path, a reboot(2) in progress);
-//! - audit-only: a container's own namespace, or nothing that shuts the node;
-//! - a graceful episode turns immediate the moment a forced signal arrives;
-//! - a cancellation returns the node to normal.
-use std::time::SystemTime;
+//! logind, then systemd's job, then the final reboot(2)): those merge into one
+//! episode with a timeline.
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::signal::{Effect, Kind, Scope, ShutdownSignal, Source};
+use crate::signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source};
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Path {
+    /// A request waits for the host to confirm it: nothing done yet.
+    Pending,
     /// A shutdown is announced for later: warn, nothing to stop yet.
     Scheduled,
     Graceful,
     Immediate,
     Cancelled,
+    /// The expected end passed and no shutdown came: marks undone.
+    Abandoned,
+    /// A pending request was never confirmed.
+    Expired,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -31,6 +50,11 @@ pub enum Path {
 pub enum Action {
     /// Record it; the node is not affected.
     AuditOnly { why: String },
+    /// A request that may not happen: wait for the host to confirm it.
+    Pending {
+        #[serde(with = "humantime_serde")]
+        expires: SystemTime,
+    },
     /// A shutdown is due at `due`: tell the cluster early.
     Warn {
         #[serde(with = "humantime_serde")]
@@ -48,8 +72,29 @@ pub enum Action {
     Immediate { escalated: bool },
     /// The shutdown was called off: undo what the episode did.
     Cancel,
+    /// The shutdown did not come: undo every mark the episode made.
+    Abandon { why: String },
+    /// A pending request ran out unconfirmed: nothing was done.
+    Expire { why: String },
     /// Part of the episode under way; nothing new to do.
     Join,
+}
+
+/// How strong a claim's source is: who could have caused it. A cancel needs
+/// at least the strength that opened (or last confirmed) the episode.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Authority {
+    /// Anyone can ask (an unprivileged request).
+    Request,
+    /// A caller that can reboot (CAP_SYS_BOOT, or a signal the kernel let
+    /// reach PID 1).
+    Privileged,
+    /// logind or systemd themselves (the owners of their bus names).
+    Host,
+    /// The kernel is shutting down: reboot(2), its power-off functions, PID 1
+    /// running systemd-shutdown.
+    Kernel,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -73,6 +118,26 @@ pub struct Episode {
     pub deadline: Option<SystemTime>,
     pub protected: bool,
     pub forced: bool,
+    /// The strongest source that confirmed it.
+    #[serde(default = "Authority::request")]
+    pub authority: Authority,
+    /// logind, systemd or PID 1 confirmed it (not only the caller's own
+    /// request and reboot(2) call).
+    #[serde(default)]
+    pub host_confirmed: bool,
+    /// The cluster was told (warn, graceful or immediate): undo on an end
+    /// other than the shutdown itself.
+    #[serde(default)]
+    pub marked: bool,
+    /// When the node should be gone (or the request confirmed) by.
+    #[serde(default, with = "humantime_serde")]
+    pub expected_end: Option<SystemTime>,
+}
+
+impl Authority {
+    fn request() -> Self {
+        Authority::Request
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -82,16 +147,72 @@ pub struct Decision {
     pub episode: Option<Episode>,
 }
 
+/// The decider's knobs (the config's `trust` section).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// How long a request waits for the host's confirmation.
+    pub pending_expiry: Duration,
+    /// How long an immediate shutdown may take before the host is asked.
+    pub immediate_end: Duration,
+    /// How far past a graceful deadline (or a scheduled time) the host is asked.
+    pub graceful_margin: Duration,
+    /// A graceful run's length when no deadline is known (the buckets' sum).
+    pub graceful_length: Duration,
+    /// After the host says a shutdown is under way, ask again this much later.
+    pub recheck: Duration,
+    /// Accept logind/systemd signals from peers that do not own the name
+    /// (the kubelet's e2e `dbus-send` rig). Off in production.
+    pub trust_unowned_bus_signals: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            pending_expiry: Duration::from_secs(60),
+            immediate_end: Duration::from_secs(30),
+            graceful_margin: Duration::from_secs(30),
+            graceful_length: Duration::from_secs(30),
+            recheck: Duration::from_secs(30),
+            trust_unowned_bus_signals: false,
+        }
+    }
+}
+
+/// What the host says when asked whether a shutdown is under way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostAnswer {
+    /// Yes, with the evidence (logind preparing, a systemd shutdown job...).
+    UnderWay(String),
+    /// Neither logind nor systemd has a shutdown under way.
+    NotUnderWay,
+    /// Nobody could be asked (no bus), with why.
+    Unknown(String),
+}
+
 #[derive(Default)]
 pub struct Decider {
+    policy: Policy,
     current: Option<Episode>,
     episodes: u32,
     lock_held: bool,
+    /// logind or systemd can be reached: requests wait for them.
+    host_reachable: bool,
+    /// A host check was asked for and not answered yet.
+    asking: bool,
 }
 
 impl Decider {
+    /// The default policy, with the host's buses assumed reachable.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_policy(Policy::default())
+    }
+
+    pub fn with_policy(policy: Policy) -> Self {
+        Decider {
+            policy,
+            host_reachable: true,
+            ..Default::default()
+        }
     }
 
     /// Whether the agent holds a logind delay lock (told by the logind
@@ -99,6 +220,12 @@ impl Decider {
     /// protected too.
     pub fn set_lock_held(&mut self, held: bool) {
         self.lock_held = held;
+    }
+
+    /// Whether logind or systemd can be reached. When neither can, nothing
+    /// will confirm a request, and a privileged caller's is enough.
+    pub fn set_host_reachable(&mut self, reachable: bool) {
+        self.host_reachable = reachable;
     }
 
     pub fn episode(&self) -> Option<&Episode> {
@@ -120,123 +247,347 @@ impl Decider {
                 }
             }
         }
+        self.finish(action)
+    }
+
+    /// Time passes: a pending request past its expiry is closed; an acting
+    /// episode past its expected end asks the host (`true`: call
+    /// [`Decider::host_answer`] with what the host says).
+    pub fn tick(&mut self, now: SystemTime) -> Tick {
+        let Some(ep) = self.current.as_ref() else {
+            return Tick::Nothing;
+        };
+        if self.asking || ep.expected_end.is_none_or(|end| now < end) {
+            return Tick::Nothing;
+        }
+        match ep.path {
+            Path::Pending => {
+                let why = format!(
+                    "not confirmed by logind, systemd, PID 1 or a reboot(2) within {}s: the request did not happen",
+                    self.policy.pending_expiry.as_secs()
+                );
+                self.current.as_mut().unwrap().path = Path::Expired;
+                Tick::Decided(self.finish(Action::Expire { why }))
+            }
+            Path::Scheduled | Path::Graceful | Path::Immediate => {
+                self.asking = true;
+                Tick::AskHost
+            }
+            Path::Cancelled | Path::Abandoned | Path::Expired => Tick::Nothing,
+        }
+    }
+
+    /// The host's answer to a [`Tick::AskHost`].
+    pub fn host_answer(&mut self, answer: HostAnswer, now: SystemTime) -> Option<Decision> {
+        self.asking = false;
+        let recheck = self.policy.recheck;
+        let ep = self.current.as_mut()?;
+        if !matches!(ep.path, Path::Scheduled | Path::Graceful | Path::Immediate) {
+            return None;
+        }
+        let why = match answer {
+            HostAnswer::UnderWay(_) => {
+                ep.expected_end = Some(now + recheck);
+                return None;
+            }
+            // With nobody to ask, only a shutdown the host itself confirmed
+            // is given more time: systemd-shutdown's last phase has no bus.
+            HostAnswer::Unknown(_) if ep.host_confirmed => {
+                ep.expected_end = Some(now + recheck);
+                return None;
+            }
+            HostAnswer::Unknown(why) => format!(
+                "the expected end passed, the agent is alive, and the host cannot be asked ({why})"
+            ),
+            HostAnswer::NotUnderWay => {
+                "the expected end passed and neither logind nor systemd has a shutdown under way"
+                    .to_string()
+            }
+        };
+        ep.path = Path::Abandoned;
+        Some(self.finish(Action::Abandon { why }))
+    }
+
+    fn finish(&mut self, action: Action) -> Decision {
         let episode = self.current.clone();
-        if matches!(action, Action::Cancel) {
+        if matches!(
+            action,
+            Action::Cancel | Action::Abandon { .. } | Action::Expire { .. }
+        ) {
             self.current = None;
+            self.asking = false;
         }
         Decision { action, episode }
     }
 
     fn action(&mut self, s: &ShutdownSignal) -> Action {
         if s.scope == Scope::Container {
-            return Action::AuditOnly {
-                why: "a container's own PID namespace: the node is not affected".into(),
-            };
+            return audit("a container's own PID namespace: the node is not affected");
         }
-        let path = self.current.as_ref().map(|e| e.path);
+        if let Some(why) = self.unauthentic(s) {
+            return Action::AuditOnly { why };
+        }
+        let path = self
+            .current
+            .as_ref()
+            .map(|e| e.path)
+            .filter(|p| !closed(*p));
         match &s.effect {
-            Effect::None { why } | Effect::Failed { why } => Action::AuditOnly { why: why.clone() },
-            Effect::Cancel => match path {
-                Some(Path::Scheduled | Path::Graceful) => {
-                    self.current.as_mut().unwrap().path = Path::Cancelled;
-                    Action::Cancel
+            Effect::None { why } => Action::AuditOnly { why: why.clone() },
+            Effect::Failed { why } => self.failed(s, why, path),
+            Effect::Cancel => self.cancel(s, path),
+            Effect::Scheduled { at, .. } => {
+                let authority = authority(s);
+                if s.source == Source::Exec && !self.acts_alone(s) {
+                    return self.pend(s, path);
                 }
-                Some(Path::Immediate) => Action::AuditOnly {
-                    why: "a forced shutdown cannot be cancelled".into(),
-                },
-                _ => Action::AuditOnly {
-                    why: "no shutdown under way to cancel".into(),
-                },
-            },
-            Effect::Scheduled { at, .. } => match path {
-                None | Some(Path::Cancelled) => {
-                    self.open(s, Path::Scheduled);
-                    Action::Warn { due: *at }
+                match path {
+                    None | Some(Path::Pending) => {
+                        self.open_or_confirm(s, Path::Scheduled, authority);
+                        let ep = self.current.as_mut().unwrap();
+                        ep.deadline = *at;
+                        ep.marked = true;
+                        ep.expected_end = Some(
+                            at.unwrap_or(s.at + Duration::from_secs(3600))
+                                + self.policy.graceful_margin,
+                        );
+                        Action::Warn { due: *at }
+                    }
+                    Some(Path::Scheduled) => {
+                        let ep = self.current.as_mut().unwrap();
+                        confirm(ep, s, authority);
+                        ep.deadline = *at;
+                        ep.expected_end = at.map(|t| t + self.policy.graceful_margin);
+                        Action::Warn { due: *at }
+                    }
+                    Some(_) => Action::Join,
                 }
-                Some(Path::Scheduled) => {
-                    let ep = self.current.as_mut().unwrap();
-                    ep.deadline = *at;
-                    Action::Warn { due: *at }
-                }
-                Some(_) => Action::Join,
-            },
+            }
             Effect::Now => self.now(s, path),
         }
     }
 
+    /// Why a bus signal does not count: its sender does not own the name.
+    fn unauthentic(&self, s: &ShutdownSignal) -> Option<String> {
+        if !matches!(s.source, Source::Logind | Source::Systemd)
+            || self.policy.trust_unowned_bus_signals
+        {
+            return None;
+        }
+        let sender = s.sender.as_ref()?;
+        (!sender.owns_name).then(|| {
+            let name = match s.source {
+                Source::Logind => "org.freedesktop.login1",
+                _ => "org.freedesktop.systemd1",
+            };
+            format!(
+                "sent by {}, which does not own {name}: any peer on the bus can send this signal",
+                sender.unique
+            )
+        })
+    }
+
+    /// Whether a request acts without confirmation: nothing can confirm it
+    /// (no bus) and its caller can reboot.
+    fn acts_alone(&self, s: &ShutdownSignal) -> bool {
+        !self.host_reachable && can_reboot(s) == Some(true)
+    }
+
     fn now(&mut self, s: &ShutdownSignal, path: Option<Path>) -> Action {
-        // The kernel is already shutting down: no time, whoever asked.
-        let no_time = s.forced || matches!(s.source, Source::RebootSyscall | Source::KernelHook);
+        let authority = authority(s);
+        if let Detail::Signal { result, .. } = &s.detail {
+            if result != "delivered" {
+                return Action::AuditOnly {
+                    why: format!("the signal was not delivered to PID 1 ({result})"),
+                };
+            }
+        }
+        if s.source == Source::Exec && s.forced && can_reboot(s) != Some(true) {
+            return Action::AuditOnly {
+                why: format!(
+                    "a forced request from a caller that cannot reboot ({}): it fails with EPERM",
+                    who(s)
+                ),
+            };
+        }
+        // PID 1 running systemd-shutdown ends an orderly shutdown: it confirms
+        // a graceful one, and means no time is left where none was seen.
+        if is_pid1_shutdown(s) && matches!(path, Some(Path::Graceful | Path::Scheduled)) {
+            confirm(self.current.as_mut().unwrap(), s, authority);
+            return Action::Join;
+        }
+        // The kernel is already shutting down, or a caller that can do it
+        // skips the service stop jobs: no time.
+        let no_time = s.forced
+            || matches!(s.source, Source::RebootSyscall | Source::KernelHook)
+            || is_pid1_shutdown(s);
         if no_time {
             return match path {
-                Some(Path::Immediate) => Action::Join,
+                Some(Path::Immediate) => {
+                    confirm(self.current.as_mut().unwrap(), s, authority);
+                    Action::Join
+                }
                 Some(Path::Graceful) | Some(Path::Scheduled) => {
                     let ep = self.current.as_mut().unwrap();
+                    confirm(ep, s, authority);
                     ep.path = Path::Immediate;
                     ep.forced |= s.forced;
+                    ep.expected_end = Some(s.at + self.policy.immediate_end);
                     Action::Immediate { escalated: true }
                 }
-                None | Some(Path::Cancelled) => {
-                    self.open(s, Path::Immediate);
+                None | Some(Path::Pending) => {
+                    self.open_or_confirm(s, Path::Immediate, authority);
+                    let ep = self.current.as_mut().unwrap();
+                    ep.marked = true;
+                    ep.expected_end = Some(s.at + self.policy.immediate_end);
                     Action::Immediate { escalated: false }
                 }
+                Some(Path::Cancelled | Path::Abandoned | Path::Expired) => Action::Join,
             };
         }
-        // A request whose arguments could not be read: its confirmation
-        // (logind, systemd's job, reboot(2)) will follow if it is real.
-        if s.kind == Kind::Unknown && s.source == Source::Exec {
-            return Action::AuditOnly {
-                why: "an undecodable shutdown command: waiting for its effect".into(),
-            };
-        }
-        // `systemctl soft-reboot` is refused by systemd < 254 (the verb is
-        // unknown to PID 1), and the exec alone cannot tell: wait, as for an
-        // unknown kind, for logind or systemd's soft-reboot job to confirm it.
-        if s.kind == Kind::SoftReboot && s.source == Source::Exec {
-            return Action::AuditOnly {
-                why: "soft-reboot requested: waiting for systemd's job (systemd < 254 refuses it)"
-                    .into(),
-            };
+        // A request is not a shutdown: it waits for the host (logind or
+        // polkit may refuse it, a block inhibitor may hold it), unless
+        // nothing can confirm it and its caller can reboot. One whose kind
+        // the exec cannot settle (unreadable arguments, or `systemctl
+        // soft-reboot`, which systemd < 254 refuses) always waits.
+        let unsettled = matches!(s.kind, Kind::Unknown | Kind::SoftReboot);
+        if s.source == Source::Exec && (unsettled || !self.acts_alone(s)) {
+            return self.pend(s, path);
         }
         let protected = s.source == Source::Logind || (self.lock_held && !s.bypasses_logind);
+        let end = self.graceful_end(s);
         match path {
             Some(Path::Graceful) => {
                 let ep = self.current.as_mut().unwrap();
+                confirm(ep, s, authority);
                 ep.protected |= protected;
                 if s.deadline.is_some() {
                     ep.deadline = s.deadline;
+                    ep.expected_end = Some(end);
                 }
                 Action::Join
             }
-            Some(Path::Immediate) => Action::Join,
-            Some(Path::Scheduled) => {
+            Some(Path::Immediate) => {
+                confirm(self.current.as_mut().unwrap(), s, authority);
+                Action::Join
+            }
+            Some(Path::Scheduled) | Some(Path::Pending) | None => {
+                self.open_or_confirm(s, Path::Graceful, authority);
                 let ep = self.current.as_mut().unwrap();
-                ep.path = Path::Graceful;
                 ep.protected = protected;
                 ep.deadline = s.deadline;
+                ep.marked = true;
+                ep.expected_end = Some(end);
                 Action::Graceful {
                     deadline: s.deadline,
                     protected,
                 }
             }
-            None | Some(Path::Cancelled) => {
-                self.open(s, Path::Graceful);
+            Some(Path::Cancelled | Path::Abandoned | Path::Expired) => Action::Join,
+        }
+    }
+
+    fn graceful_end(&self, s: &ShutdownSignal) -> SystemTime {
+        s.deadline.unwrap_or(s.at + self.policy.graceful_length) + self.policy.graceful_margin
+    }
+
+    /// A request that waits for confirmation.
+    fn pend(&mut self, s: &ShutdownSignal, path: Option<Path>) -> Action {
+        match path {
+            None => {
+                self.open(s, Path::Pending, Authority::Request);
+                let expires = s.at + self.policy.pending_expiry;
+                self.current.as_mut().unwrap().expected_end = Some(expires);
+                Action::Pending { expires }
+            }
+            // Another request while one waits: it waits with it.
+            Some(Path::Pending) => {
                 let ep = self.current.as_mut().unwrap();
-                ep.protected = protected;
-                Action::Graceful {
-                    deadline: s.deadline,
-                    protected,
+                Action::Pending {
+                    expires: ep.expected_end.unwrap_or(s.at),
+                }
+            }
+            Some(_) => Action::Join,
+        }
+    }
+
+    fn cancel(&mut self, s: &ShutdownSignal, path: Option<Path>) -> Action {
+        let by = authority(s);
+        let Some(ep) = self.current.as_mut() else {
+            return audit("no shutdown under way to cancel");
+        };
+        match path {
+            Some(Path::Immediate) => audit("a forced shutdown cannot be cancelled"),
+            // Nothing was done: a privileged caller's own word withdraws it.
+            Some(Path::Pending) if by >= Authority::Privileged => {
+                ep.path = Path::Cancelled;
+                Action::Cancel
+            }
+            // A privileged caller's `shutdown -c` counts once logind clears
+            // its scheduled shutdown, unless no bus can say so.
+            Some(Path::Scheduled | Path::Graceful)
+                if by == Authority::Privileged && self.host_reachable =>
+            {
+                audit("a cancel request: waiting for logind to clear its scheduled shutdown or send PrepareForShutdown(false)")
+            }
+            Some(Path::Scheduled | Path::Graceful) if by >= ep.authority => {
+                ep.path = Path::Cancelled;
+                Action::Cancel
+            }
+            _ => Action::AuditOnly {
+                why: format!(
+                    "a cancel from a weaker source ({}) than the one that opened the shutdown ({})",
+                    authority_name(by),
+                    authority_name(ep.authority)
+                ),
+            },
+        }
+    }
+
+    /// A reboot(2) returned: it did not happen. What only it (and its
+    /// caller's own request) started is retracted; a shutdown the host
+    /// confirmed goes on (its expected end still applies).
+    fn failed(&mut self, s: &ShutdownSignal, why: &str, path: Option<Path>) -> Action {
+        let Some(ep) = self.current.as_mut() else {
+            return Action::AuditOnly {
+                why: why.to_string(),
+            };
+        };
+        match path {
+            Some(Path::Pending) => Action::AuditOnly {
+                why: why.to_string(),
+            },
+            _ if ep.host_confirmed => Action::AuditOnly {
+                why: format!("{why}; the shutdown logind or systemd confirmed goes on"),
+            },
+            _ => {
+                ep.path = Path::Abandoned;
+                Action::Abandon {
+                    why: format!("{why} by {}: nothing else confirmed the shutdown", who(s)),
                 }
             }
         }
     }
 
-    fn open(&mut self, s: &ShutdownSignal, path: Path) {
+    /// Opens an episode, or moves the pending or scheduled one on to `path`.
+    fn open_or_confirm(&mut self, s: &ShutdownSignal, path: Path, authority: Authority) {
+        match self.current.as_mut() {
+            Some(ep) if matches!(ep.path, Path::Pending | Path::Scheduled) => {
+                ep.path = path;
+                confirm(ep, s, authority);
+                ep.forced |= s.forced;
+            }
+            _ => self.open(s, path, authority),
+        }
+    }
+
+    fn open(&mut self, s: &ShutdownSignal, path: Path, authority: Authority) {
         self.episodes += 1;
         let deadline = match &s.effect {
             Effect::Scheduled { at, .. } => *at,
             _ => s.deadline,
         };
+        self.asking = false;
         self.current = Some(Episode {
             id: self.episodes,
             kind: s.kind,
@@ -245,12 +596,104 @@ impl Decider {
             deadline,
             protected: false,
             forced: s.forced,
+            authority,
+            host_confirmed: confirms_as_host(s),
+            marked: false,
+            expected_end: None,
         });
     }
 }
 
+/// What `tick` asks of the caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tick {
+    Nothing,
+    /// A decision to audit and act on (a pending request expired).
+    Decided(Decision),
+    /// Ask the host whether a shutdown is under way, then `host_answer`.
+    AskHost,
+}
+
+fn closed(p: Path) -> bool {
+    matches!(p, Path::Cancelled | Path::Abandoned | Path::Expired)
+}
+
+fn audit(why: &str) -> Action {
+    Action::AuditOnly { why: why.into() }
+}
+
+fn confirm(ep: &mut Episode, s: &ShutdownSignal, authority: Authority) {
+    ep.authority = ep.authority.max(authority);
+    ep.host_confirmed |= confirms_as_host(s);
+}
+
+/// logind, systemd, or PID 1's final stage: not only the caller's own word.
+fn confirms_as_host(s: &ShutdownSignal) -> bool {
+    matches!(
+        s.source,
+        Source::Logind | Source::Systemd | Source::KernelHook
+    ) || is_pid1_shutdown(s)
+        || (s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.ns_pid == 1))
+}
+
+/// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services
+/// already stopped.
+fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {
+    let Detail::Exec { path, .. } = &s.detail else {
+        return false;
+    };
+    s.actor.as_ref().is_some_and(|a| a.ns_pid == 1) && path.ends_with("/systemd-shutdown")
+}
+
+/// Whether the caller can reboot the node: CAP_SYS_BOOT in the initial user
+/// namespace as the kernel read it, else (no credentials read) euid/uid 0.
+fn can_reboot(s: &ShutdownSignal) -> Option<bool> {
+    let a = s.actor.as_ref()?;
+    Some(match a.cap_sys_boot {
+        Some(cap) => cap,
+        None => a.euid.unwrap_or(a.uid) == 0,
+    })
+}
+
+fn authority(s: &ShutdownSignal) -> Authority {
+    match s.source {
+        Source::Logind | Source::Systemd => Authority::Host,
+        Source::KernelHook | Source::RebootSyscall => Authority::Kernel,
+        // The kernel checked the sender's right to signal PID 1.
+        Source::SignalPid1 => Authority::Privileged,
+        Source::Exec if is_pid1_shutdown(s) => Authority::Kernel,
+        Source::Exec if can_reboot(s) == Some(true) => Authority::Privileged,
+        Source::Exec => Authority::Request,
+    }
+}
+
+fn authority_name(a: Authority) -> &'static str {
+    match a {
+        Authority::Request => "an unprivileged request",
+        Authority::Privileged => "a privileged caller",
+        Authority::Host => "logind or systemd",
+        Authority::Kernel => "the kernel",
+    }
+}
+
+fn who(s: &ShutdownSignal) -> String {
+    match &s.actor {
+        Some(a) => format!(
+            "{} (pid {}, euid {}{})",
+            a.comm,
+            a.pid,
+            a.euid.unwrap_or(a.uid),
+            match a.cap_sys_boot {
+                Some(true) => ", CAP_SYS_BOOT",
+                Some(false) => ", no CAP_SYS_BOOT",
+                None => "",
+            }
+        ),
+        None => "an unknown caller".into(),
+    }
+}
+
 fn summary(s: &ShutdownSignal) -> String {
-    use crate::signal::Detail;
     let what = match &s.detail {
         Detail::Exec { argv, .. } => argv.join(" "),
         Detail::Reboot { cmd, .. } => format!("reboot(2) cmd {cmd:#x}"),
@@ -274,10 +717,21 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::signal::{Actor, Detail};
+    use crate::signal::{Actor, BusSender, Detail};
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+    }
+
+    fn root() -> Actor {
+        Actor {
+            pid: 100,
+            ns_pid: 100,
+            comm: "x".into(),
+            euid: Some(0),
+            cap_sys_boot: Some(true),
+            ..Default::default()
+        }
     }
 
     fn sig(source: Source, kind: Kind, forced: bool, effect: Effect) -> ShutdownSignal {
@@ -308,6 +762,7 @@ mod tests {
                 unit: None,
             },
         };
+        let bus = matches!(source, Source::Logind | Source::Systemd);
         ShutdownSignal {
             source,
             kind,
@@ -315,12 +770,11 @@ mod tests {
             bypasses_logind: forced || !matches!(source, Source::Logind | Source::Exec),
             scope: Scope::Node,
             effect,
-            actor: Some(Actor {
-                pid: 100,
-                comm: "x".into(),
-                ..Default::default()
+            actor: (!bus).then(root),
+            sender: bus.then(|| BusSender {
+                unique: ":1.1".into(),
+                owns_name: true,
             }),
-            sender: None,
             at: t(0),
             boot_ns: 0,
             deadline: None,
@@ -347,6 +801,17 @@ mod tests {
     fn reboot2(kind: Kind, forced: bool) -> ShutdownSignal {
         sig(RebootSyscall, kind, forced, Effect::Now)
     }
+    fn pid1_shutdown() -> ShutdownSignal {
+        let mut s = exec(Poweroff, false);
+        s.detail = Detail::Exec {
+            path: "/usr/lib/systemd/systemd-shutdown".into(),
+            argv: vec!["systemd-shutdown".into(), "poweroff".into()],
+            raw: String::new(),
+            truncated: false,
+        };
+        s.actor.as_mut().unwrap().ns_pid = 1;
+        s
+    }
     fn scheduled(at: u64) -> Effect {
         Effect::Scheduled {
             at: Some(t(at)),
@@ -356,10 +821,41 @@ mod tests {
     fn none() -> Effect {
         Effect::None { why: "test".into() }
     }
+    fn failed() -> Effect {
+        Effect::Failed {
+            why: "reboot(2) returned -1 EPERM".into(),
+        }
+    }
+
+    impl ShutdownSignal {
+        fn with_effect(mut self, e: Effect) -> Self {
+            self.effect = e;
+            self
+        }
+        /// A caller without CAP_SYS_BOOT (uid 1000).
+        fn unprivileged(mut self) -> Self {
+            let a = self.actor.as_mut().unwrap();
+            (a.uid, a.euid, a.cap_sys_boot) = (1000, Some(1000), Some(false));
+            self
+        }
+        /// A D-Bus signal from a peer that does not own the service's name.
+        fn forged(mut self) -> Self {
+            self.sender = Some(BusSender {
+                unique: ":1.99".into(),
+                owns_name: false,
+            });
+            self
+        }
+        fn in_container(mut self) -> Self {
+            self.scope = Scope::Container;
+            self
+        }
+    }
 
     fn short(a: &Action) -> &'static str {
         match a {
             Action::AuditOnly { .. } => "audit",
+            Action::Pending { .. } => "pending",
             Action::Warn { .. } => "warn",
             Action::Graceful {
                 protected: true, ..
@@ -370,22 +866,21 @@ mod tests {
             Action::Immediate { escalated: false } => "immediate",
             Action::Immediate { escalated: true } => "escalate",
             Action::Cancel => "cancel",
+            Action::Abandon { .. } => "abandon",
+            Action::Expire { .. } => "expire",
             Action::Join => "join",
         }
     }
 
     /// Sequences of signals and the action each must yield, plus the episode
-    /// ids they belong to (0: none).
+    /// ids they belong to (0: none). `host` is whether logind/systemd can be
+    /// reached.
     #[test]
     fn decision_table() {
-        let container = {
-            let mut s = reboot2(Poweroff, true);
-            s.scope = Scope::Container;
-            s
-        };
-        // (name, signals, the action each yields, the episode each joins)
+        // (name, host reachable, signals, the action each yields, the episode each joins)
         type Case = (
             &'static str,
+            bool,
             Vec<ShutdownSignal>,
             Vec<&'static str>,
             Vec<u32>,
@@ -393,36 +888,41 @@ mod tests {
         let cases: Vec<Case> = vec![
             (
                 "systemctl poweroff through logind, to the end",
+                true,
                 vec![
                     exec(Poweroff, false),
                     logind(Effect::Now),
                     job(Poweroff),
-                    exec(Poweroff, false),
+                    pid1_shutdown(),
                     reboot2(Poweroff, false),
                 ],
-                vec!["graceful", "join", "join", "join", "escalate"],
+                vec!["pending", "graceful(protected)", "join", "join", "escalate"],
                 vec![1, 1, 1, 1, 1],
             ),
             (
                 "logind first",
+                true,
                 vec![logind(Effect::Now), job(Poweroff)],
                 vec!["graceful(protected)", "join"],
                 vec![1, 1],
             ),
             (
-                "reboot -ff",
+                "reboot -ff by root",
+                true,
                 vec![exec(Reboot, true), reboot2(Reboot, true)],
                 vec!["immediate", "join"],
                 vec![1, 1],
             ),
             (
                 "bare reboot(2)",
+                true,
                 vec![reboot2(Reboot, true)],
                 vec!["immediate"],
                 vec![1],
             ),
             (
                 "forced during graceful escalates at once",
+                true,
                 vec![
                     logind(Effect::Now),
                     exec(Poweroff, true),
@@ -432,25 +932,44 @@ mod tests {
                 vec![1, 1, 1],
             ),
             (
-                "systemctl start poweroff.target: a job, unprotected",
+                "systemctl start poweroff.target: a job confirms, unprotected",
+                true,
                 vec![exec(Poweroff, false), job(Poweroff)],
-                vec!["graceful", "join"],
+                vec!["pending", "graceful"],
                 vec![1, 1],
             ),
             (
                 "SIGRTMIN+4 to PID 1",
+                true,
                 vec![sig(SignalPid1, Poweroff, false, Effect::Now), job(Poweroff)],
                 vec!["graceful", "join"],
                 vec![1, 1],
             ),
             (
                 "SIGRTMIN+14 to PID 1",
+                true,
                 vec![sig(SignalPid1, Poweroff, true, Effect::Now)],
                 vec!["immediate"],
                 vec![1],
             ),
             (
+                "a signal PID 1 ignored does nothing",
+                true,
+                vec![{
+                    let mut s = sig(SignalPid1, Poweroff, true, Effect::Now);
+                    s.detail = Detail::Signal {
+                        signo: 48,
+                        name: "SIGRTMIN+14".into(),
+                        result: "ignored".into(),
+                    };
+                    s
+                }],
+                vec!["audit"],
+                vec![0],
+            ),
+            (
                 "cancel then a second shutdown: a new episode",
+                true,
                 vec![
                     logind(Effect::Now),
                     logind(Effect::Cancel),
@@ -460,19 +979,22 @@ mod tests {
                 vec![1, 1, 2],
             ),
             (
-                "scheduled, then cancelled",
+                "scheduled by root: pending until logind schedules it; shutdown -c waits for logind to clear it",
+                true,
                 vec![
                     sig(Exec, Poweroff, false, scheduled(300)),
                     sig(Logind, Poweroff, false, scheduled(300)),
                     exec(Poweroff, false).with_effect(Effect::Cancel),
+                    sig(Logind, Poweroff, false, Effect::Cancel),
                 ],
-                vec!["warn", "warn", "cancel"],
-                vec![1, 1, 1],
+                vec!["pending", "warn", "audit", "cancel"],
+                vec![1, 1, 1, 1],
             ),
             (
                 "scheduled, then due: the warning turns graceful",
+                true,
                 vec![
-                    sig(Exec, Poweroff, false, scheduled(60)),
+                    sig(Logind, Poweroff, false, scheduled(60)),
                     logind(Effect::Now),
                     job(Poweroff),
                 ],
@@ -481,12 +1003,17 @@ mod tests {
             ),
             (
                 "container scope is audit only",
-                vec![container.clone(), container],
+                true,
+                vec![
+                    reboot2(Poweroff, true).in_container(),
+                    exec(Reboot, true).in_container(),
+                ],
                 vec!["audit", "audit"],
                 vec![0, 0],
             ),
             (
                 "nothing to cancel; bad magic; queries",
+                true,
                 vec![
                     logind(Effect::Cancel),
                     reboot2(Poweroff, true).with_effect(none()),
@@ -497,47 +1024,164 @@ mod tests {
             ),
             (
                 "a forced shutdown cannot be cancelled",
+                true,
                 vec![exec(Poweroff, true), logind(Effect::Cancel)],
                 vec!["immediate", "audit"],
                 vec![1, 1],
             ),
             (
                 "an undecodable command waits for its effect",
+                true,
                 vec![exec(Unknown, false), logind(Effect::Now)],
-                vec!["audit", "graceful(protected)"],
-                vec![0, 1],
+                vec!["pending", "graceful(protected)"],
+                vec![1, 1],
             ),
             (
                 "a container reboot during a node graceful episode changes nothing",
-                vec![logind(Effect::Now), {
-                    let mut s = reboot2(Reboot, true);
-                    s.scope = Scope::Container;
-                    s
-                }],
+                true,
+                vec![logind(Effect::Now), reboot2(Reboot, true).in_container()],
                 vec!["graceful(protected)", "audit"],
                 vec![1, 1],
             ),
             (
                 "systemctl soft-reboot waits for systemd's job (refused before systemd 254)",
+                true,
                 vec![exec(SoftReboot, false), job(SoftReboot)],
-                vec!["audit", "graceful"],
-                vec![0, 1],
-            ),
-            (
-                "a refused soft-reboot (no job follows) never drains the node",
-                vec![exec(SoftReboot, false)],
-                vec!["audit"],
-                vec![0],
+                vec!["pending", "graceful"],
+                vec![1, 1],
             ),
             (
                 "kernel hook alone",
+                true,
                 vec![sig(KernelHook, Poweroff, true, Effect::Now)],
                 vec!["immediate"],
                 vec![1],
             ),
+            // Who can cause it.
+            (
+                "an unprivileged systemctl poweroff that logind refuses: pending, nothing done",
+                true,
+                vec![exec(Poweroff, false).unprivileged()],
+                vec!["pending"],
+                vec![1],
+            ),
+            (
+                "an unprivileged reboot -ff: audit only; its reboot(2) is refused (decoded effect none), and returns",
+                true,
+                vec![
+                    exec(Reboot, true).unprivileged(),
+                    reboot2(Reboot, true).unprivileged().with_effect(none()),
+                    reboot2(Reboot, true).unprivileged().with_effect(failed()),
+                ],
+                vec!["audit", "audit", "audit"],
+                vec![0, 0, 0],
+            ),
+            (
+                "a root reboot -ff whose reboot(2) returns: retracted",
+                true,
+                vec![
+                    exec(Reboot, true),
+                    reboot2(Reboot, true),
+                    reboot2(Reboot, true).with_effect(failed()),
+                    exec(Reboot, true),
+                ],
+                vec!["immediate", "join", "abandon", "immediate"],
+                vec![1, 1, 1, 2],
+            ),
+            (
+                "a failed reboot(2) during a shutdown logind confirmed: it goes on",
+                true,
+                vec![
+                    logind(Effect::Now),
+                    reboot2(Reboot, true),
+                    reboot2(Reboot, true).with_effect(failed()),
+                ],
+                vec!["graceful(protected)", "escalate", "audit"],
+                vec![1, 1, 1],
+            ),
+            (
+                "no bus: a privileged request acts alone, an unprivileged one waits",
+                false,
+                vec![exec(Poweroff, false).unprivileged(), exec(Poweroff, false)],
+                vec!["pending", "graceful"],
+                vec![1, 1],
+            ),
+            (
+                "no bus: a privileged shutdown -c cancels what a privileged request opened",
+                false,
+                vec![
+                    sig(Exec, Poweroff, false, scheduled(300)),
+                    exec(Poweroff, false).with_effect(Effect::Cancel),
+                ],
+                vec!["warn", "cancel"],
+                vec![1, 1],
+            ),
+            (
+                "PID 1 running systemd-shutdown confirms a pending request with no time left",
+                true,
+                vec![exec(Poweroff, false), pid1_shutdown()],
+                vec!["pending", "immediate"],
+                vec![1, 1],
+            ),
+            // Forged senders.
+            (
+                "a forged PrepareForShutdown(true) is audit only",
+                true,
+                vec![logind(Effect::Now).forged(), job(Poweroff).forged()],
+                vec!["audit", "audit"],
+                vec![0, 0],
+            ),
+            (
+                "a forged PrepareForShutdown(false) cancels nothing",
+                true,
+                vec![logind(Effect::Now), logind(Effect::Cancel).forged()],
+                vec!["graceful(protected)", "audit"],
+                vec![1, 1],
+            ),
+            // Cancel authority.
+            (
+                "an unprivileged shutdown -c cancels nothing",
+                true,
+                vec![
+                    sig(Logind, Poweroff, false, scheduled(300)),
+                    exec(Poweroff, false)
+                        .with_effect(Effect::Cancel)
+                        .unprivileged(),
+                ],
+                vec!["warn", "audit"],
+                vec![1, 1],
+            ),
+            (
+                "a privileged shutdown -c withdraws a pending request at once",
+                true,
+                vec![
+                    sig(Exec, Poweroff, false, scheduled(300)),
+                    exec(Poweroff, false).with_effect(Effect::Cancel),
+                ],
+                vec!["pending", "cancel"],
+                vec![1, 1],
+            ),
+            (
+                "no bus: a privileged shutdown -c cannot cancel what logind opened",
+                false,
+                vec![
+                    logind(Effect::Now),
+                    exec(Poweroff, false).with_effect(Effect::Cancel),
+                ],
+                vec!["graceful(protected)", "audit"],
+                vec![1, 1],
+            ),
+            (
+                "systemd's job removed cancels logind's shutdown (both are the host)",
+                true,
+                vec![logind(Effect::Now), job(Poweroff).with_effect(Effect::Cancel)],
+                vec!["graceful(protected)", "cancel"],
+                vec![1, 1],
+            ),
         ];
-        for (name, signals, want, ids) in cases {
+        for (name, host, signals, want, ids) in cases {
             let mut d = Decider::new();
+            d.set_host_reachable(host);
             let got: Vec<(&str, u32)> = signals
                 .iter()
                 .map(|s| {
@@ -551,14 +1195,105 @@ mod tests {
     }
 
     #[test]
+    fn forged_bus_signals_count_only_when_the_policy_trusts_them() {
+        let mut d = Decider::with_policy(Policy {
+            trust_unowned_bus_signals: true,
+            ..Policy::default()
+        });
+        assert_eq!(
+            short(&d.decide(&logind(Effect::Now).forged()).action),
+            "graceful(protected)"
+        );
+        let why = match Decider::new().decide(&logind(Effect::Now).forged()).action {
+            Action::AuditOnly { why } => why,
+            a => panic!("{a:?}"),
+        };
+        assert!(
+            why.contains(":1.99") && why.contains("org.freedesktop.login1"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_pending_request_expires_unconfirmed() {
+        let mut d = Decider::new();
+        let dec = d.decide(&exec(Poweroff, false).unprivileged());
+        let Action::Pending { expires } = dec.action else {
+            panic!("{dec:?}")
+        };
+        assert_eq!(expires, t(60));
+        assert_eq!(d.tick(t(59)), Tick::Nothing);
+        let Tick::Decided(dec) = d.tick(t(60)) else {
+            panic!("no expiry")
+        };
+        assert_eq!(short(&dec.action), "expire");
+        assert_eq!(
+            dec.episode.as_ref().map(|e| (e.path, e.marked)),
+            Some((Path::Expired, false))
+        );
+        assert!(d.episode().is_none());
+        // The next real shutdown is handled in full.
+        assert_eq!(
+            short(&d.decide(&logind(Effect::Now)).action),
+            "graceful(protected)"
+        );
+    }
+
+    #[test]
+    fn an_episode_past_its_end_asks_the_host_and_is_abandoned_when_none_comes() {
+        // Graceful: deadline t(30) + margin 30 s.
+        let mut d = Decider::new();
+        d.decide(&logind(Effect::Now));
+        assert_eq!(d.tick(t(59)), Tick::Nothing);
+        assert_eq!(d.tick(t(60)), Tick::AskHost);
+        assert_eq!(d.tick(t(61)), Tick::Nothing, "one question at a time");
+        // Still under way: asked again a recheck later.
+        assert_eq!(
+            d.host_answer(HostAnswer::UnderWay("poweroff.target".into()), t(61)),
+            None
+        );
+        assert_eq!(d.tick(t(90)), Tick::Nothing);
+        assert_eq!(d.tick(t(91)), Tick::AskHost);
+        let dec = d.host_answer(HostAnswer::NotUnderWay, t(91)).unwrap();
+        assert_eq!(short(&dec.action), "abandon");
+        let ep = dec.episode.unwrap();
+        assert_eq!((ep.path, ep.marked), (Path::Abandoned, true));
+        assert!(d.episode().is_none());
+        assert_eq!(
+            short(&d.decide(&logind(Effect::Now)).action),
+            "graceful(protected)",
+            "the next shutdown is a new episode, handled in full"
+        );
+
+        // Immediate, with nobody to ask: an unconfirmed one is abandoned...
+        let mut d = Decider::new();
+        d.decide(&exec(Reboot, true));
+        assert_eq!(d.tick(t(29)), Tick::Nothing);
+        assert_eq!(d.tick(t(30)), Tick::AskHost);
+        let dec = d
+            .host_answer(HostAnswer::Unknown("no bus".into()), t(30))
+            .unwrap();
+        assert_eq!(short(&dec.action), "abandon");
+        // ...one PID 1 confirmed is given more time.
+        let mut d = Decider::new();
+        d.decide(&exec(Poweroff, false));
+        d.decide(&pid1_shutdown());
+        assert_eq!(d.tick(t(30)), Tick::AskHost);
+        assert_eq!(
+            d.host_answer(HostAnswer::Unknown("no bus".into()), t(30)),
+            None
+        );
+    }
+
+    #[test]
     fn the_episode_keeps_a_timeline_kind_and_deadline() {
         let mut d = Decider::new();
         d.decide(&exec(Poweroff, false));
         let dec = d.decide(&logind(Effect::Now));
         let ep = dec.episode.unwrap();
         assert_eq!(
-            (ep.kind, ep.path, ep.deadline, ep.protected),
-            (Poweroff, Path::Graceful, Some(t(30)), true)
+            (ep.kind, ep.path, ep.deadline, ep.protected, ep.authority),
+            (Poweroff, Path::Graceful, Some(t(30)), true, Authority::Host)
         );
         assert_eq!(
             ep.timeline.iter().map(|e| e.source).collect::<Vec<_>>(),
@@ -568,17 +1303,18 @@ mod tests {
     }
 
     #[test]
-    fn a_held_lock_protects_a_graceful_path_started_by_exec() {
+    fn a_held_lock_protects_a_graceful_path_started_by_a_signal_to_pid1() {
         let mut d = Decider::new();
         d.set_lock_held(true);
-        assert_eq!(
-            short(&d.decide(&exec(Reboot, false)).action),
-            "graceful(protected)"
-        );
+        let mut s = sig(SignalPid1, Reboot, false, Effect::Now);
+        s.bypasses_logind = false;
+        assert_eq!(short(&d.decide(&s).action), "graceful(protected)");
         let mut d = Decider::new();
         d.set_lock_held(true);
+        let mut j = job(Reboot);
+        j.bypasses_logind = true;
         assert_eq!(
-            short(&d.decide(&job(Reboot)).action),
+            short(&d.decide(&j).action),
             "graceful",
             "a bypassing job is not protected by our lock"
         );
@@ -590,12 +1326,5 @@ mod tests {
         d.decide(&logind(Effect::Now));
         let ep = d.decide(&job(Reboot)).episode.unwrap();
         assert_eq!(ep.kind, Reboot);
-    }
-
-    impl ShutdownSignal {
-        fn with_effect(mut self, e: Effect) -> Self {
-            self.effect = e;
-            self
-        }
     }
 }

@@ -85,6 +85,8 @@ pub struct Health {
     not_ready: Mutex<Option<String>>,
     /// Parts lost after the start, with why ("logind": "the bus ...").
     lost: Mutex<BTreeMap<&'static str, String>>,
+    /// The bus parts that started (logind, systemd).
+    buses: Mutex<std::collections::BTreeSet<&'static str>>,
     /// Milliseconds since `started` of the loop's last turn; `NOT_LOOPING`
     /// until the first (the start itself is readiness's business).
     heartbeat_ms: AtomicU64,
@@ -96,6 +98,7 @@ impl Health {
             started: Instant::now(),
             not_ready: Mutex::new(Some(why_not_ready.to_string())),
             lost: Mutex::default(),
+            buses: Mutex::default(),
             heartbeat_ms: AtomicU64::new(NOT_LOOPING),
         })
     }
@@ -121,6 +124,24 @@ impl Health {
         if lost.remove(part).is_some() {
             tracing::info!(part, "{part} back");
         }
+    }
+
+    /// A bus part (logind, systemd) is running: it is reachable while not lost.
+    pub fn bus_started(&self, part: &'static str) {
+        self.buses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(part);
+    }
+
+    /// Whether logind or systemd can be reached now (a started part not lost).
+    pub fn bus_reachable(&self) -> bool {
+        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        self.buses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|p| !lost.contains_key(p))
     }
 
     pub fn readiness(&self) -> Result<(), String> {
@@ -336,6 +357,7 @@ mod tests {
             started: Instant::now() - Duration::from_secs(31),
             not_ready: Mutex::new(None),
             lost: Mutex::default(),
+            buses: Mutex::default(),
             heartbeat_ms: AtomicU64::new(0),
         };
         let why = h2.liveness().unwrap_err();
@@ -368,6 +390,17 @@ mod tests {
         );
         h.regained("systemd");
         assert_eq!(h.readiness(), Ok(()));
+        // The buses count as reachable while a started one is not lost.
+        let h = Health::new("starting");
+        assert!(!h.bus_reachable(), "none started");
+        h.bus_started("logind");
+        h.bus_started("systemd");
+        h.lost("logind", "gone");
+        assert!(h.bus_reachable(), "systemd is still there");
+        h.lost("systemd", "gone");
+        assert!(!h.bus_reachable());
+        h.regained("systemd");
+        assert!(h.bus_reachable());
         // Still starting: the start's reason comes first.
         let h = Health::new("arming the hooks");
         h.lost("logind", "gone");

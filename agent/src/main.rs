@@ -1,4 +1,7 @@
-use std::{path::PathBuf, time::Instant};
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -11,6 +14,7 @@ use lastgasp::{
     agent::{Agent, Cluster},
     config::Config,
     controller::{Controller, ControllerConfig, Policy},
+    decide::HostAnswer,
     detect::{
         dbus::{self, DbusArgs},
         ebpf::EbpfDetector,
@@ -204,10 +208,16 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     }
     tracing::info!(armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
 
+    let buckets = cfg.buckets()?;
+    let graceful_length = Duration::from_secs(
+        buckets
+            .iter()
+            .map(|b| u64::try_from(b.seconds).unwrap_or(0))
+            .fold(0u64, u64::saturating_add),
+    );
     let cluster = if args.standalone {
         None
     } else {
-        let buckets = cfg.buckets()?;
         // logind must give the graceful path the buckets' whole time.
         args.dbus
             .inhibit_delay
@@ -220,7 +230,13 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     // logind and systemd over D-Bus feed the same loop.
     let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
     let logind = dbus::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
-    let mut agent = Agent::new(audit, cluster, logind, metrics.clone(), args.standalone);
+    let policy = cfg
+        .trust
+        .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
+    let mut agent = Agent::new(audit, cluster, logind, metrics.clone(), args.standalone)
+        .with_policy(policy)
+        .with_boot_id(&boot_id)
+        .with_host(host_query(&args.dbus), host_reachable(&args.dbus, &health));
     agent.after_boot(&boot_id).await?;
     // Arming parsed the kernel's BTF and the start read the audit log
     // (megabytes, freed again): give the freed heap back to the kernel
@@ -238,9 +254,9 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         if stopping && !agent.graceful_running() {
             break;
         }
+        // Fair: a flood of records (bounded per batch, node scope first) cannot
+        // starve the buses, the host's answers or the heartbeat.
         tokio::select! {
-            // Records first: on SIGTERM mid-shutdown, what was seen is handled before exiting.
-            biased;
             batch = det.next_batch() => {
                 for s in batch? {
                     agent.handle(s).await?;
@@ -249,8 +265,10 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             Some(s) = dbus_rx.recv() => {
                 agent.handle(s).await?;
             }
+            answer = agent.next_answer() => agent.host_answer(answer).await,
             _ = tick.tick() => {
                 health.beat();
+                agent.tick(std::time::SystemTime::now()).await;
                 let now = det.drops();
                 if now > drops {
                     tracing::warn!(dropped = now - drops, total = now, "ring buffer full: records lost");
@@ -285,7 +303,10 @@ async fn cluster(
         .clone()
         .or_else(|| std::env::var("NODE_NAME").ok())
         .context("cluster mode needs the node's name: nodeName in the config, or $NODE_NAME")?;
-    let (watch, patch) = (kube_client().await?, kube_client().await?);
+    let (watch, patch) = (
+        kube_client(Use::Watch).await?,
+        kube_client(Use::Requests).await?,
+    );
     let own_pod = match (std::env::var("POD_NAMESPACE"), std::env::var("POD_NAME")) {
         (Ok(ns), Ok(name)) => Some((ns, name)),
         _ => None,
@@ -302,12 +323,58 @@ async fn cluster(
     })
 }
 
-async fn kube_client() -> Result<kube::Client> {
+/// How long a client may wait on the API server: watches hold their
+/// requests open for minutes; every other request is short, and bounded.
+#[derive(Clone, Copy)]
+enum Use {
+    Watch,
+    Requests,
+}
+
+async fn kube_client(usage: Use) -> Result<kube::Client> {
     let mut config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (in-cluster or $KUBECONFIG)")?;
     config.default_retry = false;
+    config.connect_timeout = Some(Duration::from_secs(3));
+    config.write_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(match usage {
+        // The watcher asks for 290 s windows; kube's own default is 295 s.
+        Use::Watch => Duration::from_secs(295),
+        Use::Requests => Duration::from_secs(10),
+    });
     Ok(kube::Client::try_from(config)?)
+}
+
+/// Asks logind and systemd whether a shutdown is under way.
+fn host_query(args: &DbusArgs) -> lastgasp::agent::HostQuery {
+    let probe = (!args.no_dbus).then(|| dbus::HostProbe::new(args.system_bus.clone()));
+    std::sync::Arc::new(move || {
+        let probe = probe.clone();
+        Box::pin(async move {
+            let Some(probe) = probe else {
+                return HostAnswer::Unknown("D-Bus detection is off (--no-dbus)".into());
+            };
+            match probe.shutdown_under_way().await {
+                Ok(Some(evidence)) => HostAnswer::UnderWay(evidence),
+                Ok(None) => HostAnswer::NotUnderWay,
+                Err(e) => HostAnswer::Unknown(format!("{e:#}")),
+            }
+        })
+    })
+}
+
+/// Whether logind or systemd can be reached now: requests wait for their
+/// confirmation only then.
+fn host_reachable(
+    args: &DbusArgs,
+    health: &std::sync::Arc<Health>,
+) -> std::sync::Arc<dyn Fn() -> bool + Send + Sync> {
+    if args.no_dbus {
+        return std::sync::Arc::new(|| false);
+    }
+    let health = health.clone();
+    std::sync::Arc::new(move || health.bus_reachable())
 }
 
 async fn controller(args: ControllerArgs) -> Result<()> {
@@ -334,7 +401,7 @@ async fn controller(args: ControllerArgs) -> Result<()> {
     let metrics = ControllerMetrics::default();
     let m = metrics.clone();
     let _endpoint = http::start(listen, true, move || m.encode(), health.clone()).await?;
-    let mut c = Controller::start(kube_client().await?, cfg).await?;
+    let mut c = Controller::start(kube_client(Use::Watch).await?, cfg).await?;
     c.metrics = metrics;
     health.not_ready("the first controller pass has not finished");
     let mut tick = tokio::time::interval(args.interval);

@@ -151,6 +151,10 @@ mod tests {
             deadline: None,
             protected: false,
             forced: false,
+            authority: crate::decide::Authority::Host,
+            host_confirmed: true,
+            marked: true,
+            expected_end: None,
         }
     }
 

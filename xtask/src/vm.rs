@@ -56,8 +56,11 @@ pub struct Args {
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
 /// power-off (graceful), a forced one (`--force`: the immediate path, the
 /// last gasp reaching the double about 1.5 s before the guest dies), the
-/// PID-namespace reboot (no cluster contact) and the graceful drain by
-/// priority. About 3 minutes under TCG with the image cached.
+/// PID-namespace reboot (no cluster contact), the graceful drain by
+/// priority, and three requests that must not move the cluster: an
+/// unprivileged `systemctl poweroff` (refused), an unprivileged `reboot -ff`
+/// (EPERM) and a root power-off held by a block inhibitor. About 6 minutes
+/// under TCG with the image cached.
 /// `poweroff-force-force` is left to the race (`vm-test race`): there the
 /// guest dies 150-850 ms after the trigger, and in 1 of 20 runs it died
 /// before the patches arrived, which would make CI flaky.
@@ -66,6 +69,9 @@ pub const CI_SUBSET: &[&str] = &[
     "poweroff-force",
     "pidns-reboot",
     "graceful-pods",
+    "user-poweroff",
+    "user-reboot-ff",
+    "blocked-poweroff",
 ];
 
 /// `cargo xtask vm-test`.

@@ -404,6 +404,9 @@ impl LogindHandle {
         let _ = self.release.send(());
     }
 
+    /// STUB until the D-Bus branch lands.
+    pub fn relock(&self) {}
+
     /// Whether the agent holds a delay lock right now.
     pub fn lock_held(&self) -> bool {
         *self.held.borrow()

@@ -168,7 +168,7 @@ impl NodeClient {
     /// Once the kubelet reports the node Ready: the agent's taint off, its
     /// condition False, and the record marked as back (so the controller
     /// never acts on it again).
-    pub async fn clear_when_ready(&self) -> Result<()> {
+    pub async fn clear_when_ready(&self, _current_boot: &str) -> Result<()> {
         loop {
             let node = retry("get node", || self.nodes.get(&self.node)).await?;
             let conds = node
@@ -198,6 +198,11 @@ impl NodeClient {
             }
             tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         }
+    }
+
+    /// STUB until the controller branch lands.
+    pub async fn mark_abandoned(&self, _why: &str) -> Result<()> {
+        Ok(())
     }
 
     /// The record annotation as it stands, if any.
