@@ -867,3 +867,110 @@ async fn sigterm_waits_for_the_graceful_run_under_way() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `apiServer.endpoint`: the agent reaches the API server directly, so a
+/// last gasp does not depend on the Service VIP (kube-proxy, the CNI). Here
+/// the kubeconfig's server (the "VIP") refuses every connection; the forced
+/// shutdown still reaches the API server named in the config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_last_gasp_bypasses_an_unreachable_service_vip() {
+    if !can_load_ebpf("the_last_gasp_bypasses_an_unreachable_service_vip") {
+        return;
+    }
+    let node = "n-direct";
+    let double = ApiDouble::start().await.unwrap();
+    double
+        .create_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("lastgasp-direct-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A port nobody listens on: the "VIP" refuses connections.
+    let vip = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", vip.local_addr().unwrap());
+    drop(vip);
+    let (cfg, kubeconfig) = (dir.join("config.yaml"), dir.join("kubeconfig"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "shutdownGracePeriod: 4s\napiServer: {{endpoint: \"{}\"}}\n",
+            double.url()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: d, cluster: {{server: \"{dead}\"}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: d, user: u}}}}]\n\
+             current-context: c\n",
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(agent_bin())
+        .args([
+            "--json-logs",
+            "run",
+            "--no-dbus",
+            "--metrics-listen",
+            "off",
+            "--config",
+        ])
+        .arg(&cfg)
+        .arg("--audit-dir")
+        .arg(dir.join("audit"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env("NODE_NAME", node)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting lastgasp (build it with cargo xtask build)");
+    let err = child.stderr.take().unwrap();
+    let logs = Arc::new(Mutex::new(Vec::<String>::new()));
+    let l = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            l.lock().unwrap().push(line);
+        }
+    });
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(
+                Instant::now() < deadline,
+                "waited 30 s for {what}: {:#?}",
+                logs.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    until("armed", &|| {
+        logs.lock().unwrap().iter().any(|l| l.contains("\"armed\""))
+    });
+    // `reboot -ff` as root (a stand-in): immediate, the last gasp.
+    let tool = stand_in(&dir, "reboot");
+    assert!(Command::new(&tool).arg("-ff").status().unwrap().success());
+    until("both last-gasp patches at the direct endpoint", &|| {
+        double
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.status == 200)
+            .count()
+            >= 2
+    });
+    let n: k8s_openapi::api::core::v1::Node = double.get("", node).unwrap();
+    let cond = n
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "ShutdownInProgress")
+        .map(|c| (c.status, c.reason));
+    assert_eq!(cond, Some(("True".into(), Some("ForcedShutdown".into()))));
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -40,6 +40,72 @@ pub struct Config {
     /// When a claim counts, and when an episode is given up.
     #[serde(default)]
     pub trust: Trust,
+    /// How the agent reaches the API server. Default: the in-cluster
+    /// configuration (in a pod: the `kubernetes` Service's VIP, which needs
+    /// kube-proxy or the CNI) or $KUBECONFIG.
+    #[serde(default)]
+    pub api_server: ApiServer,
+}
+
+/// The API server's address, when it must not go through the Service VIP:
+/// the last gasp leaves a dying node, whose kube-proxy and CNI may already
+/// be gone. The credentials stay the agent's own (its ServiceAccount).
+#[derive(Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiServer {
+    /// The API server's URL, e.g. `https://10.0.0.10:6443` (its serving
+    /// certificate must name that address).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Take the URL from this kubeconfig's current context (e.g. the
+    /// kubelet's, `/etc/kubernetes/kubelet.conf`): only its `server`, never
+    /// its credentials.
+    #[serde(default)]
+    pub server_from_kubeconfig: Option<PathBuf>,
+}
+
+impl ApiServer {
+    /// The URL to use instead of the inferred one, if any.
+    pub fn url(&self) -> Result<Option<String>> {
+        let url = match (&self.endpoint, &self.server_from_kubeconfig) {
+            (Some(_), Some(_)) => {
+                bail!("apiServer: set endpoint or serverFromKubeconfig, not both")
+            }
+            (Some(e), None) => e.clone(),
+            (None, Some(path)) => {
+                let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                    anyhow::anyhow!("apiServer.serverFromKubeconfig: {}: {e}", path.display())
+                })?;
+                let cluster = kc
+                    .current_context
+                    .as_ref()
+                    .and_then(|cur| kc.contexts.iter().find(|c| &c.name == cur))
+                    .and_then(|c| c.context.as_ref())
+                    .map(|c| c.cluster.clone());
+                let named = kc
+                    .clusters
+                    .iter()
+                    .find(|c| cluster.as_ref().is_none_or(|n| &c.name == n));
+                named
+                    .and_then(|c| c.cluster.as_ref())
+                    .and_then(|c| c.server.clone())
+                    .with_context(|| {
+                        format!(
+                            "apiServer.serverFromKubeconfig: {} names no server for its current context",
+                            path.display()
+                        )
+                    })?
+            }
+            (None, None) => return Ok(None),
+        };
+        let parsed: http::Uri = url
+            .parse()
+            .map_err(|e| anyhow::anyhow!("apiServer: {url:?} is not a URL: {e}"))?;
+        if !matches!(parsed.scheme_str(), Some("https" | "http")) || parsed.host().is_none() {
+            bail!("apiServer: {url:?} is not an http(s) URL with a host");
+        }
+        Ok(Some(url))
+    }
 }
 
 /// The decision core's timings (`decide::Policy`).
@@ -127,6 +193,7 @@ impl Default for Config {
             shutdown_grace_period_by_pod_priority: None,
             kubelet_config_path: None,
             trust: Trust::default(),
+            api_server: ApiServer::default(),
         }
     }
 }
@@ -155,6 +222,7 @@ impl Config {
         let cfg: Config = serde_norway::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         cfg.grace()?;
         cfg.trust.check()?;
+        cfg.api_server.url()?;
         Ok(cfg)
     }
 
@@ -239,10 +307,39 @@ mod tests {
             ("shutdownGracePeriod: 30s\ntrust: {pendingExpiry: 0s}\n", "trust.pendingExpiry"),
             ("shutdownGracePeriod: 30s\ntrust: {pendingExpiry: soon}\n", "pendingExpiry"),
             ("shutdownGracePeriod: 30s\ntrust: {later: 1s}\n", "later"),
+            ("shutdownGracePeriod: 30s\napiServer: {endpoint: \"not a url\"}\n", "apiServer"),
+            ("shutdownGracePeriod: 30s\napiServer: {endpoint: \"ftp://x\"}\n", "apiServer"),
+            ("shutdownGracePeriod: 30s\napiServer: {endpoint: \"https://a:6443\", serverFromKubeconfig: /x}\n", "not both"),
+            ("shutdownGracePeriod: 30s\napiServer: {serverFromKubeconfig: /nonexistent/kubeconfig}\n", "/nonexistent/kubeconfig"),
         ] {
             let e = format!("{:#}", Config::parse(text).unwrap_err());
             assert!(e.contains(field), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_api_server_from_the_kubelets_kubeconfig_is_its_server_only() {
+        let dir = std::env::temp_dir().join(format!("lastgasp-kc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let k = dir.join("kubelet.conf");
+        std::fs::write(
+            &k,
+            "apiVersion: v1\nkind: Config\nclusters:\n- {name: other, cluster: {server: \"https://wrong:1\"}}\n- {name: k, cluster: {server: \"https://10.0.0.10:6443\"}}\n\
+             users: [{name: node, user: {client-certificate: /x, client-key: /y}}]\n\
+             contexts: [{name: c, context: {cluster: k, user: node}}]\ncurrent-context: c\n",
+        )
+        .unwrap();
+        let c = Config::parse(&format!(
+            "shutdownGracePeriod: 30s\napiServer: {{serverFromKubeconfig: {}}}\n",
+            k.display()
+        ))
+        .unwrap();
+        assert_eq!(
+            c.api_server.url().unwrap().as_deref(),
+            Some("https://10.0.0.10:6443")
+        );
+        assert_eq!(Config::default().api_server.url().unwrap(), None);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -331,10 +331,14 @@ enum Use {
     Requests,
 }
 
-async fn kube_client(usage: Use) -> Result<kube::Client> {
+async fn kube_client(usage: Use, server: Option<&str>) -> Result<kube::Client> {
     let mut config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (in-cluster or $KUBECONFIG)")?;
+    if let Some(url) = server {
+        // Only the address changes: the credentials stay the agent's own.
+        config.cluster_url = url.parse().with_context(|| format!("apiServer: {url}"))?;
+    }
     config.default_retry = false;
     config.connect_timeout = Some(Duration::from_secs(3));
     config.write_timeout = Some(Duration::from_secs(5));
@@ -401,7 +405,7 @@ async fn controller(args: ControllerArgs) -> Result<()> {
     let metrics = ControllerMetrics::default();
     let m = metrics.clone();
     let _endpoint = http::start(listen, true, move || m.encode(), health.clone()).await?;
-    let mut c = Controller::start(kube_client(Use::Watch).await?, cfg).await?;
+    let mut c = Controller::start(kube_client(Use::Watch, None).await?, cfg).await?;
     c.metrics = metrics;
     health.not_ready("the first controller pass has not finished");
     let mut tick = tokio::time::interval(args.interval);
