@@ -223,9 +223,14 @@ async fn cancellation_takes_a_new_lock_then_drops_the_old() {
         "org.freedesktop.login1.Manager.PrepareForShutdown",
         "boolean:false",
     ]);
+    // It is reported, with its sender, as not logind's.
+    let (forged, _) = rx.next("the forged PrepareForShutdown(false)").await;
+    assert_eq!(forged.effect, Effect::Cancel);
+    assert_eq!(forged.sender.as_ref().map(|s| s.owns_name), Some(false));
     bus.cancel_shutdown().await;
     let (s, _) = rx.next("PrepareForShutdown(false)").await;
     assert_eq!((s.source, &s.effect), (Source::Logind, &Effect::Cancel));
+    assert_eq!(s.sender.as_ref().map(|s| s.owns_name), Some(true));
     assert_eq!(
         s.actor.as_ref().map(|a| a.comm.as_str()),
         Some("lastgasp-fake-s"),
@@ -672,8 +677,15 @@ async fn kubelet_e2e_emulation_dbus_send_prepare_for_shutdown() {
     }
     let bus = TestBus::start("kubelet", &[DELAY_30], &[]);
     let audit = bus.dir.join("audit");
+    // Only behind the option made for such rigs: by default a peer that is
+    // not logind cannot start anything (the next test).
     let mut agent = Command::new(agent_bin())
-        .args(["run", "--standalone", "--audit-dir"])
+        .args([
+            "run",
+            "--standalone",
+            "--trust-unowned-bus-signals",
+            "--audit-dir",
+        ])
         .arg(&audit)
         .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
         .stdout(Stdio::piped())
@@ -788,6 +800,82 @@ fn check(bus: &TestBus) -> (i32, String) {
     let report = String::from_utf8(out.stdout).unwrap();
     println!("{report}");
     (out.status.code().unwrap(), report)
+}
+
+/// By default the same `dbus-send` is a forged claim: reported with its
+/// sender, decided audit-only, and the agent's delay lock stays held.
+#[tokio::test]
+async fn a_forged_prepare_for_shutdown_is_audited_and_changes_nothing() {
+    if !have_dbus_daemon("forged_prepare") || !can_load_ebpf("forged_prepare") {
+        return;
+    }
+    let bus = TestBus::start("forged", &[DELAY_30], &[]);
+    let audit = bus.dir.join("audit");
+    let mut agent = Command::new(agent_bin())
+        .args(["run", "--standalone", "--audit-dir"])
+        .arg(&audit)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting lastgasp (build it with cargo xtask build)");
+    let out = collect(agent.stdout.take().unwrap());
+    let err = collect(agent.stderr.take().unwrap());
+    wait_line(&err, "the armed line", |l| l.contains("armed_ms")).await;
+    bus.wait_event(
+        "the agent's lock",
+        |e| e.is("inhibit") && e.field("who") == Some("lastgasp"),
+        1,
+    )
+    .await;
+    for start in ["boolean:true", "boolean:false"] {
+        bus.dbus_send(&[
+            "/org/freedesktop/login1",
+            "org.freedesktop.login1.Manager.PrepareForShutdown",
+            start,
+        ]);
+    }
+    let lines: Vec<serde_json::Value> = {
+        let mut got = Vec::new();
+        for effect in ["now", "cancel"] {
+            let line = wait_line(&out, "a forged logind line", |l| {
+                l.contains("\"source\":\"logind\"")
+                    && l.contains(&format!("\"effect\":\"{effect}\""))
+            })
+            .await;
+            got.push(serde_json::from_str(&line).unwrap());
+        }
+        got
+    };
+    for v in &lines {
+        assert_eq!(v["sender"]["owns_name"], false, "{v}");
+        assert!(
+            v["sender"]["unique"]
+                .as_str()
+                .is_some_and(|u| u.starts_with(':')),
+            "{v}"
+        );
+        assert_eq!(v["decision"]["action"], "audit-only", "{v}");
+        assert!(
+            v["decision"]["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("does not own org.freedesktop.login1")),
+            "{v}"
+        );
+    }
+    // Nothing moved: the lock was neither released nor replaced.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        bus.event(|e| e.is("lock-closed")).is_none(),
+        "{:?}",
+        bus.events()
+            .iter()
+            .map(|e| e.text.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(lastgasp_locks(&bus.inhibitors().await), 1);
+    let _ = agent.kill();
+    let _ = agent.wait();
 }
 
 #[tokio::test]

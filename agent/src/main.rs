@@ -208,13 +208,21 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     }
     tracing::info!(armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
 
-    let buckets = cfg.buckets()?;
-    let graceful_length = Duration::from_secs(
-        buckets
-            .iter()
-            .map(|b| u64::try_from(b.seconds).unwrap_or(0))
-            .fold(0u64, u64::saturating_add),
-    );
+    // Standalone needs no grace periods: a graceful episode is then given
+    // the default length before the host is asked.
+    let buckets = match cfg.buckets() {
+        Ok(b) => b,
+        Err(_) if args.standalone && args.config.is_none() => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let graceful_length = match buckets
+        .iter()
+        .map(|b| u64::try_from(b.seconds).unwrap_or(0))
+        .fold(0u64, u64::saturating_add)
+    {
+        0 => lastgasp::decide::Policy::default().graceful_length,
+        secs => Duration::from_secs(secs),
+    };
     let cluster = if args.standalone {
         None
     } else {
@@ -303,9 +311,16 @@ async fn cluster(
         .clone()
         .or_else(|| std::env::var("NODE_NAME").ok())
         .context("cluster mode needs the node's name: nodeName in the config, or $NODE_NAME")?;
+    let server = cfg.api_server.url()?;
+    if let Some(url) = &server {
+        tracing::info!(
+            url,
+            "reaching the API server directly (apiServer), not through the Service VIP"
+        );
+    }
     let (watch, patch) = (
-        kube_client(Use::Watch).await?,
-        kube_client(Use::Requests).await?,
+        kube_client(Use::Watch, server.as_deref()).await?,
+        kube_client(Use::Requests, server.as_deref()).await?,
     );
     let own_pod = match (std::env::var("POD_NAMESPACE"), std::env::var("POD_NAME")) {
         (Ok(ns), Ok(name)) => Some((ns, name)),

@@ -48,6 +48,13 @@ pub struct DbusArgs {
     /// `run`: do not start the logind and systemd detectors.
     #[arg(long)]
     pub no_dbus: bool,
+    /// Act on logind's PrepareForShutdown from peers that do not own
+    /// `org.freedesktop.login1`, as the kubelet does (its e2e tests fake the
+    /// signal with `dbus-send`). For test rigs only: with it, any local
+    /// process allowed on the system bus can start a drain. Off by default:
+    /// such signals are audited, audit-only, with the sender named.
+    #[arg(long)]
+    pub trust_unowned_bus_signals: bool,
 }
 
 impl DbusArgs {
@@ -56,6 +63,7 @@ impl DbusArgs {
             bus: self.system_bus.clone(),
             want_delay: self.inhibit_delay,
             logind_root: self.logind_root.clone(),
+            trust_unowned: self.trust_unowned_bus_signals,
             ..LogindConfig::default()
         }
     }
@@ -88,6 +96,7 @@ pub async fn spawn_detectors(
                 "logind: delay lock taken"
             );
             let (tx, health) = (tx.clone(), health.clone());
+            health.bus_started(logind::PART);
             let det = det.report_to(health.clone());
             tokio::spawn(async move {
                 if let Err(e) = det.run(tx).await {
@@ -106,6 +115,7 @@ pub async fn spawn_detectors(
     match SystemdDetector::start(args.systemd()).await {
         Ok(det) => {
             tracing::info!("systemd: following shutdown jobs");
+            health.bus_started(systemd::PART);
             let det = det.report_to(health.clone());
             tokio::spawn(async move {
                 if let Err(e) = det.run(tx).await {
@@ -117,6 +127,72 @@ pub async fn spawn_detectors(
         Err(e) => tracing::warn!("systemd job detection off: {e:#}"),
     }
     Ok(handle)
+}
+
+/// Asks the host whether a shutdown is under way: logind's
+/// `PreparingForShutdown`, and systemd's job list. Its own connection, made
+/// afresh for each question (asked rarely: once an episode outlives its
+/// expected end).
+#[derive(Clone, Debug)]
+pub struct HostProbe {
+    bus: Option<String>,
+}
+
+impl HostProbe {
+    pub fn new(bus: Option<String>) -> Self {
+        HostProbe { bus }
+    }
+
+    /// `Some(evidence)` when a shutdown is under way, `None` when neither
+    /// logind nor systemd has one, an error when neither could be asked.
+    pub async fn shutdown_under_way(&self) -> Result<Option<String>> {
+        let conn = tokio::time::timeout(CALL_TIMEOUT, connect(self.bus.as_deref()))
+            .await
+            .map_err(|_| anyhow::anyhow!("connecting to the system bus timed out"))??;
+        let (preparing, jobs) = tokio::join!(
+            logind_property::<bool>(&conn, "PreparingForShutdown"),
+            shutdown_jobs(&conn)
+        );
+        match (preparing, jobs) {
+            (Ok(true), _) => Ok(Some("logind is preparing for shutdown".into())),
+            (_, Ok(jobs)) if !jobs.is_empty() => Ok(Some(format!(
+                "systemd has shutdown jobs: {}",
+                jobs.join(", ")
+            ))),
+            (Ok(false), Ok(_)) | (Ok(false), Err(_)) | (Err(_), Ok(_)) => Ok(None),
+            (Err(l), Err(s)) => Err(anyhow::anyhow!(
+                "neither logind ({l}) nor systemd ({s}) answered"
+            )),
+        }
+    }
+}
+
+/// systemd's queued start jobs for units that shut the node down.
+async fn shutdown_jobs(conn: &Connection) -> zbus::Result<Vec<String>> {
+    type Job = (
+        u32,
+        String,
+        String,
+        String,
+        zbus::OwnedObjectPath,
+        zbus::OwnedObjectPath,
+    );
+    let jobs: Vec<Job> = conn
+        .call_method(
+            Some(SYSTEMD),
+            SYSTEMD_PATH,
+            Some(SYSTEMD_MANAGER),
+            "ListJobs",
+            &(),
+        )
+        .await?
+        .body()
+        .deserialize()?;
+    Ok(jobs
+        .into_iter()
+        .filter(|(_, unit, job_type, ..)| job_type == "start" && systemd::unit_kind(unit).is_some())
+        .map(|(_, unit, ..)| unit)
+        .collect())
 }
 
 /// The system bus, or the bus at `address`.

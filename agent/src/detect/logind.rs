@@ -34,7 +34,11 @@ use super::{
     ebpf::now_pair,
 };
 use crate::http::Health;
-use crate::signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source};
+use crate::signal::{Actor, BusSender, Detail, Effect, Kind, Scope, ShutdownSignal, Source};
+
+/// No shutdown delay is taken as longer than this (logind allows
+/// "infinity"): the deadline arithmetic stays in range.
+const DELAY_CAP: Duration = Duration::from_secs(24 * 3600);
 
 /// The drop-in written under `<root>/etc/systemd/logind.conf.d/`.
 pub const DROPIN_NAME: &str = "99-lastgasp.conf";
@@ -57,6 +61,10 @@ pub struct LogindConfig {
     pub reconnect_after: Duration,
     /// systemd < 255 does not announce ScheduledShutdown changes: poll it.
     pub scheduled_poll: Duration,
+    /// Act on a PrepareForShutdown from a peer that does not own
+    /// `org.freedesktop.login1` (test rigs such as the kubelet's `dbus-send`
+    /// e2e). Off: such a signal is reported, audit-only, and changes nothing.
+    pub trust_unowned: bool,
 }
 
 impl Default for LogindConfig {
@@ -68,6 +76,7 @@ impl Default for LogindConfig {
             release_margin: Duration::from_secs(1),
             reconnect_after: Duration::from_secs(1),
             scheduled_poll: Duration::from_secs(2),
+            trust_unowned: false,
         }
     }
 }
@@ -394,6 +403,7 @@ pub async fn take_lock(conn: &Connection) -> zbus::Result<OwnedFd> {
 #[derive(Clone, Debug)]
 pub struct LogindHandle {
     release: mpsc::UnboundedSender<()>,
+    relock: mpsc::UnboundedSender<()>,
     held: watch::Receiver<bool>,
 }
 
@@ -404,8 +414,11 @@ impl LogindHandle {
         let _ = self.release.send(());
     }
 
-    /// STUB until the D-Bus branch lands.
-    pub fn relock(&self) {}
+    /// The shutdown did not come (the agent abandoned its episode): forget
+    /// it and hold a delay lock again, for the next one.
+    pub fn relock(&self) {
+        let _ = self.relock.send(());
+    }
 
     /// Whether the agent holds a delay lock right now.
     pub fn lock_held(&self) -> bool {
@@ -440,6 +453,7 @@ pub struct LogindDetector {
     scheduled: Option<(String, u64)>,
     sessions: u32,
     release_rx: mpsc::UnboundedReceiver<()>,
+    relock_rx: mpsc::UnboundedReceiver<()>,
     held: watch::Sender<bool>,
     /// Where a lost bus or lock is reported (the readiness endpoint).
     health: Option<Arc<Health>>,
@@ -470,9 +484,10 @@ impl LogindDetector {
         if let Some(want) = cfg.want_delay {
             ensure_inhibit_delay(&conn, &cfg.logind_root, want).await?;
         }
-        let delay_max = inhibit_delay_max(&conn).await?;
+        let delay_max = inhibit_delay_max(&conn).await?.min(DELAY_CAP);
         let lock = take_lock(&conn).await.map_err(StartError::Lock)?;
         let (release, release_rx) = mpsc::unbounded_channel();
+        let (relock, relock_rx) = mpsc::unbounded_channel();
         let (held, held_rx) = watch::channel(true);
         let det = LogindDetector {
             cfg,
@@ -484,11 +499,13 @@ impl LogindDetector {
             scheduled: None,
             sessions: 0,
             release_rx,
+            relock_rx,
             held,
             health: None,
         };
         let handle = LogindHandle {
             release,
+            relock,
             held: held_rx,
         };
         Ok((det, handle))
@@ -528,6 +545,8 @@ impl LogindDetector {
                 tokio::select! {
                     _ = tokio::time::sleep_until(until) => break,
                     Some(()) = self.release_rx.recv() => self.release("graceful work done"),
+                    // Taken again when the bus is back (the session relocks).
+                    Some(()) = self.relock_rx.recv() => self.episode = None,
                     _ = sleep_until_opt(due) => self.release("deadline near"),
                     _ = tx.closed() => return Ok(()),
                 }
@@ -553,7 +572,7 @@ impl LogindDetector {
         };
 
         match inhibit_delay_max(&conn).await {
-            Ok(d) => self.delay_max = d,
+            Ok(d) => self.delay_max = d.min(DELAY_CAP),
             Err(e) => tracing::warn!("logind: reading InhibitDelayMaxUSec: {e}"),
         }
         if self.wants_lock() && (!first || self.lock.is_none()) {
@@ -581,7 +600,10 @@ impl LogindDetector {
             }
         } else if !preparing && self.episode.as_ref().is_some_and(|e| e.from_logind) && !first {
             tracing::warn!("logind: the shutdown was called off while the bus was away");
-            if let Some(f) = self.cancel(&conn, tx, None, "PreparingForShutdown").await {
+            if let Some(f) = self
+                .cancel(&conn, tx, None, None, "PreparingForShutdown")
+                .await
+            {
                 return Ok(f);
             }
         }
@@ -608,6 +630,12 @@ impl LogindDetector {
                 Some(()) = self.release_rx.recv() => {
                     self.release("graceful work done");
                     self.relock_unless_logind_waits(&conn).await;
+                }
+                Some(()) = self.relock_rx.recv() => {
+                    if self.episode.take().is_some() || self.lock.is_none() {
+                        tracing::info!("logind: the shutdown did not come: delay lock taken again");
+                        self.relock(&conn).await;
+                    }
                 }
                 _ = sleep_until_opt(due) => {
                     self.release("deadline near");
@@ -654,17 +682,43 @@ impl LogindDetector {
                 return None;
             }
         };
+        // Asked at once, for this very signal: a restarted logind has a new
+        // unique name, and only the current owner speaks for logind.
         let (owner, actor) =
             tokio::join!(dbus::name_owner(conn, LOGIND), sender_actor(conn, &sender));
         let owner = owner.ok().flatten();
         let from_logind = owner.as_deref() == Some(sender.as_str());
-        if !from_logind {
+        let by = Some(BusSender {
+            unique: sender.clone(),
+            owns_name: from_logind,
+        });
+        if !from_logind && !self.cfg.trust_unowned {
             tracing::warn!(
                 sender,
                 logind = owner.as_deref().unwrap_or("(none)"),
                 start,
-                "logind: PrepareForShutdown from a peer that does not own org.freedesktop.login1; \
-                 accepted, as the kubelet does, but logind may not be shutting down"
+                "logind: PrepareForShutdown from a peer that does not own org.freedesktop.login1: \
+                 reported, audit-only (--trust-unowned-bus-signals acts on it)"
+            );
+            let effect = if start { Effect::Now } else { Effect::Cancel };
+            let mut s = signal(
+                Kind::Unknown,
+                effect,
+                None,
+                wall,
+                boot_ns,
+                actor,
+                "PrepareForShutdown",
+            );
+            s.sender = by;
+            return tx.send(s).await.is_err().then_some(Flow::Stop);
+        }
+        if !from_logind {
+            tracing::warn!(
+                sender,
+                start,
+                "logind: PrepareForShutdown from a peer that does not own org.freedesktop.login1, \
+                 acted on (--trust-unowned-bus-signals): logind may not be shutting down"
             );
         }
         let logind_episode = self.episode.as_ref().map(|e| e.from_logind);
@@ -681,7 +735,7 @@ impl LogindDetector {
                 from_logind,
                 "logind: PrepareForShutdown(false): shutdown cancelled"
             );
-            return self.cancel(conn, tx, actor, "PrepareForShutdown").await;
+            return self.cancel(conn, tx, actor, by, "PrepareForShutdown").await;
         }
         // logind sends it once per shutdown: a second one is the same
         // shutdown (read from PreparingForShutdown while subscribing), unless
@@ -698,6 +752,23 @@ impl LogindDetector {
         } else {
             Kind::Unknown
         };
+        // logind's limit as it is now: another drop-in (the kubelet's) may
+        // have raised it since the agent started.
+        match tokio::time::timeout(Duration::from_millis(500), inhibit_delay_max(conn)).await {
+            Ok(Ok(d)) if d.min(DELAY_CAP) != self.delay_max => {
+                tracing::info!(from = %secs(self.delay_max), to = %secs(d), "logind: InhibitDelayMaxUSec changed since it was read");
+                self.delay_max = d.min(DELAY_CAP);
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                "logind: re-reading InhibitDelayMaxUSec: {e}; using {}",
+                secs(self.delay_max)
+            ),
+            Err(_) => tracing::warn!(
+                "logind: re-reading InhibitDelayMaxUSec timed out; using {}",
+                secs(self.delay_max)
+            ),
+        }
         let deadline = self.begin(received, wall, self.delay_max, from_logind);
         tracing::info!(
             sender,
@@ -706,7 +777,7 @@ impl LogindDetector {
             deadline = %humantime::format_rfc3339_millis(deadline),
             "logind: PrepareForShutdown(true)"
         );
-        let s = signal(
+        let mut s = signal(
             kind,
             Effect::Now,
             Some(deadline),
@@ -715,6 +786,7 @@ impl LogindDetector {
             actor,
             "PrepareForShutdown",
         );
+        s.sender = by;
         tx.send(s).await.is_err().then_some(Flow::Stop)
     }
 
@@ -724,6 +796,7 @@ impl LogindDetector {
         conn: &Connection,
         tx: &mpsc::Sender<ShutdownSignal>,
         actor: Option<Actor>,
+        by: Option<BusSender>,
         member: &str,
     ) -> Option<Flow> {
         let (wall, boot_ns) = now_pair();
@@ -731,7 +804,7 @@ impl LogindDetector {
         if was.is_some() || self.lock.is_none() {
             self.relock(conn).await;
         }
-        let s = signal(
+        let mut s = signal(
             Kind::Unknown,
             Effect::Cancel,
             None,
@@ -740,6 +813,7 @@ impl LogindDetector {
             actor,
             member,
         );
+        s.sender = by;
         tx.send(s).await.is_err().then_some(Flow::Stop)
     }
 
@@ -751,6 +825,7 @@ impl LogindDetector {
         left: Duration,
         from_logind: bool,
     ) -> SystemTime {
+        let left = left.min(DELAY_CAP);
         let margin = self.cfg.release_margin.min(left / 4);
         let deadline = wall + left;
         self.episode = Some(Episode {

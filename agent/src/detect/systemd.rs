@@ -30,7 +30,7 @@ use super::{
     ebpf::now_pair,
 };
 use crate::http::Health;
-use crate::signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source};
+use crate::signal::{BusSender, Detail, Effect, Kind, Scope, ShutdownSignal, Source};
 
 #[derive(Clone, Debug)]
 pub struct SystemdConfig {
@@ -213,6 +213,7 @@ impl SystemdDetector {
     }
 
     fn on_job_new(&mut self, m: Message) -> Option<ShutdownSignal> {
+        let sender = sender_of(&m);
         let (id, _job, unit): (u32, zbus::OwnedObjectPath, String) = match m.body().deserialize() {
             Ok(b) => b,
             Err(e) => {
@@ -223,7 +224,9 @@ impl SystemdDetector {
         let covered = self
             .prepared
             .is_some_and(|(t, seq)| seq < m.recv_position() && t.elapsed() <= self.window);
-        self.job_new(id, &unit, covered)
+        let mut s = self.job_new(id, &unit, covered)?;
+        s.sender = sender;
+        Some(s)
     }
 
     /// A shutdown job was queued; `covered` when logind announced it.
@@ -267,8 +270,19 @@ impl SystemdDetector {
             result,
             "systemd: shutdown job ended without running: shutdown called off"
         );
-        Some(signal(kind, Effect::Cancel, false, "JobRemoved", &unit))
+        let mut s = signal(kind, Effect::Cancel, false, "JobRemoved", &unit);
+        s.sender = sender_of(&m);
+        Some(s)
     }
+}
+
+/// The sender of a message that came through a match on systemd's
+/// well-known name: the bus delivers only what its current owner sends.
+fn sender_of(m: &Message) -> Option<BusSender> {
+    Some(BusSender {
+        unique: m.header().sender()?.to_string(),
+        owns_name: true,
+    })
 }
 
 /// logind's PrepareForShutdown, systemd's JobNew and JobRemoved; then
