@@ -882,8 +882,7 @@ mod agent_flow {
             false,
         )
         .with_policy(quick_policy())
-        .with_host(q, r)
-        .with_boot_id("b");
+        .with_host(q, r);
         agent.handle(forced_exec()).await.unwrap();
         let n: Node = s.double.get("", NODE).unwrap();
         assert_eq!(
@@ -931,6 +930,54 @@ mod agent_flow {
             ("immediate", Some(2)),
             "a new episode, handled in full"
         );
+    }
+
+    /// An agent restarted within the boot whose shutdown it recorded leaves
+    /// the record and its marks: only a new boot marks it back. A record
+    /// annotation that is not a JSON object is no record (and no panic).
+    #[tokio::test]
+    async fn only_a_new_boot_marks_the_record_back() {
+        let s = setup("sameboot", vec![]).await;
+        let set = |v: &str| {
+            s.double
+                .modify::<Node, _>("", NODE, |n| {
+                    n.metadata
+                        .annotations
+                        .get_or_insert_with(Default::default)
+                        .insert(RECORD_ANNOTATION.into(), v.into());
+                })
+                .unwrap();
+        };
+        set(r#"{"boot_id":"boot-7","episode":{"id":1}}"#);
+        s.nc.set_taint(true).await.unwrap();
+        s.nc.clear_when_ready("boot-7").await.unwrap();
+        let n: Node = s.double.get("", NODE).unwrap();
+        assert!(
+            taint_keys(&n).contains(&TAINT_KEY.to_string()),
+            "same boot: marks stay"
+        );
+        assert!(!n.metadata.annotations.unwrap()[RECORD_ANNOTATION].contains("back"));
+
+        s.nc.clear_when_ready("boot-8").await.unwrap();
+        let n: Node = s.double.get("", NODE).unwrap();
+        assert!(!taint_keys(&n).contains(&TAINT_KEY.to_string()));
+        let rec: serde_json::Value =
+            serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
+        assert_eq!(rec["back"], true);
+
+        for odd in ["[]", "42", "\"x\"", "not json"] {
+            set(odd);
+            s.nc.set_taint(true).await.unwrap();
+            s.nc.clear_when_ready("boot-9").await.unwrap();
+            s.nc.mark_abandoned("test").await.unwrap();
+            let n: Node = s.double.get("", NODE).unwrap();
+            assert!(!taint_keys(&n).contains(&TAINT_KEY.to_string()), "{odd}");
+            assert_eq!(
+                n.metadata.annotations.unwrap()[RECORD_ANNOTATION],
+                odd,
+                "left as it was"
+            );
+        }
     }
 
     fn short_action(a: &Action) -> &'static str {

@@ -20,7 +20,7 @@ use tokio::{sync::mpsc, task::JoinHandle};
 
 use crate::{
     act::{
-        audit::{AuditLog, Outcome},
+        audit::{AuditLog, Durability, Outcome},
         kube::{
             graceful::{self, GracefulOptions},
             lastgasp::LastGasp,
@@ -75,12 +75,12 @@ impl Agent {
     ) -> Self {
         Agent {
             decider: Decider::new(),
+            boot_id: audit.boot_id().to_string(),
             audit: Arc::new(tokio::sync::Mutex::new(audit)),
             cluster,
             logind,
             metrics,
             print,
-            boot_id: crate::node::boot_id().unwrap_or_default(),
             graceful: None,
             host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),
             host_reachable: Arc::new(|| true),
@@ -105,11 +105,6 @@ impl Agent {
         self
     }
 
-    pub fn with_boot_id(mut self, boot_id: &str) -> Self {
-        self.boot_id = boot_id.to_string();
-        self
-    }
-
     pub async fn handle(&mut self, mut s: ShutdownSignal) -> Result<Decision> {
         if let Some(l) = &self.logind {
             self.decider.set_lock_held(l.lock_held());
@@ -122,7 +117,13 @@ impl Agent {
             actor::enrich_with(a, !matches!(d.action, Action::Immediate { .. }));
         }
         // On disk before anything acts on it: the machine may die next.
-        if let Err(e) = self.audit.lock().await.append(&s, Some(&d)) {
+        // Records that change nothing are synced in batches (each tick).
+        let durability = if acts(&d.action) {
+            Durability::Now
+        } else {
+            Durability::Batched
+        };
+        if let Err(e) = self.audit.lock().await.append_as(&s, Some(&d), durability) {
             self.metrics.audit_failures.inc();
             tracing::error!("audit record NOT written: {e:#}");
         }
@@ -142,6 +143,10 @@ impl Agent {
     /// expire, an episode past its expected end is checked with the host
     /// (the answer comes back through [`Agent::next_answer`]).
     pub async fn tick(&mut self, now: SystemTime) {
+        if let Err(e) = self.audit.lock().await.flush() {
+            self.metrics.audit_failures.inc();
+            tracing::error!("audit records NOT synced: {e:#}");
+        }
         match self.decider.tick(now) {
             Tick::Nothing => {}
             Tick::Decided(d) => self.decided(d).await,
@@ -522,6 +527,14 @@ async fn write_outcome(
         metrics.audit_failures.inc();
         tracing::error!("audit outcome NOT written: {e:#}");
     }
+}
+
+/// Whether a decision moves anything (its record must be durable first).
+fn acts(a: &Action) -> bool {
+    !matches!(
+        a,
+        Action::AuditOnly { .. } | Action::Pending { .. } | Action::Join
+    )
 }
 
 /// User-facing names, as serde writes them.

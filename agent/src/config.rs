@@ -23,6 +23,12 @@ pub struct Config {
     /// Where the audit log and the graceful-shutdown state file live.
     #[serde(default = "default_audit_dir")]
     pub audit_dir: PathBuf,
+    /// The audit log rotates at this size (MiB)...
+    #[serde(default = "default_audit_max_file_mib", rename = "auditMaxFileMiB")]
+    pub audit_max_file_mib: u64,
+    /// ...and keeps this many files (the current one included).
+    #[serde(default = "default_audit_files")]
+    pub audit_files: u32,
     /// How pods are removed: `delete` (default) or `evict` (honours PDBs).
     #[serde(default)]
     pub pod_removal: Removal,
@@ -182,11 +188,21 @@ fn default_audit_dir() -> PathBuf {
     PathBuf::from("/var/lib/lastgasp")
 }
 
+fn default_audit_max_file_mib() -> u64 {
+    crate::act::audit::Limits::default().max_file_bytes >> 20
+}
+
+fn default_audit_files() -> u32 {
+    crate::act::audit::Limits::default().files
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             node_name: None,
             audit_dir: default_audit_dir(),
+            audit_max_file_mib: default_audit_max_file_mib(),
+            audit_files: default_audit_files(),
             pod_removal: Removal::Delete,
             shutdown_grace_period: None,
             shutdown_grace_period_critical_pods: None,
@@ -222,6 +238,7 @@ impl Config {
         let cfg: Config = serde_norway::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         cfg.grace()?;
         cfg.trust.check()?;
+        cfg.audit_limits()?;
         cfg.api_server.url()?;
         Ok(cfg)
     }
@@ -254,6 +271,26 @@ impl Config {
         g.buckets()
             .with_context(|| format!("in the kubelet's configuration {}", path.display()))?;
         Ok(g)
+    }
+
+    /// The audit log's rotation: 1..=1024 MiB a file, 1..=100 files.
+    pub fn audit_limits(&self) -> Result<crate::act::audit::Limits> {
+        if !(1..=1024).contains(&self.audit_max_file_mib) {
+            bail!(
+                "auditMaxFileMiB: {} is out of range (1 to 1024)",
+                self.audit_max_file_mib
+            );
+        }
+        if !(1..=100).contains(&self.audit_files) {
+            bail!(
+                "auditFiles: {} is out of range (1 to 100)",
+                self.audit_files
+            );
+        }
+        Ok(crate::act::audit::Limits {
+            max_file_bytes: self.audit_max_file_mib << 20,
+            files: self.audit_files,
+        })
     }
 
     pub fn buckets(&self) -> Result<Vec<Bucket>> {
@@ -307,6 +344,8 @@ mod tests {
             ("shutdownGracePeriod: 30s\ntrust: {pendingExpiry: 0s}\n", "trust.pendingExpiry"),
             ("shutdownGracePeriod: 30s\ntrust: {pendingExpiry: soon}\n", "pendingExpiry"),
             ("shutdownGracePeriod: 30s\ntrust: {later: 1s}\n", "later"),
+            ("shutdownGracePeriod: 30s\nauditMaxFileMiB: 0\n", "auditMaxFileMiB"),
+            ("shutdownGracePeriod: 30s\nauditFiles: 100000\n", "auditFiles"),
             ("shutdownGracePeriod: 30s\napiServer: {endpoint: \"not a url\"}\n", "apiServer"),
             ("shutdownGracePeriod: 30s\napiServer: {endpoint: \"ftp://x\"}\n", "apiServer"),
             ("shutdownGracePeriod: 30s\napiServer: {endpoint: \"https://a:6443\", serverFromKubeconfig: /x}\n", "not both"),

@@ -175,7 +175,7 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     };
     let boot_id = node::boot_id()?;
     metrics.set_boot(&boot_id);
-    let audit = AuditLog::open(&audit_dir, &boot_id)?;
+    let audit = AuditLog::open_with(&audit_dir, &boot_id, cfg.audit_limits()?)?;
     let mut det = EbpfDetector::load(node.clone())?;
     let armed_ms = started.elapsed().as_secs_f64() * 1e3;
     metrics.set_hooks(&det.report);
@@ -243,7 +243,6 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
     let mut agent = Agent::new(audit, cluster, logind, metrics.clone(), args.standalone)
         .with_policy(policy)
-        .with_boot_id(&boot_id)
         .with_host(host_query(&args.dbus), host_reachable(&args.dbus, &health));
     agent.after_boot(&boot_id).await?;
     // Arming parsed the kernel's BTF and the start read the audit log

@@ -79,7 +79,14 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
         pods_remaining: None,
         undelivered: false,
     };
-    let Some(ep) = last.filter(|e| matches!(e.path, EpPath::Graceful | EpPath::Immediate)) else {
+    // An episode abandoned or expired (no shutdown came) did not end the boot.
+    let ended = |id: u32| {
+        outcomes(id).any(|o| matches!(o, Outcome::Abandoned { .. } | Outcome::Expired { .. }))
+    };
+    let Some(ep) = last
+        .filter(|e| matches!(e.path, EpPath::Graceful | EpPath::Immediate))
+        .filter(|e| !ended(e.id))
+    else {
         return report;
     };
     let done = outcomes(ep.id).find_map(|o| match o {
@@ -245,6 +252,21 @@ mod tests {
             start("d"),
             sig_rec("d", 1, g, Some(ep(1, EpPath::Graceful))),
             sig_rec("d", 2, Action::Cancel, Some(ep(1, EpPath::Cancelled))),
+            start("f"),
+            sig_rec(
+                "f",
+                1,
+                Action::Immediate { escalated: false },
+                Some(ep(1, EpPath::Immediate)),
+            ),
+            out(
+                "f",
+                2,
+                1,
+                Outcome::Abandoned {
+                    why: "no shutdown came".into(),
+                },
+            ),
             start("e"),
         ];
         let a = classify(&records, "a");
@@ -264,8 +286,14 @@ mod tests {
             BootEnd::Unannounced,
             "a cancelled shutdown did not end the boot"
         );
+        let f = classify(&records, "f");
+        assert_eq!(
+            (f.end, f.undelivered),
+            (BootEnd::Unannounced, false),
+            "an abandoned episode did not end the boot, and is not delivered late"
+        );
         assert_eq!(classify(&records, "e").end, BootEnd::Unannounced);
-        assert_eq!(previous_boot(&records, "e"), Some("d"));
+        assert_eq!(previous_boot(&records, "e"), Some("f"));
         assert_eq!(previous_boot(&records, "a"), Some("e"));
 
         let mut later = records.clone();

@@ -80,28 +80,73 @@ impl Record {
     }
 }
 
+/// How much audit the node keeps: `files` files of at most `max_file_bytes`
+/// each (the current one and `files - 1` rotated ones, `audit.jsonl.1` the
+/// newest of those).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_file_bytes: u64,
+    pub files: u32,
+}
+
+impl Default for Limits {
+    /// 8 MiB × 4: about 40,000 records (~850 bytes each), read whole at start
+    /// in well under a second, and never more than 32 MiB of the node's disk.
+    fn default() -> Self {
+        Limits {
+            max_file_bytes: 8 << 20,
+            files: 4,
+        }
+    }
+}
+
+/// How far back from the end of a file `open` looks for this boot's last
+/// sequence number (a record is ~1 KiB).
+const TAIL_BYTES: u64 = 256 << 10;
+
 pub struct AuditLog {
     file: File,
     path: PathBuf,
     boot_id: String,
     next_seq: u64,
+    limits: Limits,
+    /// The current file's length as written.
+    len: u64,
+    /// Records written since the last fdatasync.
+    unsynced: bool,
 }
 
 impl AuditLog {
     pub fn open(dir: &Path, boot_id: &str) -> Result<Self> {
+        Self::open_with(dir, boot_id, Limits::default())
+    }
+
+    pub fn open_with(dir: &Path, boot_id: &str, limits: Limits) -> Result<Self> {
         fs::create_dir_all(dir)
             .with_context(|| format!("creating audit directory {}", dir.display()))?;
         let path = dir.join(FILE_NAME);
-        let next_seq = read(&path)?
-            .records
-            .iter()
-            .filter(|r| r.boot_id == boot_id)
-            .count() as u64;
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(&path)
             .with_context(|| format!("opening audit log {}", path.display()))?;
+        let mut len = file.metadata()?.len();
+        // A power loss mid-write leaves a line without its newline: end it,
+        // so that the next record starts a line of its own (the torn bytes
+        // stay, reported as unreadable).
+        if len > 0 && last_byte(&mut file, len)? != b'\n' {
+            file.write_all(b"\n")
+                .context("ending the torn last line of the audit log")?;
+            file.sync_data()?;
+            len += 1;
+            tracing::warn!(file = %path.display(), "audit log: a torn last line was ended");
+        }
+        let next_seq = files(&path)
+            .iter()
+            .rev()
+            .find_map(|p| last_seq(p, boot_id))
+            .map_or(0, |s| s + 1);
         // Make the file's own directory entry durable too.
         File::open(dir).and_then(|d| d.sync_all()).ok();
         Ok(AuditLog {
@@ -109,6 +154,9 @@ impl AuditLog {
             path,
             boot_id: boot_id.to_string(),
             next_seq,
+            limits,
+            len,
+            unsynced: false,
         })
     }
 
@@ -116,45 +164,172 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends a detection and its decision, and waits until it is on disk.
+    /// The boot this log writes for.
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// Appends a detection and its decision, and waits until it is on disk:
+    /// for records that act (the machine may die a millisecond later).
     pub fn append(
         &mut self,
         signal: &ShutdownSignal,
         decision: Option<&Decision>,
     ) -> Result<Record> {
-        self.write(Entry::Signal {
-            signal: signal.clone(),
-            decision: decision.cloned(),
-        })
+        self.append_as(signal, decision, Durability::Now)
+    }
+
+    /// Appends a detection and its decision; `Batched` leaves the fdatasync
+    /// to the next [`AuditLog::flush`] or durable write (audit-only records:
+    /// a pod flooding execs of `reboot` must not cost an fsync each).
+    pub fn append_as(
+        &mut self,
+        signal: &ShutdownSignal,
+        decision: Option<&Decision>,
+        durability: Durability,
+    ) -> Result<Record> {
+        self.write(
+            Entry::Signal {
+                signal: signal.clone(),
+                decision: decision.cloned(),
+            },
+            durability,
+        )
     }
 
     pub fn agent_start(&mut self) -> Result<Record> {
-        self.write(Entry::AgentStart {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-        })
+        self.write(
+            Entry::AgentStart {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            Durability::Now,
+        )
     }
 
     pub fn outcome(&mut self, episode: u32, outcome: Outcome) -> Result<Record> {
-        self.write(Entry::Outcome { episode, outcome })
+        self.write(Entry::Outcome { episode, outcome }, Durability::Now)
     }
 
-    fn write(&mut self, entry: Entry) -> Result<Record> {
+    /// Makes every record written so far durable (one fdatasync).
+    pub fn flush(&mut self) -> Result<()> {
+        if self.unsynced {
+            self.file.sync_data().context("fsync of the audit log")?;
+            self.unsynced = false;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, entry: Entry, durability: Durability) -> Result<Record> {
+        // A sequence number is used once, whether its write succeeds or not.
+        let seq = self.next_seq;
+        self.next_seq += 1;
         let record = Record {
             boot_id: self.boot_id.clone(),
-            seq: self.next_seq,
+            seq,
             written_at: SystemTime::now(),
             entry,
         };
         let mut line = serde_json::to_vec(&record)?;
         line.push(b'\n');
+        if self.len > 0 && self.len + line.len() as u64 > self.limits.max_file_bytes {
+            self.rotate().context("rotating the audit log")?;
+        }
         // One write(2) on an O_APPEND file: a record is never interleaved.
-        self.file
-            .write_all(&line)
-            .context("writing the audit log")?;
-        self.file.sync_data().context("fsync of the audit log")?;
-        self.next_seq += 1;
+        if let Err(e) = self.file.write_all(&line) {
+            // Part of it may be there (ENOSPC): cut back to the record
+            // boundary, so the file never holds half a record.
+            if let Err(t) = self.file.set_len(self.len) {
+                tracing::error!("audit log: cutting a partial record back failed: {t}");
+            }
+            return Err(e).context("writing the audit log");
+        }
+        self.len += line.len() as u64;
+        self.unsynced = true;
+        if durability == Durability::Now {
+            self.flush()?;
+        }
         Ok(record)
     }
+
+    /// The current file becomes `.1`, `.1` becomes `.2`..., the oldest goes.
+    fn rotate(&mut self) -> Result<()> {
+        self.flush()?;
+        let keep = self.limits.files.max(1);
+        let rotated = |i: u32| PathBuf::from(format!("{}.{i}", self.path.display()));
+        if keep == 1 {
+            self.file.set_len(0)?;
+        } else {
+            let _ = fs::remove_file(rotated(keep - 1));
+            for i in (1..keep - 1).rev() {
+                if rotated(i).exists() {
+                    fs::rename(rotated(i), rotated(i + 1))?;
+                }
+            }
+            fs::rename(&self.path, rotated(1))?;
+            self.file = OpenOptions::new()
+                .create(true)
+                .read(true)
+                .append(true)
+                .open(&self.path)?;
+        }
+        if let Some(dir) = self.path.parent() {
+            File::open(dir).and_then(|d| d.sync_all()).ok();
+        }
+        self.len = 0;
+        Ok(())
+    }
+}
+
+/// Whether a record must be on disk before the write returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    Now,
+    Batched,
+}
+
+fn last_byte(file: &mut File, len: u64) -> std::io::Result<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut b = [0u8];
+    file.seek(SeekFrom::Start(len - 1))?;
+    file.read_exact(&mut b)?;
+    Ok(b[0])
+}
+
+/// The last sequence number of `boot_id` in the tail of `path`.
+fn last_seq(path: &Path, boot_id: &str) -> Option<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(TAIL_BYTES)))
+        .ok()?;
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).ok()?;
+    tail.split(|&b| b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<Record>(l).ok())
+        .filter(|r| r.boot_id == boot_id)
+        .map(|r| r.seq)
+        .max()
+}
+
+/// The log's files, oldest first: `audit.jsonl.N` ... `audit.jsonl.1`,
+/// `audit.jsonl`.
+pub fn files(path: &Path) -> Vec<PathBuf> {
+    let mut rotated: Vec<(u32, PathBuf)> = Vec::new();
+    if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
+        let prefix = format!("{}.", name.to_string_lossy());
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if let Some(i) = n.strip_prefix(&prefix).and_then(|i| i.parse().ok()) {
+                    rotated.push((i, e.path()));
+                }
+            }
+        }
+    }
+    rotated.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut out: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
+    out.push(path.to_path_buf());
+    out
 }
 
 /// What the log holds, and how many lines could not be read (a line torn by
@@ -165,21 +340,25 @@ pub struct Contents {
     pub unreadable: Vec<(usize, String)>,
 }
 
+/// Reads the log at `path` and its rotated files, oldest first (bounded by
+/// the rotation's limits). Unreadable lines are counted per file, by line.
 pub fn read(path: &Path) -> Result<Contents> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Contents::default()),
-        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
-    };
     let mut out = Contents::default();
-    for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
-        let line = line?;
-        if line.is_empty() {
-            continue;
-        }
-        match serde_json::from_slice::<Record>(&line) {
-            Ok(r) => out.records.push(r),
-            Err(e) => out.unreadable.push((i + 1, e.to_string())),
+    for p in files(path) {
+        let file = match File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("opening {}", p.display())),
+        };
+        for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
+            let line = line?;
+            if line.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<Record>(&line) {
+                Ok(r) => out.records.push(r),
+                Err(e) => out.unreadable.push((i + 1, e.to_string())),
+            }
         }
     }
     Ok(out)
@@ -332,5 +511,139 @@ mod tests {
         assert_eq!(kinds(BootFilter::All, "x").len(), 4);
         assert_eq!(select(&c.records, &BootFilter::All, "x").len(), 5);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("lastgasp-audit-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn rotation_keeps_a_bounded_number_of_files_and_numbering_goes_on() {
+        let dir = scratch("rotate");
+        let limits = Limits {
+            max_file_bytes: 4096,
+            files: 3,
+        };
+        let mut a = AuditLog::open_with(&dir, "boot-a", limits).unwrap();
+        for _ in 0..40 {
+            a.append_as(&signal(Kind::Reboot), None, Durability::Batched)
+                .unwrap();
+        }
+        a.flush().unwrap();
+        drop(a);
+        let names: Vec<String> = files(&dir.join(FILE_NAME))
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["audit.jsonl.2", "audit.jsonl.1", "audit.jsonl"]);
+        let total: u64 = files(&dir.join(FILE_NAME))
+            .iter()
+            .map(|p| fs::metadata(p).unwrap().len())
+            .sum();
+        assert!(total <= 3 * 4096, "{total}");
+        let c = read(&dir.join(FILE_NAME)).unwrap();
+        let seqs: Vec<u64> = c.records.iter().map(|r| r.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+        assert_eq!(*seqs.last().unwrap(), 39, "the newest kept");
+        // Reopened (a restart), this boot's numbering goes on from the tail.
+        let mut again = AuditLog::open_with(&dir, "boot-a", limits).unwrap();
+        assert_eq!(again.outcome(1, Outcome::Cancelled).unwrap().seq, 40);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_torn_tail_is_ended_so_the_next_record_reads() {
+        let dir = scratch("torn");
+        let mut a = AuditLog::open(&dir, "b").unwrap();
+        a.append(&signal(Kind::Reboot), None).unwrap();
+        drop(a);
+        OpenOptions::new()
+            .append(true)
+            .open(dir.join(FILE_NAME))
+            .unwrap()
+            .write_all(b"{\"boot_id\":\"b\",\"seq\":1,\"writ")
+            .unwrap();
+        let mut b = AuditLog::open(&dir, "b").unwrap();
+        let r = b.append(&signal(Kind::Halt), None).unwrap();
+        assert_eq!(r.seq, 1, "the torn record's number was never confirmed");
+        let c = read(&dir.join(FILE_NAME)).unwrap();
+        assert_eq!(c.records.len(), 2);
+        assert_eq!(c.records[1].signal().map(|s| s.kind), Some(Kind::Halt));
+        assert_eq!(
+            c.unreadable.len(),
+            1,
+            "the torn bytes are kept and reported"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A full disk: the record that does not fit is cut back whole, the file
+    /// stays clean, and no sequence number is used twice.
+    #[test]
+    fn a_write_that_fails_part_way_is_cut_back_and_its_number_not_reused() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIPPED a_write_that_fails_part_way: mounting a small tmpfs needs root");
+            return;
+        }
+        let dir = scratch("enospc");
+        fs::create_dir_all(&dir).unwrap();
+        let mounted = nix::mount::mount(
+            Some("tmpfs"),
+            &dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=8k"),
+        );
+        if let Err(e) = mounted {
+            println!("SKIPPED a_write_that_fails_part_way: mounting a tmpfs: {e}");
+            return;
+        }
+        let outcome = std::panic::catch_unwind(|| {
+            let mut a = AuditLog::open_with(
+                &dir,
+                "b",
+                Limits {
+                    max_file_bytes: 1 << 20,
+                    files: 1,
+                },
+            )
+            .unwrap();
+            let mut seqs = Vec::new();
+            let mut failed = None;
+            for _ in 0..100 {
+                match a.append(&signal(Kind::Reboot), None) {
+                    Ok(r) => seqs.push(r.seq),
+                    Err(e) => {
+                        failed = Some(format!("{e:#}"));
+                        break;
+                    }
+                }
+            }
+            assert!(
+                failed.is_some_and(|e| e.contains("No space left")),
+                "the disk filled"
+            );
+            let len = fs::metadata(dir.join(FILE_NAME)).unwrap().len();
+            let c = read(&dir.join(FILE_NAME)).unwrap();
+            assert_eq!(c.unreadable.len(), 0, "no half record");
+            assert_eq!(c.records.len(), seqs.len());
+            assert_eq!(len, fs::read(dir.join(FILE_NAME)).unwrap().len() as u64);
+            // Room again (a small outcome fits where a signal did not): its
+            // number is past the failed one.
+            let r = a.outcome(1, Outcome::Cancelled);
+            if let Ok(r) = r {
+                assert_eq!(
+                    r.seq,
+                    seqs.len() as u64 + 1,
+                    "the failed write's number is not reused"
+                );
+            }
+        });
+        nix::mount::umount(&dir).unwrap();
+        fs::remove_dir_all(&dir).ok();
+        outcome.unwrap();
     }
 }

@@ -167,8 +167,9 @@ impl NodeClient {
 
     /// Once the kubelet reports the node Ready: the agent's taint off, its
     /// condition False, and the record marked as back (so the controller
-    /// never acts on it again).
-    pub async fn clear_when_ready(&self, _current_boot: &str) -> Result<()> {
+    /// never acts on it again) — only a record of an earlier boot: an agent
+    /// restarted within the boot whose shutdown it recorded leaves it as it is.
+    pub async fn clear_when_ready(&self, current_boot: &str) -> Result<()> {
         loop {
             let node = retry("get node", || self.nodes.get(&self.node)).await?;
             let conds = node
@@ -180,6 +181,17 @@ impl NodeClient {
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
             if ready {
+                let rec = record_of(&node);
+                let earlier = rec
+                    .as_ref()
+                    .and_then(|r| r.get("boot_id")?.as_str().map(str::to_string))
+                    .is_some_and(|b| b != current_boot);
+                if rec.is_some() && !earlier {
+                    tracing::info!(
+                        "the shutdown record is this boot's (or names none): left as it is"
+                    );
+                    return Ok(());
+                }
                 let ours_on = conds
                     .iter()
                     .any(|c| c.type_ == CONDITION && c.status == "True");
@@ -188,7 +200,7 @@ impl NodeClient {
                         .await?;
                 }
                 self.set_taint(false).await?;
-                if let Some(mut rec) = self.record().await? {
+                if let Some(mut rec) = rec {
                     if rec.get("back") != Some(&serde_json::Value::Bool(true)) {
                         rec["back"] = serde_json::Value::Bool(true);
                         self.set_record(&rec).await?;
@@ -200,21 +212,33 @@ impl NodeClient {
         }
     }
 
-    /// STUB until the controller branch lands.
-    pub async fn mark_abandoned(&self, _why: &str) -> Result<()> {
-        Ok(())
-    }
-
-    /// The record annotation as it stands, if any.
+    /// The record annotation as it stands, if any (an annotation that is not
+    /// a JSON object is no record).
     pub async fn record(&self) -> Result<Option<serde_json::Value>> {
         let node = retry("get node", || self.nodes.get(&self.node)).await?;
-        Ok(node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(RECORD_ANNOTATION))
-            .and_then(|r| serde_json::from_str(r).ok()))
+        Ok(record_of(&node))
     }
+
+    /// Marks the record `abandoned` (the shutdown it announced never came),
+    /// so the controller never fences on it.
+    pub async fn mark_abandoned(&self, why: &str) -> Result<()> {
+        let Some(mut rec) = self.record().await? else {
+            return Ok(());
+        };
+        rec["abandoned"] = serde_json::Value::Bool(true);
+        rec["abandoned_why"] = serde_json::Value::String(why.to_string());
+        self.set_record(&rec).await
+    }
+}
+
+/// The record annotation of `node`, when it is a JSON object.
+pub fn record_of(node: &Node) -> Option<serde_json::Value> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RECORD_ANNOTATION))
+        .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
+        .filter(|v| v.is_object())
 }
 
 /// A reflector store kept up to date by a watch in the background (with
