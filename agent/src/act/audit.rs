@@ -326,7 +326,7 @@ pub fn files(path: &Path) -> Vec<PathBuf> {
             }
         }
     }
-    rotated.sort_by(|a, b| b.0.cmp(&a.0));
+    rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
     let mut out: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
     out.push(path.to_path_buf());
     out
