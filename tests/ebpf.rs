@@ -22,7 +22,12 @@ async fn start_report_arms_every_tracepoint_and_names_refused_hooks() {
         return;
     }
     let det = load(NodePidNs::initial().unwrap());
-    for tp in ["sys_enter_reboot", "sched_process_exec", "signal_generate"] {
+    for tp in [
+        "sys_enter_reboot",
+        "sys_exit_reboot",
+        "sched_process_exec",
+        "signal_generate",
+    ] {
         let r = det
             .det
             .report
@@ -127,6 +132,11 @@ async fn valid_magic_reboots_in_a_child_pid_namespace_are_container_scope() {
         let a = s.actor.unwrap();
         assert_eq!(a.comm, "lastgasp-trigge");
         assert_eq!(a.ns_pid, 0, "outside the node's namespace");
+        assert_eq!(
+            (a.euid, a.cap_sys_boot),
+            (Some(0), Some(true)),
+            "root's credentials, read in the kernel"
+        );
         // Read in the kernel: the parent is gone from /proc by now.
         assert_eq!(
             a.parents.first().map(|p| (p.pid, p.comm.as_str())),
@@ -203,6 +213,113 @@ async fn a_child_namespace_playing_the_node_powers_off_by_signal() {
         assert!(!r.forced, "PID 1 ending an orderly shutdown is not forced");
         assert_eq!(node.ended(), death);
     }
+}
+
+/// A caller without CAP_SYS_BOOT (uid 65534) in the namespace playing the
+/// node: its reboot(2) is reported with its credentials as ineffective, and
+/// its return (EPERM) as a failed call.
+#[tokio::test]
+async fn an_unprivileged_reboot_is_refused_and_its_return_reported() {
+    if !can_load_ebpf("unprivileged_reboot") {
+        return;
+    }
+    let node = PidNsChild::spawn(&["nobody-init"]);
+    let init = node.init_pid;
+    let mut det = load(NodePidNs::from_path(&node.pidns_path()).unwrap());
+    unsafe { libc::kill(init as i32, libc::SIGUSR1) };
+    let s = det
+        .wait_for("the unprivileged reboot(2)", |s| {
+            s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.pid == init)
+        })
+        .await;
+    let a = s.actor.clone().unwrap();
+    assert_eq!((a.euid, a.cap_sys_boot), (Some(65534), Some(false)));
+    assert_eq!(s.scope, Scope::Node);
+    assert!(
+        matches!(&s.effect, Effect::None { why } if why.contains("lacks CAP_SYS_BOOT") && why.contains("65534")),
+        "{:?}",
+        s.effect
+    );
+    let r = det
+        .wait_for("its return", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == init)
+                && matches!(s.effect, Effect::Failed { .. })
+        })
+        .await;
+    assert!(
+        matches!(&r.effect, Effect::Failed { why } if why.contains("EPERM")),
+        "{:?}",
+        r.effect
+    );
+    assert_eq!(node.ended(), "exit 0", "the kernel refused it with EPERM");
+}
+
+/// The same check on an exec: a forced request by uid 65534 says so.
+#[tokio::test]
+async fn an_exec_carries_the_callers_credentials() {
+    if !can_load_ebpf("exec_credentials") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let dir = tmpdir("exec-creds");
+    let mut perm = std::fs::metadata(&dir).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&dir, perm).unwrap();
+    let mut det = load(NodePidNs::initial().unwrap());
+    let tool = stand_in(&dir, "reboot");
+    let child = Command::new(&tool)
+        .arg("-ff")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    child.wait_with_output().unwrap();
+    let s = det
+        .wait_for("reboot -ff as nobody", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == pid)
+        })
+        .await;
+    let a = s.actor.unwrap();
+    assert_eq!(
+        (a.uid, a.euid, a.cap_sys_boot),
+        (65534, Some(65534), Some(false))
+    );
+    assert!(s.forced);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A container flooding the exec hook is rate-limited in the kernel, on a
+/// ring buffer of its own: a node-scope record during the flood still
+/// arrives, and the refused ones are counted.
+#[tokio::test]
+async fn a_container_flood_is_rate_limited_and_cannot_crowd_out_the_node() {
+    if !can_load_ebpf("container_flood") {
+        return;
+    }
+    let dir = tmpdir("flood");
+    let tool = stand_in(&dir, "reboot");
+    let mut det = load(NodePidNs::initial().unwrap());
+    let flood = trigger(&["exec-loop-in-pidns", "2000", tool.to_str().unwrap(), "-ff"])
+        .spawn()
+        .unwrap();
+    // A node-scope reboot(2) (bad magic: harmless) while the flood runs.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let child = trigger(&["bad-magic-reboot", "4321fedc"]).spawn().unwrap();
+    let pid = child.id();
+    child.wait_with_output().unwrap();
+    let s = det
+        .wait_for("the node's reboot(2) during the flood", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == pid)
+        })
+        .await;
+    assert_eq!(s.scope, Scope::Node);
+    flood.wait_with_output().unwrap();
+    let d = det.det.drops_by_cause();
+    println!("drops after 2000 container execs: {d:?}");
+    assert!(d.container_rate_limited > 0, "{d:?}");
+    assert_eq!(d.node_full, 0, "{d:?}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[tokio::test]
@@ -506,6 +623,7 @@ fn tracepoint_field_offsets_match_this_kernel() {
         offset("syscalls/sys_enter_reboot", "cmd"),
         tp::SYSCALL_ARG0 + 16
     );
+    assert_eq!(offset("syscalls/sys_exit_reboot", "ret"), tp::SYSCALL_RET);
     assert_eq!(
         offset("sched/sched_process_exec", "filename"),
         tp::EXEC_FILENAME_LOC

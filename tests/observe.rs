@@ -205,7 +205,13 @@ fn standalone_agent_serves_metrics_readiness_and_liveness() {
         ),
         Some(1.0)
     );
-    assert_eq!(sample(&metrics, "lastgasp_ringbuf_drops_total"), Some(0.0));
+    assert_eq!(
+        sample(
+            &metrics,
+            "lastgasp_ringbuf_drops_total{scope=\"node\",reason=\"full\"}"
+        ),
+        Some(0.0)
+    );
 
     // A safe detection: reboot(2) with bad magic (the kernel refuses it).
     let series =

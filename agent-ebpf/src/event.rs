@@ -12,7 +12,10 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, RingBuf},
 };
-use lastgasp_common::{RawEvent, FLAG_NODE_PIDNS};
+use lastgasp_common::{
+    RawEvent, CAP_SYS_BOOT, DROP_CONTAINER_FULL, DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_SLOTS,
+    FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
+};
 
 /// The node's PID namespace (st_dev/st_ino of its `ns/pid` file) and the
 /// global pid of its init; set by userspace before load.
@@ -32,12 +35,40 @@ static TASK_TGID_OFF: u64 = 0;
 #[unsafe(no_mangle)]
 static TASK_COMM_OFF: u64 = 0;
 
-#[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+/// Offsets of task_struct.cred, cred.euid, cred.cap_effective, cred.user_ns
+/// and user_namespace.level (0: credentials are not read).
+#[unsafe(no_mangle)]
+static TASK_CRED_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static CRED_EUID_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static CRED_CAP_EFFECTIVE_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static CRED_USER_NS_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static USER_NS_LEVEL_OFF: u64 = 0;
 
-/// Records the ring buffer refused (full); userspace sums the CPUs.
+/// Container-scope records: at most `CONTAINER_BURST` at once per CPU,
+/// refilled at `CONTAINER_PER_SEC` per CPU.
+#[unsafe(no_mangle)]
+static CONTAINER_PER_SEC: u64 = 50;
+#[unsafe(no_mangle)]
+static CONTAINER_BURST: u64 = 100;
+
+/// The node's records, apart: a container's flood cannot fill it.
 #[map]
-static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static EVENTS_NODE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+#[map]
+static EVENTS_CONTAINER: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Records lost, by `DROP_*` slot; userspace sums the CPUs.
+#[map]
+static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_SLOTS, 0);
+
+/// A token bucket per CPU for container-scope records: (tokens × 1e9,
+/// last refill ns). Per CPU, so no lock: the limit is per CPU.
+#[map]
+static BUCKET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
 
 /// One record per CPU to build events in (too large for the 512-byte stack).
 #[map]
@@ -96,6 +127,8 @@ pub fn fill_actor(ev: &mut RawEvent, source: u32) {
         }
     }
     ev.a = [0; 4];
+    ev.euid = 0;
+    let creds = read_creds();
     let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
     let rc = unsafe {
         bpf_get_ns_current_pid_tgid(
@@ -114,13 +147,84 @@ pub fn fill_actor(ev: &mut RawEvent, source: u32) {
         ev.ns_pid = 0;
         ev.ns_tgid = 0;
     }
+    if let Some((euid, flags)) = creds {
+        ev.euid = euid;
+        ev.flags |= flags;
+    }
+}
+
+/// The current task's effective uid, and `FLAG_CREDS` plus
+/// `FLAG_CAP_SYS_BOOT` when it holds CAP_SYS_BOOT in its effective set in
+/// the initial user namespace (level 0). `None` without BTF offsets.
+#[inline(always)]
+fn read_creds() -> Option<(u32, u32)> {
+    let cred_off = global(&TASK_CRED_OFF);
+    if cred_off == 0 {
+        return None;
+    }
+    unsafe {
+        let task = bpf_get_current_task() as *const u8;
+        let cred = bpf_probe_read_kernel(task.add(cred_off as usize) as *const *const u8).ok()?;
+        let euid =
+            bpf_probe_read_kernel(cred.add(global(&CRED_EUID_OFF) as usize) as *const u32).ok()?;
+        // kernel_cap_t: `u64 val` (6.3+) or `u32 cap[2]`: the same 8 bytes.
+        let caps = bpf_probe_read_kernel(
+            cred.add(global(&CRED_CAP_EFFECTIVE_OFF) as usize) as *const u64,
+        )
+        .ok()?;
+        let user_ns = bpf_probe_read_kernel(
+            cred.add(global(&CRED_USER_NS_OFF) as usize) as *const *const u8,
+        )
+        .ok()?;
+        let level =
+            bpf_probe_read_kernel(user_ns.add(global(&USER_NS_LEVEL_OFF) as usize) as *const u32)
+                .ok()?;
+        let mut flags = FLAG_CREDS;
+        if level == 0 && caps & (1 << CAP_SYS_BOOT) != 0 {
+            flags |= FLAG_CAP_SYS_BOOT;
+        }
+        Some((euid, flags))
+    }
+}
+
+/// Whether a container-scope record may go out now (a token is taken).
+#[inline(always)]
+fn container_token(now: u64) -> bool {
+    let Some(b) = BUCKET.get_ptr_mut(0) else {
+        return false;
+    };
+    let b = unsafe { &mut *b };
+    const NS: u64 = 1_000_000_000;
+    let cap = global(&CONTAINER_BURST) * NS;
+    let elapsed = now.wrapping_sub(b[1]).min(cap);
+    b[1] = now;
+    let tokens = (b[0] + elapsed * global(&CONTAINER_PER_SEC)).min(cap);
+    if tokens < NS {
+        b[0] = tokens;
+        return false;
+    }
+    b[0] = tokens - NS;
+    true
 }
 
 #[inline(always)]
+fn count_drop(slot: u32) {
+    if let Some(n) = DROPS.get_ptr_mut(slot) {
+        unsafe { *n += 1 };
+    }
+}
+
+/// Sends the record: node scope to its own ring buffer; container scope to
+/// the other, within its rate.
+#[inline(always)]
 pub fn emit(ev: &RawEvent) {
-    if EVENTS.output::<RawEvent>(ev, 0).is_err() {
-        if let Some(n) = DROPS.get_ptr_mut(0) {
-            unsafe { *n += 1 };
+    if ev.flags & FLAG_NODE_PIDNS != 0 {
+        if EVENTS_NODE.output::<RawEvent>(ev, 0).is_err() {
+            count_drop(DROP_NODE_FULL);
         }
+    } else if !container_token(ev.boot_ns) {
+        count_drop(DROP_CONTAINER_RATE);
+    } else if EVENTS_CONTAINER.output::<RawEvent>(ev, 0).is_err() {
+        count_drop(DROP_CONTAINER_FULL);
     }
 }

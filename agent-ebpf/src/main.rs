@@ -1,5 +1,6 @@
 //! lastgasp's kernel side: one tracepoint (or kernel hook) per file, all
-//! writing the shared `RawEvent` to one ring buffer.
+//! writing the shared `RawEvent` (the node's to one ring buffer, containers'
+//! to another, rate-limited).
 #![no_std]
 #![no_main]
 
@@ -7,6 +8,7 @@ mod event;
 mod exec;
 mod kernel_hooks;
 mod reboot;
+mod reboot_exit;
 mod signal;
 
 #[cfg(not(test))]

@@ -179,6 +179,7 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let mut det = EbpfDetector::load(node.clone())?;
     let armed_ms = started.elapsed().as_secs_f64() * 1e3;
     metrics.set_hooks(&det.report);
+    metrics.set_ringbuf_drops(det.drops_by_cause());
     if json_logs {
         for r in &det.report {
             let (state, why) = match &r.state {
@@ -255,7 +256,7 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-    let mut drops = 0;
+    let mut drops = lastgasp::detect::ebpf::Drops::default();
     let (mut stopping, mut told) = (false, false);
     loop {
         if stopping && !agent.graceful_running() {
@@ -276,9 +277,14 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             _ = tick.tick() => {
                 health.beat();
                 agent.tick(std::time::SystemTime::now()).await;
-                let now = det.drops();
-                if now > drops {
-                    tracing::warn!(dropped = now - drops, total = now, "ring buffer full: records lost");
+                let now = det.drops_by_cause();
+                if now != drops {
+                    tracing::warn!(
+                        node_full = now.node_full,
+                        container_full = now.container_full,
+                        container_rate_limited = now.container_rate_limited,
+                        "kernel records lost (totals)"
+                    );
                     metrics.set_ringbuf_drops(now);
                     drops = now;
                 }

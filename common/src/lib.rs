@@ -15,6 +15,8 @@ pub const SRC_REBOOT: u32 = 1;
 pub const SRC_EXEC: u32 = 2;
 pub const SRC_SIGNAL: u32 = 3;
 pub const SRC_KERNEL: u32 = 4;
+/// `sys_exit_reboot` of a call whose entry was seen: the call returned.
+pub const SRC_REBOOT_EXIT: u32 = 5;
 
 /// `RawEvent::flags`.
 /// The acting task is in the node's PID namespace (else: a child namespace).
@@ -27,6 +29,20 @@ pub const FLAG_ARGS_MISSING: u32 = 4;
 pub const FLAG_FENTRY: u32 = 8;
 /// The exec'd path was longer than `PATH_LEN`: `path` holds its tail.
 pub const FLAG_PATH_TRUNCATED: u32 = 16;
+/// The task's credentials were read (`euid`, `FLAG_CAP_SYS_BOOT`).
+pub const FLAG_CREDS: u32 = 32;
+/// The task holds CAP_SYS_BOOT in its effective set, in the initial user
+/// namespace: its reboot(2) can work.
+pub const FLAG_CAP_SYS_BOOT: u32 = 64;
+
+/// `DROPS` map slots: records lost, by scope and why.
+pub const DROP_NODE_FULL: u32 = 0;
+pub const DROP_CONTAINER_FULL: u32 = 1;
+pub const DROP_CONTAINER_RATE: u32 = 2;
+pub const DROP_SLOTS: u32 = 3;
+
+/// CAP_SYS_BOOT's bit in a capability set.
+pub const CAP_SYS_BOOT: u64 = 22;
 
 /// `TOOLS` map values: which shutdown tool a basename names.
 pub const TOOL_BUSYBOX: u32 = 100;
@@ -52,6 +68,8 @@ pub const SHUTDOWN_SIGNAL_MASK: u64 =
 pub mod tp {
     /// `syscalls/sys_enter_*`: the syscall's arguments, 8 bytes each.
     pub const SYSCALL_ARG0: usize = 16;
+    /// `syscalls/sys_exit_*`: `long ret`.
+    pub const SYSCALL_RET: usize = 16;
     /// `sched/sched_process_exec`: `__data_loc char[] filename`.
     pub const EXEC_FILENAME_LOC: usize = 8;
     /// `signal/signal_generate`.
@@ -66,6 +84,7 @@ pub mod tp {
 ///
 /// `a` holds the hook's own values:
 /// - reboot: magic1, magic2, cmd, 0;
+/// - reboot exit: magic1, magic2, cmd, the return value (as i64);
 /// - signal: signal number, si_code, result, group;
 /// - kernel: a `KHOOK_*`;
 /// - exec: the `TOOLS` value of the basename.
@@ -86,7 +105,8 @@ pub struct RawEvent {
     pub gid: u32,
     /// Global tgid of the parent (real_parent), 0 when unknown.
     pub ppid: u32,
-    pub _pad: u32,
+    /// Effective uid (in the initial user namespace), with `FLAG_CREDS`.
+    pub euid: u32,
     pub cgroup_id: u64,
     pub comm: [u8; COMM_LEN],
     pub parent_comm: [u8; COMM_LEN],
@@ -109,7 +129,7 @@ impl RawEvent {
         uid: 0,
         gid: 0,
         ppid: 0,
-        _pad: 0,
+        euid: 0,
         cgroup_id: 0,
         comm: [0; COMM_LEN],
         parent_comm: [0; COMM_LEN],

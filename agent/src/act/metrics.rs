@@ -12,7 +12,7 @@ use prometheus_client::{
 
 use crate::{
     decide::Decision,
-    detect::ebpf::{HookReport, HookState},
+    detect::ebpf::{Drops, HookReport, HookState},
     report::BootEnd,
     signal::ShutdownSignal,
 };
@@ -34,7 +34,8 @@ pub struct Metrics {
     pub decisions: Family<Labels, Counter>,
     pub last_gasp_latency: Histogram,
     pub last_gasp_failures: Counter,
-    pub ringbuf_drops: Counter,
+    /// Kernel records lost, by scope and cause.
+    pub ringbuf_drops: Family<Labels, Counter>,
     pub hooks: Family<Labels, Gauge>,
     pub boot_info: Family<Labels, Gauge>,
     pub audit_failures: Counter,
@@ -94,10 +95,10 @@ impl Default for Metrics {
             "Last gasps the API server did not acknowledge (the record waits in the audit log for the next boot)",
             last_gasp_failures.clone(),
         );
-        let ringbuf_drops = Counter::default();
+        let ringbuf_drops = Family::<Labels, Counter>::default();
         r.register(
             "lastgasp_ringbuf_drops",
-            "Kernel records lost because the eBPF ring buffer was full",
+            "Kernel records lost before the agent read them, by scope (node, container) and reason (full: the ring buffer; rate-limited: over the containers' rate in the kernel)",
             ringbuf_drops.clone(),
         );
         let hooks = Family::<Labels, Gauge>::default();
@@ -181,11 +182,21 @@ impl Metrics {
             .set(1);
     }
 
-    /// Total ring-buffer drops as the kernel counts them (monotonic).
-    pub fn set_ringbuf_drops(&self, total: u64) {
-        let have = self.ringbuf_drops.get();
-        if total > have {
-            self.ringbuf_drops.inc_by(total - have);
+    /// Records lost in the kernel, as it counts them (monotonic).
+    pub fn set_ringbuf_drops(&self, d: Drops) {
+        for (scope, reason, total) in [
+            ("node", "full", d.node_full),
+            ("container", "full", d.container_full),
+            ("container", "rate-limited", d.container_rate_limited),
+        ] {
+            let c = self.ringbuf_drops.get_or_create(&vec![
+                ("scope".to_string(), scope.to_string()),
+                ("reason".to_string(), reason.to_string()),
+            ]);
+            let have = c.get();
+            if total > have {
+                c.inc_by(total - have);
+            }
         }
     }
 
@@ -266,14 +277,20 @@ mod tests {
         let m = Metrics::default();
         m.set_boot("abc");
         m.last_gasp_latency.observe(0.004);
-        m.set_ringbuf_drops(3);
-        m.set_ringbuf_drops(2);
+        let d = |n| Drops {
+            node_full: 0,
+            container_full: 0,
+            container_rate_limited: n,
+        };
+        m.set_ringbuf_drops(d(3));
+        m.set_ringbuf_drops(d(2));
         let text = m.encode();
         for want in [
             "lastgasp_boot_info{boot_id=\"abc\"} 1",
             "lastgasp_last_gasp_latency_seconds_bucket{le=\"0.005\"} 1",
             "lastgasp_last_gasp_latency_seconds_count 1",
-            "lastgasp_ringbuf_drops_total 3",
+            "lastgasp_ringbuf_drops_total{scope=\"container\",reason=\"rate-limited\"} 3",
+            "lastgasp_ringbuf_drops_total{scope=\"node\",reason=\"full\"} 0",
             "lastgasp_audit_write_failures_total 0",
             "lastgasp_last_gasp_failures_total 0",
             "# TYPE graceful_shutdown_start_time_seconds gauge",

@@ -12,7 +12,7 @@ use aya::{
     Btf, Ebpf, EbpfLoader,
 };
 use lastgasp_common::{self as common, RawEvent};
-use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tokio::io::unix::AsyncFd;
 
 use super::decode::{self, Intent};
 use crate::{
@@ -38,6 +38,7 @@ pub const TOOLS: &[(&str, u32)] = &[
 
 const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sys_enter_reboot", "syscalls", "sys_enter_reboot"),
+    ("sys_exit_reboot", "syscalls", "sys_exit_reboot"),
     ("sched_process_exec", "sched", "sched_process_exec"),
     ("signal_generate", "signal", "signal_generate"),
 ];
@@ -78,10 +79,33 @@ impl fmt::Display for HookReport {
 pub struct EbpfDetector {
     // Owns the programs and links: dropping it detaches everything.
     _bpf: Ebpf,
-    events: AsyncFd<RingBuf<MapData>>,
+    /// The node's records, and containers' (rate-limited in the kernel).
+    node_events: AsyncFd<RingBuf<MapData>>,
+    container_events: AsyncFd<RingBuf<MapData>>,
     drops: PerCpuArray<MapData, u64>,
     pub report: Vec<HookReport>,
 }
+
+/// Records lost before userspace saw them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// The node's ring buffer was full.
+    pub node_full: u64,
+    /// The containers' ring buffer was full.
+    pub container_full: u64,
+    /// Over the containers' rate in the kernel.
+    pub container_rate_limited: u64,
+}
+
+impl Drops {
+    pub fn total(&self) -> u64 {
+        self.node_full + self.container_full + self.container_rate_limited
+    }
+}
+
+/// At most this many records per `next_batch`, the node's first: the loop
+/// stays fair to the buses and the heartbeat during a flood.
+const BATCH: usize = 256;
 
 /// Kernel struct offsets the programs need, from the running kernel's BTF:
 /// argv at exec, and the acting task's parent.
@@ -93,6 +117,11 @@ pub struct TaskOffsets {
     pub task_real_parent: u64,
     pub task_tgid: u64,
     pub task_comm: u64,
+    pub task_cred: u64,
+    pub cred_euid: u64,
+    pub cred_cap_effective: u64,
+    pub cred_user_ns: u64,
+    pub user_ns_level: u64,
 }
 
 impl TaskOffsets {
@@ -106,6 +135,11 @@ impl TaskOffsets {
             task_real_parent: btf.member_offset("task_struct", "real_parent")?,
             task_tgid: btf.member_offset("task_struct", "tgid")?,
             task_comm: btf.member_offset("task_struct", "comm")?,
+            task_cred: btf.member_offset("task_struct", "cred")?,
+            cred_euid: btf.member_offset("cred", "euid")?,
+            cred_cap_effective: btf.member_offset("cred", "cap_effective")?,
+            cred_user_ns: btf.member_offset("cred", "user_ns")?,
+            user_ns_level: btf.member_offset("user_namespace", "level")?,
         })
     }
 }
@@ -127,7 +161,7 @@ impl EbpfDetector {
                     hook: "task offsets".into(),
                     attach: "/sys/kernel/btf/vmlinux".into(),
                     state: HookState::Degraded(format!(
-                        "no kernel BTF ({e:#}): exec without argv, actors without parent"
+                        "no kernel BTF ({e:#}): exec without argv, actors without parent or credentials (who can reboot is judged by uid 0 alone)"
                     )),
                 });
                 None
@@ -144,6 +178,11 @@ impl EbpfDetector {
             .override_global("TASK_REAL_PARENT_OFF", &o.task_real_parent, true)
             .override_global("TASK_TGID_OFF", &o.task_tgid, true)
             .override_global("TASK_COMM_OFF", &o.task_comm, true)
+            .override_global("TASK_CRED_OFF", &o.task_cred, true)
+            .override_global("CRED_EUID_OFF", &o.cred_euid, true)
+            .override_global("CRED_CAP_EFFECTIVE_OFF", &o.cred_cap_effective, true)
+            .override_global("CRED_USER_NS_OFF", &o.cred_user_ns, true)
+            .override_global("USER_NS_LEVEL_OFF", &o.user_ns_level, true)
             .load(EBPF_OBJ)
             .context("loading the eBPF object")?;
 
@@ -177,52 +216,68 @@ impl EbpfDetector {
         }
         arm_kernel_hooks(&mut bpf, &mut report);
 
-        let events = RingBuf::try_from(bpf.take_map("EVENTS").context("no EVENTS map")?)?;
+        let ring = |bpf: &mut Ebpf, name: &str| -> Result<AsyncFd<RingBuf<MapData>>> {
+            let rb = RingBuf::try_from(
+                bpf.take_map(name)
+                    .with_context(|| format!("no {name} map"))?,
+            )?;
+            // SAFETY: the ring buffer owns its fd and keeps it open while the
+            // AsyncFd holds it.
+            Ok(unsafe { AsyncFd::register(rb)? })
+        };
+        let node_events = ring(&mut bpf, "EVENTS_NODE")?;
+        let container_events = ring(&mut bpf, "EVENTS_CONTAINER")?;
         let drops = PerCpuArray::try_from(bpf.take_map("DROPS").context("no DROPS map")?)?;
-        // SAFETY: the ring buffer owns its fd and keeps it open while the
-        // AsyncFd holds it.
-        let events = unsafe { AsyncFd::register(events)? };
         Ok(EbpfDetector {
             _bpf: bpf,
-            events,
+            node_events,
+            container_events,
             drops,
             report,
         })
     }
 
-    /// Records the kernel could not queue (ring buffer full), all CPUs.
-    pub fn drops(&self) -> u64 {
-        self.drops.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
-    }
-
-    /// Waits for the next records and returns them decoded (not yet enriched
-    /// from /proc: see `actor::enrich`).
-    pub async fn next_batch(&mut self) -> Result<Vec<ShutdownSignal>> {
-        loop {
-            let mut guard = self.events.readable_mut().await?;
-            let rb = guard.get_inner_mut();
-            let mut out = Vec::new();
-            while let Some(item) = rb.next() {
-                match RawEvent::from_bytes(&item) {
-                    Some(raw) => out.push(decode_raw(&raw, now_pair())),
-                    None => tracing::warn!(len = item.len(), "short ring-buffer record"),
-                }
-            }
-            guard.clear_ready();
-            if !out.is_empty() {
-                return Ok(out);
-            }
+    /// Records lost in the kernel, all CPUs.
+    pub fn drops_by_cause(&self) -> Drops {
+        let slot = |i: u32| -> u64 { self.drops.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+        Drops {
+            node_full: slot(common::DROP_NODE_FULL),
+            container_full: slot(common::DROP_CONTAINER_FULL),
+            container_rate_limited: slot(common::DROP_CONTAINER_RATE),
         }
     }
 
-    /// Runs forever, sending each decoded signal on `tx`.
-    pub async fn run(mut self, tx: mpsc::Sender<ShutdownSignal>) -> Result<()> {
+    /// Records lost in the kernel, every cause.
+    pub fn drops(&self) -> u64 {
+        self.drops_by_cause().total()
+    }
+
+    /// Waits for the next records and returns them decoded (not yet enriched
+    /// from /proc: see `actor::enrich`): the node's first, at most `BATCH`.
+    pub async fn next_batch(&mut self) -> Result<Vec<ShutdownSignal>> {
         loop {
-            for s in self.next_batch().await? {
-                if tx.send(s).await.is_err() {
-                    return Ok(());
-                }
+            let mut out = Vec::new();
+            drain(&mut self.node_events, &mut out, BATCH);
+            drain(&mut self.container_events, &mut out, BATCH);
+            if !out.is_empty() {
+                return Ok(out);
             }
+            tokio::select! {
+                g = self.node_events.readable_mut() => g?.clear_ready(),
+                g = self.container_events.readable_mut() => g?.clear_ready(),
+            }
+        }
+    }
+}
+
+/// Takes up to `max` records (in all) from `rb` into `out`.
+fn drain(rb: &mut AsyncFd<RingBuf<MapData>>, out: &mut Vec<ShutdownSignal>, max: usize) {
+    let rb = rb.get_mut();
+    while out.len() < max {
+        let Some(item) = rb.next() else { break };
+        match RawEvent::from_bytes(&item) {
+            Some(raw) => out.push(decode_raw(&raw, now_pair())),
+            None => tracing::warn!(len = item.len(), "short ring-buffer record"),
         }
     }
 }
@@ -323,6 +378,15 @@ fn cstr(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
+/// A syscall's return value as text: "0", or "-1 EPERM (Operation not permitted)".
+fn errno_text(ret: i64) -> String {
+    if ret >= 0 {
+        return ret.to_string();
+    }
+    let errno = nix::errno::Errno::from_raw(i32::try_from(-ret).unwrap_or(0));
+    format!("-1 {errno:?} ({})", errno.desc())
+}
+
 const SIGNAL_RESULTS: &[&str] = &[
     "delivered",
     "ignored",
@@ -335,11 +399,14 @@ const SIGNAL_RESULTS: &[&str] = &[
 pub fn decode_raw(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
     let at = now.0 - Duration::from_nanos(now.1.saturating_sub(raw.boot_ns));
     let in_node = raw.flags & common::FLAG_NODE_PIDNS != 0;
+    let creds = raw.flags & common::FLAG_CREDS != 0;
     let actor = Actor {
         pid: raw.tgid,
         ns_pid: raw.ns_tgid,
         comm: cstr(&raw.comm),
         uid: raw.uid,
+        euid: creds.then_some(raw.euid),
+        cap_sys_boot: creds.then_some(raw.flags & common::FLAG_CAP_SYS_BOOT != 0),
         cgroup_id: raw.cgroup_id,
         parents: if raw.ppid != 0 {
             vec![Parent {
@@ -365,6 +432,14 @@ pub fn decode_raw(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
                 intent.forced = false;
                 intent.bypasses_logind = false;
             }
+            if in_node && intent.effect == Effect::Now && actor.cap_sys_boot == Some(false) {
+                intent.effect = Effect::None {
+                    why: format!(
+                        "the caller (euid {}) lacks CAP_SYS_BOOT in the initial user namespace: reboot(2) fails with EPERM",
+                        raw.euid
+                    ),
+                };
+            }
             let valid_magic = decode::valid_reboot_magic(m1, m2);
             (
                 Source::RebootSyscall,
@@ -374,6 +449,31 @@ pub fn decode_raw(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
                     magic2: m2,
                     cmd,
                     valid_magic,
+                },
+            )
+        }
+        common::SRC_REBOOT_EXIT => {
+            let (m1, m2, cmd) = (raw.a[0] as u32, raw.a[1] as u32, raw.a[2] as u32);
+            let ret = raw.a[3] as i64;
+            let mut intent = decode::decode_reboot(m1, m2, cmd);
+            // Only a shutdown that returns has failed; CAD_ON returning 0, or
+            // a bad magic's EINVAL, changes nothing.
+            intent.effect = match intent.effect {
+                Effect::Now => Effect::Failed {
+                    why: format!("reboot(2) cmd {cmd:#x} returned {}", errno_text(ret)),
+                },
+                _ => Effect::None {
+                    why: format!("reboot(2) cmd {cmd:#x} returned {}", errno_text(ret)),
+                },
+            };
+            (
+                Source::RebootSyscall,
+                intent,
+                Detail::Reboot {
+                    magic1: m1,
+                    magic2: m2,
+                    cmd,
+                    valid_magic: decode::valid_reboot_magic(m1, m2),
                 },
             )
         }

@@ -25,7 +25,7 @@ const CMD_POWER_OFF: libc::c_long = 0x4321FEDC;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | exec-in-pidns PATH [ARGS...] | exec-loop N"
+        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | nobody-init | exec-in-pidns PATH [ARGS...] | exec-loop N | exec-loop-in-pidns N PATH [ARGS...]"
     );
     exit(2)
 }
@@ -73,6 +73,19 @@ fn main() {
             in_fresh_pidns(|| namespace_reboot(cmd))
         }
         Some("fake-init") => in_fresh_pidns(|| fake_init()),
+        Some("nobody-init") => in_fresh_pidns(|| nobody_init()),
+        Some("exec-loop-in-pidns") if args.len() > 3 => {
+            let n: u32 = args[2].parse().unwrap_or_else(|_| usage());
+            in_fresh_pidns(|| {
+                let start = std::time::Instant::now();
+                for _ in 0..n {
+                    let _ = std::process::Command::new(&args[3])
+                        .args(&args[4..])
+                        .status();
+                }
+                eprintln!("{n} execs in {:.2} s", start.elapsed().as_secs_f64());
+            })
+        }
         Some("exec-loop") => {
             // fork+exec+wait of /usr/bin/true N times; prints µs per exec.
             let n: u32 = args
@@ -146,6 +159,39 @@ fn namespace_reboot(cmd: libc::c_long) -> ! {
 }
 
 extern "C" fn noop(_: libc::c_int) {}
+
+/// Waits for SIGUSR1, becomes uid/gid 65534 (which clears every
+/// capability, CAP_SYS_BOOT among them), then calls reboot(2) with valid
+/// magic: the kernel refuses it with EPERM, and the call returns.
+fn nobody_init() -> ! {
+    // SAFETY: plain libc calls in a single-threaded process.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = noop as extern "C" fn(libc::c_int) as usize;
+        libc::sigaction(libc::SIGUSR1, &act, std::ptr::null_mut());
+        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        while libc::sigwaitinfo(&set, std::ptr::null_mut()) <= 0 {}
+        if libc::setresgid(65534, 65534, 65534) != 0 || libc::setresuid(65534, 65534, 65534) != 0 {
+            eprintln!("setresuid(65534): {}", std::io::Error::last_os_error());
+            exit(4);
+        }
+    }
+    if !in_fresh_pidns_as_init() {
+        eprintln!("refusing reboot(2): not PID 1 of a fresh PID namespace");
+        exit(99);
+    }
+    let rc = unsafe { libc::syscall(libc::SYS_reboot, MAGIC1, MAGIC2, CMD_POWER_OFF, 0) };
+    let err = std::io::Error::last_os_error();
+    eprintln!("reboot as uid 65534 returned {rc}: {err}");
+    exit(if rc == -1 && err.raw_os_error() == Some(libc::EPERM) {
+        0
+    } else {
+        5
+    })
+}
 
 /// A tiny init that does what systemd does with the shutdown signals: ends
 /// its namespace with the matching reboot(2) command.
