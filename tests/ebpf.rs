@@ -289,6 +289,42 @@ async fn an_exec_carries_the_callers_credentials() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A `#!` script named like a shutdown tool runs as its interpreter: it is
+/// matched by its name and decoded past the interpreter's arguments.
+#[tokio::test]
+async fn a_script_named_like_a_tool_is_decoded_past_its_interpreter() {
+    if !can_load_ebpf("script_tool") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir("script");
+    let script = dir.join("reboot");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut det = load(NodePidNs::initial().unwrap());
+    let child = Command::new(&script).arg("-ff").spawn().unwrap();
+    let pid = child.id();
+    child.wait_with_output().unwrap();
+    let s = det
+        .wait_for("the script's exec", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == pid)
+        })
+        .await;
+    let Detail::Exec { argv, .. } = &s.detail else {
+        panic!("{:?}", s.detail)
+    };
+    assert_eq!(
+        argv.first().map(String::as_str),
+        Some("/bin/sh"),
+        "{argv:?}"
+    );
+    assert_eq!(
+        (s.kind, s.forced, s.effect.clone()),
+        (Kind::Reboot, true, Effect::Now)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A container flooding the exec hook is rate-limited in the kernel, on a
 /// ring buffer of its own: a node-scope record during the flood still
 /// arrives, and the refused ones are counted.

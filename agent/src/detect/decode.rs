@@ -81,6 +81,7 @@ pub fn escape_bytes(raw: &[u8]) -> String {
 /// `argv` the split arguments (argv[0] first), `truncated` true when the capture was cut at
 /// 256 bytes (the last element is then partial), `now` the wall time of the exec (for `+N`).
 pub fn decode_exec(path: &[u8], argv: &[&[u8]], truncated: bool, now: SystemTime) -> Intent {
+    let argv = script_argv(path, argv);
     let exe = tool_named(basename(path));
     let args = argv.get(1..).unwrap_or_default();
     let Some(mut tool) = argv.first().and_then(|a| tool_named(basename(a))).or(exe) else {
@@ -103,6 +104,24 @@ pub fn decode_exec(path: &[u8], argv: &[&[u8]], truncated: bool, now: SystemTime
         Tool::Telinit => telinit(args),
         Tool::Kexec => kexec(args),
         Tool::SystemdShutdown => systemd_shutdown(args),
+    }
+}
+
+/// The tool's own argv. A `#!` script named like a tool (`/usr/local/bin/reboot`
+/// with `#!/bin/sh`) is exec'd as its interpreter: argv is then
+/// `[interpreter, (its one argument,) script path, the script's arguments...]`
+/// and the exec'd path is the script's. The tool's argv starts at that path.
+pub fn script_argv<'a, 'b>(path: &[u8], argv: &'a [&'b [u8]]) -> &'a [&'b [u8]] {
+    if path.is_empty()
+        || argv
+            .first()
+            .is_some_and(|a0| tool_named(basename(a0)).is_some())
+    {
+        return argv;
+    }
+    match argv.iter().skip(1).take(2).position(|a| *a == path) {
+        Some(i) => &argv[i + 1..],
+        None => argv,
     }
 }
 
@@ -1956,5 +1975,30 @@ mod tests {
         assert_eq!(secs("min"), None);
         assert_eq!(secs("5 parsecs"), None);
         assert_eq!(secs("99999999999999999999y"), None);
+    }
+
+    #[test]
+    fn a_script_named_like_a_tool_is_read_past_its_interpreter() {
+        let now = SystemTime::UNIX_EPOCH;
+        for argv in [
+            vec![&b"/bin/sh"[..], b"/usr/local/bin/reboot", b"-ff"],
+            vec![
+                &b"/usr/bin/env"[..],
+                b"bash",
+                b"/usr/local/bin/reboot",
+                b"-ff",
+            ],
+            vec![&b"/bin/bash"[..], b"-e", b"/usr/local/bin/reboot", b"-ff"],
+        ] {
+            let i = decode_exec(b"/usr/local/bin/reboot", &argv, false, now);
+            assert_eq!(
+                (i.kind, i.forced, &i.effect),
+                (Kind::Reboot, true, &Effect::Now),
+                "{argv:?}"
+            );
+        }
+        // Not a script: argv[0] names the tool, nothing shifts.
+        let argv = [&b"systemctl"[..], b"reboot"];
+        assert_eq!(script_argv(b"/usr/bin/systemctl", &argv), &argv[..]);
     }
 }
