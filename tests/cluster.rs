@@ -1084,16 +1084,69 @@ mod agent_flow {
             .unwrap();
     }
 
+    /// A current record: of the boot the Node reports.
     fn set_record(s: &Setup, kind: &str) {
-        let rec = json!({"signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
+        set_record_on(s, NODE, kind);
+    }
+
+    fn set_record_on(s: &Setup, node: &str, kind: &str) {
+        let rec = json!({"boot_id": "boot-x", "signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
         s.double
-            .modify::<Node, _>("", NODE, |n| {
+            .modify::<Node, _>("", node, |n| {
                 n.metadata
                     .annotations
                     .get_or_insert_with(Default::default)
                     .insert(RECORD_ANNOTATION.into(), rec.to_string());
+                n.status.get_or_insert_with(Default::default).node_info =
+                    Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                        boot_id: "boot-x".into(),
+                        ..Default::default()
+                    });
             })
             .unwrap();
+    }
+
+    /// A write that fails on one node does not stop the pass: the next node
+    /// is still fenced, and the failure is counted.
+    #[tokio::test]
+    async fn one_nodes_failure_never_stops_the_pass() {
+        let s = setup("controller-fault", vec![]).await;
+        let mut other = node();
+        other["metadata"]["name"] = json!("n2");
+        s.double.create_value(other).unwrap();
+        for n in [NODE, "n2"] {
+            set_record_on(&s, n, "poweroff");
+            s.double
+                .modify::<Node, _>("", n, |n| {
+                    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status =
+                        "Unknown".into()
+                })
+                .unwrap();
+        }
+        s.double.inject(
+            Fault::status(500)
+                .method("PATCH")
+                .path_prefix("/api/v1/nodes/n1")
+                .always(),
+        );
+        let mut c = Controller::start(s.double.client_without_retry().await, ccfg("a"))
+            .await
+            .unwrap();
+        settle().await;
+        assert!(c.tick().await.unwrap());
+        let n2: Node = s.double.get("", "n2").unwrap();
+        assert!(
+            taint_keys(&n2).contains(&OUT_OF_SERVICE_KEY.to_string()),
+            "n2 fenced despite n1's error"
+        );
+        assert!(!out_of_service(&s), "n1's patch failed");
+        assert!(
+            c.metrics
+                .encode()
+                .contains("lastgasp_controller_pass_errors_total 1"),
+            "{}",
+            c.metrics.encode()
+        );
     }
 
     fn out_of_service(s: &Setup) -> bool {

@@ -1221,10 +1221,15 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
     assert!(a.tick().await.unwrap(), "a creates the Lease");
     assert!(!b.tick().await.unwrap(), "b reads it and stands by");
     let set = |ready: &str, kind: &str| {
-        let rec = json!({"signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
+        let rec = json!({"boot_id": "boot-x", "signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
         double
             .modify::<Node, _>("", NODE, |n| {
-                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = ready.into();
+                let st = n.status.as_mut().unwrap();
+                st.conditions.as_mut().unwrap()[0].status = ready.into();
+                st.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+                    boot_id: "boot-x".into(),
+                    ..Default::default()
+                });
                 n.metadata
                     .annotations
                     .get_or_insert_with(Default::default)

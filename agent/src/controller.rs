@@ -68,21 +68,68 @@ pub struct ControllerConfig {
 pub struct NodeRecord {
     pub kind: Kind,
     pub at: SystemTime,
+    /// The boot the record was written in.
+    pub boot_id: Option<String>,
     /// The agent saw the node come back after this record.
     pub back: bool,
+    /// The agent gave the episode up: no shutdown came.
+    pub abandoned: bool,
 }
 
 pub fn parse_record(node: &Node) -> Option<NodeRecord> {
     let raw = node.annotations().get(RECORD_ANNOTATION)?;
     let v: serde_json::Value = serde_json::from_str(raw).ok()?;
-    let signal = &v["signal"];
-    let kind: Kind = serde_json::from_value(signal["kind"].clone()).ok()?;
-    let at = humantime::parse_rfc3339(signal["at"].as_str()?).ok()?;
+    let signal = v.get("signal")?;
+    let kind: Kind = serde_json::from_value(signal.get("kind")?.clone()).ok()?;
+    let at = v
+        .get("at")
+        .or_else(|| signal.get("at"))
+        .and_then(|a| a.as_str())
+        .and_then(|a| humantime::parse_rfc3339_weak(a).ok())?;
     Some(NodeRecord {
         kind,
         at,
-        back: v["back"].as_bool().unwrap_or(false),
+        boot_id: v
+            .get("boot_id")
+            .and_then(|b| b.as_str())
+            .map(str::to_string),
+        back: v.get("back").and_then(|b| b.as_bool()).unwrap_or(false),
+        abandoned: v
+            .get("abandoned")
+            .and_then(|b| b.as_bool())
+            .unwrap_or(false),
     })
+}
+
+/// Why a record is no evidence that the node is down now, if it is not.
+pub fn stale(rec: &NodeRecord, node: &Node, ready_since: Option<SystemTime>) -> Option<String> {
+    if rec.back {
+        return Some("the node came back after it".into());
+    }
+    if rec.abandoned {
+        return Some("the agent abandoned it: no shutdown came".into());
+    }
+    let current = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str())
+        .filter(|b| !b.is_empty());
+    match (rec.boot_id.as_deref(), current) {
+        (None, _) => return Some("it names no boot".into()),
+        (_, None) => return Some("the Node reports no bootID".into()),
+        (Some(r), Some(c)) if r != c => {
+            return Some(format!("it is of boot {r}, the node's is {c}"))
+        }
+        _ => {}
+    }
+    match ready_since {
+        Some(t) if rec.at <= t => Some(format!(
+            "it is older than the node's last Ready ({})",
+            humantime::format_rfc3339_seconds(t)
+        )),
+        _ => None,
+    }
 }
 
 /// The kubelet's Ready status ("True", "False", "Unknown"), if reported.
@@ -127,9 +174,32 @@ impl Verdict {
     }
 }
 
+/// When the Ready condition last turned True, while it is True.
+pub fn ready_transition(node: &Node) -> Option<SystemTime> {
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    c.last_transition_time
+        .as_ref()
+        .map(|t| SystemTime::from(t.0))
+}
+
 /// The pure rule, for one node at time `now`. `recent` is how many times
-/// this node was tainted in the last hour.
-pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize) -> Verdict {
+/// this node was tainted in the last hour; `ready_since`, when the
+/// controller last saw its Ready turn True. Only a current record counts:
+/// of the node's present boot, newer than its last Ready, neither
+/// abandoned nor back.
+pub fn judge(
+    node: &Node,
+    cfg: &ControllerConfig,
+    now: SystemTime,
+    recent: usize,
+    ready_since: Option<SystemTime>,
+) -> Verdict {
     let tainted = has_out_of_service(node);
     let ours = node.annotations().contains_key(TAINTED_BY_ANNOTATION);
     let status = ready(node).unwrap_or_else(|| "Unknown".into());
@@ -143,9 +213,13 @@ pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize
     if tainted || cfg.policy == Policy::Off {
         return Verdict::Nothing;
     }
-    let Some(rec) = parse_record(node).filter(|r| !r.back) else {
+    let Some(rec) = parse_record(node) else {
         return Verdict::Nothing;
     };
+    if let Some(why) = stale(&rec, node, ready_since) {
+        tracing::debug!(node = %node.name_any(), "record not acted on: {why}");
+        return Verdict::Nothing;
+    }
     let why = match rec.kind {
         Kind::Poweroff | Kind::Halt => format!(
             "{:?} recorded at {}; node {status}",
@@ -177,10 +251,39 @@ pub fn judge(node: &Node, cfg: &ControllerConfig, now: SystemTime, recent: usize
 
 /// Leader election over a coordination.k8s.io Lease: take it when free or
 /// expired, renew while held. Conflicts (409) mean someone else won.
+/// Another holder's Lease as this replica last saw it: (holder, renewTime,
+/// when that pair was first seen, on the local monotonic clock). A Lease is
+/// judged expired when the pair has not changed for its whole duration on
+/// this clock: neither clock skew nor the holder's clock can make a live
+/// lease look dead or a dead one look alive (the API server's `Date` header
+/// has 1 s resolution; this needs no clock but our own).
+#[derive(Clone, Debug, Default)]
+pub struct LeaseSeen(Option<(String, String, std::time::Instant)>);
+
+impl LeaseSeen {
+    /// Whether the lease (holder, renew) has gone unrenewed for `dur`.
+    pub fn expired(
+        &mut self,
+        holder: &str,
+        renew: &str,
+        dur: Duration,
+        now: std::time::Instant,
+    ) -> bool {
+        match &self.0 {
+            Some((h, r, since)) if h == holder && r == renew => now.duration_since(*since) > dur,
+            _ => {
+                self.0 = Some((holder.to_string(), renew.to_string(), now));
+                false
+            }
+        }
+    }
+}
+
 pub async fn try_lead(
     leases: &Api<Lease>,
     cfg: &ControllerConfig,
     now: SystemTime,
+    seen: &mut LeaseSeen,
 ) -> Result<bool> {
     let micro =
         |t: SystemTime| MicroTime(Timestamp::try_from(t).unwrap_or_else(|_| Timestamp::now()));
@@ -210,9 +313,15 @@ pub async fn try_lead(
         Some(mut lease) => {
             let cur = lease.spec.clone().unwrap_or_default();
             let mine = cur.holder_identity.as_deref() == Some(cfg.identity.as_str());
-            let renewed = cur.renew_time.as_ref().map(|t| SystemTime::from(t.0));
             let dur = Duration::from_secs(cur.lease_duration_seconds.unwrap_or(15).max(1) as u64);
-            let expired = renewed.is_none_or(|r| now.duration_since(r).unwrap_or_default() > dur);
+            let holder = cur.holder_identity.clone().unwrap_or_default();
+            let renew = cur
+                .renew_time
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default();
+            let expired =
+                holder.is_empty() || seen.expired(&holder, &renew, dur, std::time::Instant::now());
             if !mine && !expired {
                 return Ok(false);
             }
@@ -244,6 +353,9 @@ pub struct Controller {
     recorder: Recorder,
     /// Per node, when it was last tainted (the last hour).
     history: BTreeMap<String, VecDeque<SystemTime>>,
+    /// Per node, when its Ready last turned True (as last seen True).
+    ready_since: BTreeMap<String, SystemTime>,
+    lease_seen: LeaseSeen,
     pub actions: Vec<(String, Verdict)>,
     /// Lease held, actions by kind, failed passes (served by `lastgasp controller`).
     pub metrics: ControllerMetrics,
@@ -268,6 +380,8 @@ impl Controller {
             store,
             cfg,
             history: BTreeMap::new(),
+            ready_since: BTreeMap::new(),
+            lease_seen: LeaseSeen::default(),
             actions: Vec::new(),
             metrics: ControllerMetrics::default(),
         })
@@ -285,7 +399,7 @@ impl Controller {
     async fn pass(&mut self) -> Result<bool> {
         let now = SystemTime::now();
         // An error leaves the gauge as it was (`tick` counts the failed pass).
-        let leading = try_lead(&self.leases, &self.cfg, now).await?;
+        let leading = try_lead(&self.leases, &self.cfg, now, &mut self.lease_seen).await?;
         self.metrics.lease_held.set(i64::from(leading));
         if !leading {
             return Ok(false);
@@ -300,10 +414,38 @@ impl Controller {
             }) {
                 hist.pop_front();
             }
-            let verdict = judge(&node, &self.cfg, now, hist.len());
-            match &verdict {
+            if let Some(t) = ready_transition(&node) {
+                self.ready_since.insert(name.clone(), t);
+            }
+            let ready_since = self.ready_since.get(&name).copied();
+            let verdict = judge(&node, &self.cfg, now, hist.len(), ready_since);
+            // One node's failure never stops the pass for the others.
+            if let Err(e) = self.act(&node, &name, &verdict, now).await {
+                self.metrics.pass_errors.inc();
+                tracing::warn!(node = %name, ?verdict, "controller action failed: {e:#}");
+                continue;
+            }
+            if verdict == Verdict::Nothing {
+                continue;
+            }
+            tracing::info!(node = %name, ?verdict, "controller action");
+            self.actions.push((name, verdict));
+        }
+        Ok(true)
+    }
+
+    async fn act(
+        &mut self,
+        node: &Node,
+        name: &str,
+        verdict: &Verdict,
+        now: SystemTime,
+    ) -> Result<()> {
+        let name = name.to_string();
+        {
+            match verdict {
                 Verdict::Taint { why } => {
-                    self.set_taint(&node, true).await?;
+                    self.set_taint(node, true).await?;
                     self.metrics.count_action("taint-added");
                     self.history.entry(name.clone()).or_default().push_back(now);
                     self.event(
@@ -315,7 +457,7 @@ impl Controller {
                     .await;
                 }
                 Verdict::Untaint => {
-                    self.set_taint(&node, false).await?;
+                    self.set_taint(node, false).await?;
                     self.metrics.count_action("taint-removed");
                     self.event(
                         &name,
@@ -329,12 +471,10 @@ impl Controller {
                     self.metrics.count_action("skipped-flap-limit");
                     tracing::warn!(node = %name, "not tainting: the node flaps more than the configured rate");
                 }
-                Verdict::Nothing => continue,
+                Verdict::Nothing => {}
             }
-            tracing::info!(node = %name, ?verdict, "controller action");
-            self.actions.push((name, verdict));
         }
-        Ok(true)
+        Ok(())
     }
 
     async fn set_taint(&self, node: &Node, present: bool) -> Result<()> {
@@ -393,7 +533,7 @@ impl Controller {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo};
 
     use super::*;
 
@@ -418,8 +558,7 @@ mod tests {
         n.metadata.name = Some("n1".into());
         let mut ann = BTreeMap::new();
         if let Some(k) = kind {
-            let rec =
-                json!({"signal": {"kind": k, "at": humantime::format_rfc3339(t(at)).to_string()}});
+            let rec = json!({"boot_id": "b1", "signal": {"kind": k, "at": humantime::format_rfc3339(t(at)).to_string()}});
             ann.insert(RECORD_ANNOTATION.to_string(), rec.to_string());
         }
         if tainted_by_us {
@@ -440,8 +579,21 @@ mod tests {
                 status: ready.into(),
                 ..Default::default()
             }]),
+            node_info: Some(NodeSystemInfo {
+                boot_id: "b1".into(),
+                ..Default::default()
+            }),
             ..Default::default()
         });
+        n
+    }
+
+    /// `node` with its record's JSON changed by `f`.
+    fn with_record(mut n: Node, f: impl FnOnce(&mut serde_json::Value)) -> Node {
+        let ann = n.metadata.annotations.as_mut().unwrap();
+        let mut rec: serde_json::Value = serde_json::from_str(&ann[RECORD_ANNOTATION]).unwrap();
+        f(&mut rec);
+        ann.insert(RECORD_ANNOTATION.into(), rec.to_string());
         n
     }
 
@@ -549,21 +701,96 @@ mod tests {
             ),
         ];
         for (name, n, c, now, recent, want) in cases {
-            assert_eq!(short(judge(&n, c, t(now), recent)), want, "{name}");
+            assert_eq!(short(judge(&n, c, t(now), recent, None)), want, "{name}");
         }
+    }
+
+    /// Only current evidence fences: the node's present boot, newer than its
+    /// last Ready, neither abandoned nor back.
+    #[test]
+    fn only_a_current_record_fences() {
+        let p = cfg(Policy::PoweroffOnly);
+        let down = || node("False", Some("poweroff"), 100, false);
+        let cases = [
+            ("current", down(), None, "taint"),
+            ("newer than the last Ready", down(), Some(t(50)), "taint"),
+            ("older than the last Ready", down(), Some(t(100)), "-"),
+            (
+                "another boot's record",
+                with_record(down(), |r| r["boot_id"] = json!("b0")),
+                None,
+                "-",
+            ),
+            (
+                "a record naming no boot",
+                with_record(down(), |r| {
+                    r.as_object_mut().unwrap().remove("boot_id");
+                }),
+                None,
+                "-",
+            ),
+            (
+                "abandoned",
+                with_record(down(), |r| r["abandoned"] = json!(true)),
+                None,
+                "-",
+            ),
+            (
+                "back",
+                with_record(down(), |r| r["back"] = json!(true)),
+                None,
+                "-",
+            ),
+            (
+                "the record's own time wins over the signal's",
+                with_record(down(), |r| {
+                    r["at"] = json!(humantime::format_rfc3339(t(200)).to_string())
+                }),
+                Some(t(150)),
+                "taint",
+            ),
+        ];
+        for (name, n, ready_since, want) in cases {
+            assert_eq!(short(judge(&n, &p, t(300), 0, ready_since)), want, "{name}");
+        }
+        let mut no_boot = down();
+        no_boot.status.as_mut().unwrap().node_info = None;
+        assert_eq!(
+            short(judge(&no_boot, &p, t(300), 0, None)),
+            "-",
+            "the Node reports no bootID"
+        );
+    }
+
+    /// A Lease is expired only when this replica has watched it go unrenewed
+    /// for its whole duration, whatever the clocks say.
+    #[test]
+    fn a_lease_expires_by_what_this_replica_saw() {
+        let d = Duration::from_secs(15);
+        let t0 = std::time::Instant::now();
+        let mut seen = LeaseSeen::default();
+        // A renewTime far in the past (a skewed holder) is not expiry: first sight.
+        assert!(!seen.expired("b", "2001-01-01T00:00:00Z", d, t0));
+        assert!(!seen.expired("b", "2001-01-01T00:00:00Z", d, t0 + Duration::from_secs(10)));
+        assert!(seen.expired("b", "2001-01-01T00:00:00Z", d, t0 + Duration::from_secs(16)));
+        // Renewed (a new renewTime, even one in our past): alive again.
+        assert!(!seen.expired("b", "2001-01-01T00:00:05Z", d, t0 + Duration::from_secs(17)));
+        assert!(!seen.expired("b", "2001-01-01T00:00:05Z", d, t0 + Duration::from_secs(31)));
+        // A new holder starts a new watch.
+        assert!(!seen.expired("c", "2001-01-01T00:00:05Z", d, t0 + Duration::from_secs(40)));
     }
 
     #[test]
     fn a_record_marked_back_is_stale() {
         let mut n = node("False", None, 0, false);
-        let rec = json!({"signal": {"kind": "poweroff", "at": humantime::format_rfc3339(t(0)).to_string()}, "back": true});
+        let rec = json!({"boot_id": "b1", "signal": {"kind": "poweroff", "at": humantime::format_rfc3339(t(0)).to_string()}, "back": true});
         n.metadata
             .annotations
             .as_mut()
             .unwrap()
             .insert(RECORD_ANNOTATION.into(), rec.to_string());
         assert_eq!(
-            judge(&n, &cfg(Policy::PoweroffOnly), t(10), 0),
+            judge(&n, &cfg(Policy::PoweroffOnly), t(10), 0, None),
             Verdict::Nothing
         );
     }
