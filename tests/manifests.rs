@@ -128,8 +128,24 @@ fn run_tool(cmd: &mut Command) -> String {
 }
 
 fn render_kustomize(bin: &Path) -> Vec<Value> {
-    split_yaml(&run_tool(
-        Command::new(bin).arg("build").arg(kustomize_dir()),
+    render_kustomize_dir(bin, &kustomize_dir())
+}
+
+fn render_kustomize_dir(bin: &Path, dir: &Path) -> Vec<Value> {
+    split_yaml(&run_tool(Command::new(bin).arg("build").arg(dir)))
+}
+
+/// The objects of `podRemoval: evict`: the overlay that adds the kustomize
+/// component (pods/eviction granted, the config's podRemoval). `None` (with
+/// a printed reason) without kustomize.
+fn evict_objects(test: &str) -> Option<BTreeMap<Key, Value>> {
+    let Some(k) = kustomize() else {
+        skip(test, "no kustomize: the evict overlay is not rendered");
+        return None;
+    };
+    Some(objects(
+        "kustomize build deploy/overlays/evict",
+        &render_kustomize_dir(&k, &repo().join("deploy/overlays/evict")),
     ))
 }
 
@@ -414,6 +430,25 @@ fn kustomize_and_helm_render_the_same_objects() {
     let kust = objects("kustomize build", &render_kustomize(&k));
     let helm = objects("helm template", &render_helm(&h, &[]));
     assert_same("kustomize build", &kust, "helm template", &helm);
+    // podRemoval: evict, both ways.
+    let kust = evict_objects("kustomize_and_helm_render_the_same_objects").unwrap();
+    let helm = objects(
+        "helm template --set agent.podRemoval=evict",
+        &render_helm(&h, &["agent.podRemoval=evict"]),
+    );
+    assert_same(
+        "the evict overlay",
+        &kust,
+        "helm --set agent.podRemoval=evict",
+        &helm,
+    );
+    let evicts =
+        |o: &BTreeMap<Key, Value>| o.values().any(|v| v.to_string().contains("pods/eviction"));
+    assert!(evicts(&kust), "the evict variant grants pods/eviction");
+    assert!(
+        !evicts(&objects("kustomize build", &render_kustomize(&k))),
+        "the default grants no pods/eviction"
+    );
 }
 
 fn assert_same(an: &str, a: &BTreeMap<Key, Value>, bn: &str, b: &BTreeMap<Key, Value>) {
@@ -1087,6 +1122,9 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
     // Cancelled: condition False, taint off, Event.
     graceful::cancel(&nc, &ep).await.unwrap();
 
+    // Everything so far is podRemoval: delete's: exactly the default grants.
+    let before_evict = double.requests().len();
+
     // podRemoval: evict, with a budget that allows one of two: one eviction,
     // one 429, then the DELETE fallback.
     for n in ["db-0", "db-1"] {
@@ -1185,7 +1223,19 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
             .any(|r| r.method == "PATCH" && r.path.contains("events")),
         "a repeated Event is a PATCH"
     );
-    assert_rbac_exact("agent", &grants, &requests);
+    // podRemoval: delete (the default): every call but the evict section's.
+    let (delete_calls, evict_calls): (Vec<_>, Vec<_>) = requests
+        .iter()
+        .cloned()
+        .enumerate()
+        .partition(|(i, r)| *i < before_evict || !r.path.contains("/eviction"));
+    let delete_calls: Vec<_> = delete_calls.into_iter().map(|(_, r)| r).collect();
+    assert!(!evict_calls.is_empty(), "the evict section evicted");
+    assert_rbac_exact("agent (podRemoval: delete)", &grants, &delete_calls);
+    if let Some(evict) = evict_objects("agent_rbac_is_exactly_what_the_agent_calls") {
+        let grants = self::grants(&evict, "lastgasp", &sa);
+        assert_rbac_exact("agent (podRemoval: evict)", &grants, &requests);
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -1322,20 +1372,32 @@ fn the_admission_policy_fences_every_write_the_agent_may_make() {
         "delete" | "deletecollection" => Some("DELETE"),
         _ => None,
     };
-    let mut unfenced = BTreeSet::new();
-    for g in grants(&objs, "lastgasp", &sa) {
-        for (group, res, verb) in g.triples() {
-            if let Some(o) = op(&verb) {
-                if !fenced.contains(&(group.clone(), res.clone(), o.to_string())) {
-                    unfenced.insert(format!("{group}/{res} {verb}"));
+    let unfenced = |objs: &BTreeMap<Key, Value>| {
+        let mut out = BTreeSet::new();
+        for g in grants(objs, "lastgasp", &sa) {
+            for (group, res, verb) in g.triples() {
+                if let Some(o) = op(&verb) {
+                    if !fenced.contains(&(group.clone(), res.clone(), o.to_string())) {
+                        out.insert(format!("{group}/{res} {verb}"));
+                    }
                 }
             }
         }
-    }
+        out
+    };
     assert_eq!(
-        unfenced,
-        BTreeSet::from(["/pods/eviction create".to_string()])
+        unfenced(&objs),
+        BTreeSet::new(),
+        "the default: every write fenced"
     );
+    if let Some(evict) = evict_objects("the_admission_policy_fences_every_write_the_agent_may_make")
+    {
+        assert_eq!(
+            unfenced(&evict),
+            BTreeSet::from(["/pods/eviction create".to_string()]),
+            "podRemoval: evict adds the one write admission cannot fence"
+        );
+    }
 }
 
 /// `lastgasp check` asks the API server (SelfSubjectAccessReview) for the
@@ -1350,6 +1412,7 @@ fn the_preflight_checks_exactly_the_agents_rbac() {
         .collect();
     let checked: BTreeSet<(String, String, String)> = lastgasp::check::PERMISSIONS
         .iter()
+        .filter(|(_, _, _, sub, _, _)| *sub != "eviction")
         .map(|(verb, group, res, sub, _, _)| {
             let res = if sub.is_empty() {
                 res.to_string()
@@ -1361,8 +1424,26 @@ fn the_preflight_checks_exactly_the_agents_rbac() {
         .collect();
     assert_eq!(
         checked, granted,
-        "lastgasp check's PERMISSIONS and the agent's ClusterRole differ"
+        "lastgasp check's PERMISSIONS (without podRemoval: evict) and the agent's ClusterRole differ"
     );
+    if let Some(evict) = evict_objects("the_preflight_checks_exactly_the_agents_rbac") {
+        let granted: BTreeSet<(String, String, String)> = grants(&evict, "lastgasp", &sa)
+            .iter()
+            .flat_map(Grant::triples)
+            .collect();
+        let all: BTreeSet<(String, String, String)> = lastgasp::check::PERMISSIONS
+            .iter()
+            .map(|(verb, group, res, sub, _, _)| {
+                let res = if sub.is_empty() {
+                    res.to_string()
+                } else {
+                    format!("{res}/{sub}")
+                };
+                (group.to_string(), res, verb.to_string())
+            })
+            .collect();
+        assert_eq!(all, granted, "with podRemoval: evict");
+    }
 }
 
 /// What the policy decides for one request: None = allowed (or not judged),
@@ -1592,5 +1673,145 @@ fn the_admission_policy_lets_an_agent_write_only_its_own_node() {
         ),
         &null,
         &pod_on(Some("n1")),
+    );
+}
+
+/// On its own Node the agent may change only its own marks: its taint, its
+/// record annotation, its condition. Everything else the policy denies.
+#[test]
+fn the_admission_policy_keeps_the_agent_to_its_own_marks() {
+    let objs = objects("deploy/kustomize", &source_objects());
+    let sa = format!(
+        "system:serviceaccount:lastgasp:{}",
+        agent_pod(&objs).service_account_name.unwrap()
+    );
+    let vap: ValidatingAdmissionPolicy = get(
+        &objs,
+        "ValidatingAdmissionPolicy",
+        "lastgasp-agent-own-node",
+    );
+    let old = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "n1", "labels": {"role": "db"},
+                     "annotations": {"other.io/a": "1", "lastgasp.dev/last-shutdown": "{}"}},
+        "spec": {"podCIDR": "10.0.0.0/24",
+                 "taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "ShutdownInProgress", "status": "False"}],
+            "nodeInfo": {"bootID": "b1"}}
+    });
+    let main = request(
+        &sa,
+        Some(vec!["n1"]),
+        ["UPDATE", "", "nodes", ""],
+        ("", "n1"),
+    );
+    let status = request(
+        &sa,
+        Some(vec!["n1"]),
+        ["UPDATE", "", "nodes", "status"],
+        ("", "n1"),
+    );
+    let changed = |f: &dyn Fn(&mut Value)| {
+        let mut n = old.clone();
+        f(&mut n);
+        n
+    };
+    let allowed = |r: &Value, o: &Value| {
+        let d = admit(&vap, r, o, &old);
+        assert!(d.is_none(), "denied: {d:?} for {o}");
+    };
+    let denied = |r: &Value, o: &Value, why: &str| {
+        let d = admit(&vap, r, o, &old).unwrap_or_else(|| panic!("allowed: {o}"));
+        assert!(d.contains(why), "{d:?} should say {why:?}");
+    };
+    // Its own taint and record: allowed (added, changed, removed).
+    allowed(
+        &main,
+        &changed(&|n| {
+            n["spec"]["taints"].as_array_mut().unwrap().push(json!(
+                {"key": "lastgasp.dev/shutting-down", "value": "true", "effect": "NoSchedule"}))
+        }),
+    );
+    allowed(
+        &main,
+        &changed(&|n| {
+            n["metadata"]["annotations"]["lastgasp.dev/last-shutdown"] = json!("{\"back\":true}")
+        }),
+    );
+    allowed(&main, &old);
+    // Its own condition: allowed.
+    allowed(
+        &status,
+        &changed(&|n| n["status"]["conditions"][1]["status"] = json!("True")),
+    );
+    // A label change, spec.unschedulable, another taint removed or changed,
+    // another annotation, a finalizer: denied.
+    denied(
+        &main,
+        &changed(&|n| n["metadata"]["labels"]["role"] = json!("web")),
+        "labels",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["metadata"]["labels"].as_object_mut().unwrap().clear()),
+        "labels",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["spec"]["unschedulable"] = json!(true)),
+        "its own taint",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["spec"]["podCIDR"] = json!("10.9.0.0/24")),
+        "its own taint",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["spec"]["taints"] = json!([])),
+        "its own taint",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["spec"]["taints"][0]["effect"] = json!("PreferNoSchedule")),
+        "its own taint",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["metadata"]["annotations"]["other.io/a"] = json!("2")),
+        "its own annotation",
+    );
+    denied(
+        &main,
+        &changed(&|n| {
+            n["metadata"]["annotations"]
+                .as_object_mut()
+                .unwrap()
+                .remove("other.io/a");
+        }),
+        "its own annotation",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["metadata"]["annotations"]["lastgasp.dev/other"] = json!("x")),
+        "its own annotation",
+    );
+    denied(
+        &main,
+        &changed(&|n| n["metadata"]["finalizers"] = json!(["x.io/hold"])),
+        "finalizers",
+    );
+    // The kubelet's condition, or another status field: denied.
+    denied(
+        &status,
+        &changed(&|n| n["status"]["conditions"][0]["status"] = json!("False")),
+        "its own condition",
+    );
+    denied(
+        &status,
+        &changed(&|n| n["status"]["nodeInfo"]["bootID"] = json!("b2")),
+        "its own condition",
     );
 }

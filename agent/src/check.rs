@@ -695,7 +695,7 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "pods",
         "eviction",
         "",
-        "podRemoval: evict (required only with it)",
+        "podRemoval: evict (asked only with it)",
     ),
     (
         "create",
@@ -716,11 +716,14 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str, &str, &str)] = &[
 ];
 
 /// `evict`: the config says `podRemoval: evict`, so the Eviction API is
-/// required (otherwise a denial is only a warning).
+/// needed and asked about (otherwise it is not granted, and not asked).
 async fn permission_checks(r: &mut Report, client: &kube::Client, url: &str, evict: bool) {
     let api: kube::Api<SelfSubjectAccessReview> = kube::Api::all(client.clone());
     r.push(Status::Info, "API server", url.to_string());
     for (verb, group, resource, sub, ns, why) in PERMISSIONS {
+        if *sub == "eviction" && !evict {
+            continue;
+        }
         let name = format!(
             "{verb} {}{resource}{}",
             if group.is_empty() {
@@ -764,9 +767,8 @@ async fn permission_checks(r: &mut Report, client: &kube::Client, url: &str, evi
                         .filter(|s| !s.is_empty())
                         .or(st.evaluation_error)
                         .unwrap_or_default();
-                    let optional = *sub == "eviction" && !evict;
                     r.push(
-                        if optional { Status::Warn } else { Status::Fail },
+                        Status::Fail,
                         name,
                         format!(
                             "DENIED: needed for {why}{}",
