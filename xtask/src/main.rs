@@ -104,6 +104,22 @@ fn main() -> Result<()> {
         }
         Cmd::Bench { args } => {
             let bin = build(&root, true)?;
+            // The bench runs lastgasp-trigger from beside itself: build every
+            // binary of the tests package, not only the bench.
+            run(cargo()
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "--release",
+                    "--package",
+                    "lastgasp-tests",
+                    "--bins",
+                ])
+                .env("LASTGASP_EBPF_OBJ", ebpf_object(&root)))?;
+            let trigger = target_dir(&root).join("release/lastgasp-trigger");
+            if !trigger.exists() {
+                bail!("{} is missing after the build", trigger.display());
+            }
             let mut cmd = cargo();
             cmd.current_dir(&root)
                 .args([

@@ -21,6 +21,7 @@ const EXEC_ROUNDS: usize = 12;
 const EXECS_PER_ROUND: usize = 1000;
 const IDLE_SECS: u64 = 30;
 const ARMED_RUNS: usize = 7;
+const FLOOD_EXECS: usize = 100_000;
 
 struct Row {
     what: String,
@@ -33,10 +34,16 @@ fn main() -> Result<()> {
         bail!("the benchmarks load eBPF programs: run them as root");
     }
     let quick = std::env::args().any(|a| a == "--quick");
+    let only_flood = std::env::args().any(|a| a == "flood");
     let mut rows = Vec::new();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if only_flood {
+        flood(&mut rows, if quick { 10_000 } else { FLOOD_EXECS })?;
+        print_rows(&rows);
+        return Ok(());
+    }
     rt.block_on(detection_latency(
         &mut rows,
         if quick { 300 } else { LATENCY_TRIGGERS },
@@ -47,12 +54,213 @@ fn main() -> Result<()> {
     ))?;
     exec_overhead(&mut rows, if quick { 3 } else { EXEC_ROUNDS })?;
     armed_and_idle(&mut rows, if quick { 5 } else { IDLE_SECS })?;
+    flood(&mut rows, if quick { 10_000 } else { FLOOD_EXECS })?;
+    print_rows(&rows);
+    Ok(())
+}
 
+fn print_rows(rows: &[Row]) {
     println!("\n| measure | figure | target |\n|---|---|---|");
-    for r in &rows {
+    for r in rows {
         println!("| {} | {} | {} |", r.what, r.figure, r.target);
     }
+}
+
+/// A pod floods the exec hook: `FLOOD_EXECS` execs of a binary named
+/// `reboot` from 4 parallel tight loops, outside the namespace playing the
+/// node (so: container scope). Midway, the node's PID 1 calls reboot(2) with
+/// valid magic (in that fresh PID namespace, checked by the trigger): the
+/// running agent must still decide it Immediate, keep /healthz at 200, and
+/// keep its audit directory under its cap (1 MiB × 4 files here).
+fn flood(rows: &mut Vec<Row>, execs: usize) -> Result<()> {
+    use std::sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    };
+    let dir = std::env::temp_dir().join(format!("lastgasp-bench-flood-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let tool = dir.join("reboot");
+    std::fs::copy("/usr/bin/true", &tool).context("copying /usr/bin/true as `reboot`")?;
+    let cfg = dir.join("config.yaml");
+    std::fs::write(&cfg, "auditMaxFileMiB: 1\nauditFiles: 4\n")?;
+    let audit = dir.join("audit");
+
+    // The node: PID 1 of a fresh PID namespace, waiting for SIGUSR1.
+    let mut init = Command::new(trigger_bin())
+        .arg("reboot-init")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting lastgasp-trigger reboot-init")?;
+    let mut init_out = BufReader::new(init.stdout.take().unwrap());
+    let mut line = String::new();
+    init_out.read_line(&mut line)?;
+    let init_pid: u32 = line
+        .trim()
+        .strip_prefix("init ")
+        .and_then(|p| p.parse().ok())
+        .with_context(|| format!("the trigger said {line:?}"))?;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut agent = Command::new(agent_bin())
+        .args(["run", "--standalone", "--no-dbus", "--audit-dir"])
+        .arg(&audit)
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--node-pid-ns")
+        .arg(format!("/proc/{init_pid}/ns/pid"))
+        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the agent (LASTGASP_BIN)")?;
+    let out = BufReader::new(agent.stdout.take().unwrap());
+    let decided = Arc::new(std::sync::Mutex::new(None::<(Instant, String)>));
+    let lines = Arc::new(AtomicUsize::new(0));
+    {
+        let (decided, lines) = (decided.clone(), lines.clone());
+        thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                lines.fetch_add(1, Ordering::Relaxed);
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&l) else {
+                    continue;
+                };
+                if v["source"] == "reboot-syscall" && v["actor"]["pid"] == init_pid {
+                    let action = v["decision"]["action"].as_str().unwrap_or("?").to_string();
+                    decided
+                        .lock()
+                        .unwrap()
+                        .get_or_insert((Instant::now(), action));
+                }
+            }
+        });
+    }
+    let health = move || -> u16 { http_get(port, "/healthz").map(|(s, _)| s).unwrap_or(0) };
+    let ready_by = Instant::now() + Duration::from_secs(30);
+    while health() != 200 {
+        if Instant::now() > ready_by {
+            bail!("the agent's /healthz never answered 200");
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+
+    let done = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let loops: Vec<_> = (0..4)
+        .map(|_| {
+            let (tool, done, stop) = (tool.clone(), done.clone(), stop.clone());
+            thread::spawn(move || {
+                for _ in 0..execs / 4 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let _ = Command::new(&tool).arg("-ff").status();
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let (mut checks, mut unhealthy) = (0, 0);
+    let mut fired = None;
+    while !loops.iter().all(|l| l.is_finished()) {
+        checks += 1;
+        if health() != 200 {
+            unhealthy += 1;
+        }
+        if fired.is_none() && done.load(Ordering::Relaxed) >= execs / 2 {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(init_pid as i32, libc::SIGUSR1) };
+            fired = Some(Instant::now());
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for l in loops {
+        let _ = l.join();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let total = done.load(Ordering::Relaxed);
+    let _ = init.wait();
+    thread::sleep(Duration::from_millis(1500));
+    let metrics = http_get(port, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let audit_bytes: u64 = std::fs::read_dir(&audit)?
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let drops = |scope: &str, reason: &str| -> String {
+        let key = format!("lastgasp_ringbuf_drops_total{{scope=\"{scope}\",reason=\"{reason}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .unwrap_or("?")
+            .to_string()
+    };
+    let verdict_line = match (fired, decided.lock().unwrap().clone()) {
+        (Some(f), Some((t, action))) => format!(
+            "{action}, {:.1} ms after the trigger",
+            t.duration_since(f).as_secs_f64() * 1e3
+        ),
+        (Some(_), None) => "NOT SEEN".to_string(),
+        (None, _) => "not triggered (the flood ended first)".to_string(),
+    };
+    rows.push(Row {
+        what: format!("flood: {total} container-scope execs of `reboot`, 4 loops"),
+        figure: format!(
+            "{:.0} execs/s over {secs:.1} s; rate-limited {}, container ring full {}, node ring full {}; agent stdout lines {}",
+            total as f64 / secs,
+            drops("container", "rate-limited"),
+            drops("container", "full"),
+            drops("node", "full"),
+            lines.load(Ordering::Relaxed)
+        ),
+        target: "-".into(),
+    });
+    rows.push(Row {
+        what: "flood: a node-scope valid-magic reboot(2) midway".into(),
+        figure: verdict_line.clone(),
+        target: format!(
+            "immediate ({})",
+            verdict(verdict_line.starts_with("immediate"))
+        ),
+    });
+    rows.push(Row {
+        what: "flood: /healthz during it".into(),
+        figure: format!("{} of {checks} polls not 200", unhealthy),
+        target: format!("0 ({})", verdict(unhealthy == 0)),
+    });
+    rows.push(Row {
+        what: "flood: audit directory".into(),
+        figure: format!("{:.2} MiB", audit_bytes as f64 / 1048576.0),
+        target: format!("≤ 4 MiB cap ({})", verdict(audit_bytes <= 4 << 20)),
+    });
+    std::fs::remove_dir_all(&dir).ok();
     Ok(())
+}
+
+/// A plain HTTP/1.1 GET on loopback: (status, body).
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -25,7 +25,7 @@ const CMD_POWER_OFF: libc::c_long = 0x4321FEDC;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | nobody-init | exec-in-pidns PATH [ARGS...] | exec-loop N | exec-loop-in-pidns N PATH [ARGS...]"
+        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | nobody-init | reboot-init | exec-in-pidns PATH [ARGS...] | exec-loop N | exec-loop-in-pidns N PATH [ARGS...]"
     );
     exit(2)
 }
@@ -73,7 +73,8 @@ fn main() {
             in_fresh_pidns(|| namespace_reboot(cmd))
         }
         Some("fake-init") => in_fresh_pidns(|| fake_init()),
-        Some("nobody-init") => in_fresh_pidns(|| nobody_init()),
+        Some("nobody-init") => in_fresh_pidns(|| usr1_init(true)),
+        Some("reboot-init") => in_fresh_pidns(|| usr1_init(false)),
         Some("exec-loop-in-pidns") if args.len() > 3 => {
             let n: u32 = args[2].parse().unwrap_or_else(|_| usage());
             in_fresh_pidns(|| {
@@ -160,10 +161,12 @@ fn namespace_reboot(cmd: libc::c_long) -> ! {
 
 extern "C" fn noop(_: libc::c_int) {}
 
-/// Waits for SIGUSR1, becomes uid/gid 65534 (which clears every
-/// capability, CAP_SYS_BOOT among them), then calls reboot(2) with valid
-/// magic: the kernel refuses it with EPERM, and the call returns.
-fn nobody_init() -> ! {
+/// Waits for SIGUSR1 (not a shutdown signal), then calls reboot(2) with
+/// valid magic, power off: as root, the namespace ends (SIGINT); with
+/// `nobody`, it first becomes uid/gid 65534 (which clears every capability,
+/// CAP_SYS_BOOT among them): the kernel refuses it with EPERM, and the call
+/// returns.
+fn usr1_init(nobody: bool) -> ! {
     // SAFETY: plain libc calls in a single-threaded process.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -174,7 +177,10 @@ fn nobody_init() -> ! {
         libc::sigaction(libc::SIGUSR1, &act, std::ptr::null_mut());
         libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         while libc::sigwaitinfo(&set, std::ptr::null_mut()) <= 0 {}
-        if libc::setresgid(65534, 65534, 65534) != 0 || libc::setresuid(65534, 65534, 65534) != 0 {
+        if nobody
+            && (libc::setresgid(65534, 65534, 65534) != 0
+                || libc::setresuid(65534, 65534, 65534) != 0)
+        {
             eprintln!("setresuid(65534): {}", std::io::Error::last_os_error());
             exit(4);
         }
@@ -185,7 +191,7 @@ fn nobody_init() -> ! {
     }
     let rc = unsafe { libc::syscall(libc::SYS_reboot, MAGIC1, MAGIC2, CMD_POWER_OFF, 0) };
     let err = std::io::Error::last_os_error();
-    eprintln!("reboot as uid 65534 returned {rc}: {err}");
+    eprintln!("reboot returned {rc}: {err}");
     exit(if rc == -1 && err.raw_os_error() == Some(libc::EPERM) {
         0
     } else {
