@@ -181,35 +181,100 @@ fn build_bpf_linker(nightly_lib: &Path, llvm_major: u32, cache: &Path, root: &Pa
     Ok(())
 }
 
-/// Installs Debian packages whose command is missing (`(command, package)`).
-/// One package at a time: a combined install has failed here with "held
-/// broken packages" where single ones worked.
-#[allow(dead_code)] // used by the D-Bus and VM test set-up
+/// Installs Debian packages whose command is missing (`(command, package)`),
+/// then checks every command again: one package's install can remove
+/// another's (this machine's image ships qemu-utils from a newer release,
+/// which qemu-system-x86 removes). What an install removes is said before
+/// it runs. Finally each command must come from its installed package, so a
+/// hand-installed tool cannot make a run pass. One package at a time: a
+/// combined install has failed here with "held broken packages" where single
+/// ones worked.
 pub fn ensure_debs(wanted: &[(&str, &str)]) -> Result<()> {
-    let missing: Vec<&str> = wanted
-        .iter()
-        .filter(|(cmd, _)| !command_exists(cmd))
-        .map(|(_, pkg)| *pkg)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
+    let mut updated = false;
+    for round in 0..3 {
+        let missing: Vec<(&str, &str)> = wanted
+            .iter()
+            .filter(|(cmd, _)| !command_exists(cmd))
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if round == 2 {
+            let list: Vec<String> = missing
+                .iter()
+                .map(|(c, p)| format!("{c} (package {p})"))
+                .collect();
+            bail!(
+                "still missing after installing them twice: {}; another package's install removes it \
+                 (see the `removes` lines above)",
+                list.join(", ")
+            );
+        }
+        if !updated {
+            let st = Command::new("apt-get").args(["update", "-qq"]).status()?;
+            if !st.success() {
+                bail!("apt-get update failed");
+            }
+            updated = true;
+        }
+        for (cmd, pkg) in missing {
+            let removes = apt_removes(pkg);
+            if removes.is_empty() {
+                eprintln!("xtask: installing Debian package {pkg} (for {cmd})");
+            } else {
+                eprintln!(
+                    "xtask: installing Debian package {pkg} (for {cmd}); it removes: {}",
+                    removes.join(" ")
+                );
+            }
+            let st = Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-install-recommends", pkg])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()?;
+            if !st.success() {
+                bail!(
+                    "installing {pkg} failed; by hand: apt-get update && apt-get install -y {pkg}"
+                );
+            }
+        }
     }
-    eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
-    // Only reached when something is missing, so the update is rare.
-    let st = Command::new("apt-get").args(["update", "-qq"]).status()?;
-    if !st.success() {
-        bail!("apt-get update failed");
-    }
-    for pkg in missing {
-        let st = Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends", pkg])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()?;
-        if !st.success() {
-            bail!("installing {pkg} failed; by hand: apt-get update && apt-get install -y {pkg}");
+    for (cmd, pkg) in wanted {
+        if !from_package(cmd, pkg) {
+            bail!(
+                "{cmd} is on PATH but not from the installed Debian package {pkg}: a hand-installed \
+                 tool; the project's own set-up must provide it (apt-get install -y {pkg})"
+            );
         }
     }
     Ok(())
+}
+
+/// The packages `apt-get install pkg` would remove (a dry run).
+fn apt_removes(pkg: &str) -> Vec<String> {
+    let Ok(out) = Command::new("apt-get")
+        .args(["-s", "install", "--no-install-recommends", pkg])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("Remv "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `pkg` is installed and ships a file named `cmd` in a bin directory.
+fn from_package(cmd: &str, pkg: &str) -> bool {
+    let Ok(out) = Command::new("dpkg").args(["-L", pkg]).output() else {
+        return false;
+    };
+    out.status.success()
+        && String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.ends_with(&format!("bin/{cmd}")))
 }
 
 #[allow(dead_code)]
