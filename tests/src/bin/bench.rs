@@ -83,7 +83,10 @@ fn flood(rows: &mut Vec<Row>, execs: usize) -> Result<()> {
     let tool = dir.join("reboot");
     std::fs::copy("/usr/bin/true", &tool).context("copying /usr/bin/true as `reboot`")?;
     let cfg = dir.join("config.yaml");
-    std::fs::write(&cfg, "auditMaxFileMiB: 1\nauditFiles: 4\n")?;
+    std::fs::write(
+        &cfg,
+        "shutdownGracePeriod: 30s\nauditMaxFileMiB: 1\nauditFiles: 4\n",
+    )?;
     let audit = dir.join("audit");
 
     // The node: PID 1 of a fresh PID namespace, waiting for SIGUSR1.
@@ -114,7 +117,7 @@ fn flood(rows: &mut Vec<Row>, execs: usize) -> Result<()> {
         .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("agent.log"))?)
         .spawn()
         .context("starting the agent (LASTGASP_BIN)")?;
     let out = BufReader::new(agent.stdout.take().unwrap());
@@ -142,7 +145,8 @@ fn flood(rows: &mut Vec<Row>, execs: usize) -> Result<()> {
     let ready_by = Instant::now() + Duration::from_secs(30);
     while health() != 200 {
         if Instant::now() > ready_by {
-            bail!("the agent's /healthz never answered 200");
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            bail!("the agent's /healthz never answered 200; its log:\n{log}");
         }
         thread::sleep(Duration::from_millis(100));
     }
