@@ -171,6 +171,35 @@ fn taint_keys(n: &Node) -> Vec<String> {
         .collect()
 }
 
+/// The kubelet-compatible state file cannot be written (a read-only or
+/// full disk): the drain goes on all the same.
+#[tokio::test]
+async fn a_state_file_that_cannot_be_written_does_not_stop_the_drain() {
+    let s = setup("statefile", vec![pod("web", Some(0), None, json!({}))]).await;
+    let mut o = opts(
+        &s,
+        vec![Bucket {
+            priority: 0,
+            seconds: 3,
+        }],
+        Removal::Delete,
+    );
+    o.state_file = "/proc/lastgasp-no-such-dir/graceful_node_shutdown_state".into();
+    let ep = Decider::new().decide(&logind_signal()).episode.unwrap();
+    let metrics = Metrics::default();
+    let r = graceful::run(&s.nc, &o, &ep, &json!({}), &metrics)
+        .await
+        .expect("the drain ran");
+    assert_eq!((r.terminated(), r.remaining()), (1, 0), "{r:#?}");
+    assert!(
+        metrics
+            .encode()
+            .contains("lastgasp_audit_write_failures_total 2"),
+        "both writes counted: {}",
+        metrics.encode()
+    );
+}
+
 #[tokio::test]
 async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
     let s = setup(

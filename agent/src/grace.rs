@@ -53,7 +53,13 @@ pub enum GraceError {
     Empty,
     #[error("no grace period configured: set shutdownGracePeriod (and shutdownGracePeriodCriticalPods) or shutdownGracePeriodByPodPriority")]
     Unset,
+    #[error("{field} is {seconds} s in all: more than the {MAX_TOTAL_SECONDS} s (24 h) a shutdown may be held")]
+    TooLong { field: &'static str, seconds: u64 },
 }
+
+/// No node's shutdown is held longer than this, whatever the config says:
+/// the deadlines computed from it stay in range.
+pub const MAX_TOTAL_SECONDS: u64 = 24 * 3600;
 
 impl GraceConfig {
     /// The buckets in the order they run (lowest priority first).
@@ -117,6 +123,21 @@ impl GraceConfig {
             }
             (None, None) => return Err(GraceError::Unset),
         };
+        let total = buckets
+            .iter()
+            .map(|b| u64::try_from(b.seconds).unwrap_or(0))
+            .fold(0u64, u64::saturating_add);
+        if total > MAX_TOTAL_SECONDS {
+            let field = if self.shutdown_grace_period_by_pod_priority.is_some() {
+                "shutdownGracePeriodByPodPriority"
+            } else {
+                "shutdownGracePeriod"
+            };
+            return Err(GraceError::TooLong {
+                field,
+                seconds: total,
+            });
+        }
         buckets.sort_by_key(|b| b.priority);
         Ok(buckets)
     }
@@ -124,7 +145,12 @@ impl GraceConfig {
 
 /// The delay to ask logind for: every bucket's time, end to end.
 pub fn requested_delay(buckets: &[Bucket]) -> Duration {
-    Duration::from_secs(buckets.iter().map(|b| b.seconds.max(0) as u64).sum())
+    Duration::from_secs(
+        buckets
+            .iter()
+            .map(|b| b.seconds.max(0) as u64)
+            .fold(0, u64::saturating_add),
+    )
 }
 
 /// The bucket a pod runs in: the highest bucket at or below its priority
@@ -298,5 +324,62 @@ mod tests {
         let e =
             serde_json::from_str::<GraceConfig>(r#"{"shutdownGracePeriodz":"1s"}"#).unwrap_err();
         assert!(e.to_string().contains("shutdownGracePeriodz"), "{e}");
+    }
+
+    #[test]
+    fn huge_grace_periods_are_refused_not_overflowed() {
+        let by_priority = |secs: &[i64]| GraceConfig {
+            shutdown_grace_period_by_pod_priority: Some(
+                secs.iter()
+                    .enumerate()
+                    .map(|(i, s)| PriorityGrace {
+                        priority: i as i32,
+                        shutdown_grace_period_seconds: *s,
+                    })
+                    .collect(),
+            ),
+            ..GraceConfig::default()
+        };
+        for c in [
+            by_priority(&[i64::MAX]),
+            by_priority(&[i64::MAX, i64::MAX]),
+            by_priority(&[86_400, 1]),
+            GraceConfig {
+                shutdown_grace_period: Some("1000000000h".into()),
+                ..GraceConfig::default()
+            },
+            GraceConfig {
+                shutdown_grace_period: Some("25h".into()),
+                ..GraceConfig::default()
+            },
+        ] {
+            let e = c.buckets().unwrap_err().to_string();
+            assert!(
+                e.contains("24 h") && e.contains("shutdownGracePeriod"),
+                "{e}"
+            );
+        }
+        assert!(
+            by_priority(&[86_400]).buckets().is_ok(),
+            "24 h is the limit"
+        );
+        assert_eq!(
+            requested_delay(&[
+                Bucket {
+                    priority: 0,
+                    seconds: i64::MAX
+                },
+                Bucket {
+                    priority: 1,
+                    seconds: i64::MAX
+                },
+                Bucket {
+                    priority: 2,
+                    seconds: i64::MAX
+                }
+            ]),
+            Duration::from_secs(u64::MAX),
+            "saturates"
+        );
     }
 }

@@ -325,8 +325,11 @@ async fn cluster(
             "reaching the API server directly (apiServer), not through the Service VIP"
         );
     }
-    let (watch, patch) = (
+    // Watches (long reads), the node's other requests, and the last gasp's
+    // own connections (nothing queues before them).
+    let (watch, requests, patch) = (
         kube_client(Use::Watch, server.as_deref()).await?,
+        kube_client(Use::Requests, server.as_deref()).await?,
         kube_client(Use::Requests, server.as_deref()).await?,
     );
     let own_pod = match (std::env::var("POD_NAMESPACE"), std::env::var("POD_NAME")) {
@@ -334,7 +337,7 @@ async fn cluster(
         _ => None,
     };
     Ok(Cluster {
-        node: NodeClient::start(watch.clone(), &node).await?,
+        node: NodeClient::start_with(watch.clone(), requests, &node).await?,
         lastgasp: LastGasp::start(watch, patch, &node).await?,
         graceful: std::sync::Arc::new(GracefulOptions {
             buckets,

@@ -140,7 +140,12 @@ pub async fn run(
         started: Some(started),
         ..Default::default()
     };
-    write_state(&opts.state_file, started, None)?;
+    // The kubelet-compatible state file is a record for others: a disk that
+    // refuses it must not stop the drain.
+    if let Err(e) = write_state(&opts.state_file, started, None) {
+        metrics.audit_failures.inc();
+        tracing::error!("graceful shutdown state file NOT written (the drain goes on): {e:#}");
+    }
     metrics.graceful_start.set(unix_secs(started));
 
     let how = ep
@@ -230,7 +235,10 @@ pub async fn run(
     }
 
     let ended = SystemTime::now();
-    write_state(&opts.state_file, started, Some(ended))?;
+    if let Err(e) = write_state(&opts.state_file, started, Some(ended)) {
+        metrics.audit_failures.inc();
+        tracing::error!("graceful shutdown state file NOT written: {e:#}");
+    }
     metrics.graceful_end.set(unix_secs(ended));
     report.ended = Some(ended);
     let note = format!(

@@ -49,8 +49,14 @@ impl NodeClient {
     /// Starts the pod watch (field selector on spec.nodeName) and waits for
     /// its first list.
     pub async fn start(client: Client, node: &str) -> Result<Self> {
+        Self::start_with(client.clone(), client, node).await
+    }
+
+    /// As `start`, the watch on `watch` (long reads) and every other request
+    /// on `client` (short timeouts).
+    pub async fn start_with(watch: Client, client: Client, node: &str) -> Result<Self> {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let pods = warm_store(Api::all(client.clone()), config, "pod").await?;
+        let pods = warm_store(Api::all(watch), config, "pod").await?;
         let reporter = Reporter {
             controller: "lastgasp".into(),
             instance: Some(node.to_string()),
