@@ -385,6 +385,20 @@ async fn bus_restart_reconnects_and_takes_the_lock_again() {
     }
     let mut bus = TestBus::start("restart", &[DELAY_30], &[]);
     let (handle, mut rx) = start_logind(cfg(&bus)).await;
+    let owner = |bus: &TestBus| {
+        let addr = bus.address.clone();
+        async move {
+            let c = zbus::connection::Builder::address(addr.as_str())
+                .build()
+                .await
+                .unwrap();
+            lastgasp::detect::dbus::name_owner(&c, "org.freedesktop.login1")
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let first_owner = owner(&bus).await;
     bus.restart_bus().await;
     // logind's inhibitors outlive the bus; the agent still takes a new lock
     // on the new bus, then drops the old one.
@@ -402,6 +416,14 @@ async fn bus_restart_reconnects_and_takes_the_lock_again() {
     bus.logind("PowerOff", &(false,)).await.unwrap();
     let (s, _) = rx.next("PrepareForShutdown(true) on the new bus").await;
     assert_eq!(s.effect, Effect::Now);
+    // logind came back on a new bus: its signal counts from its owner as
+    // of now (a new daemon numbers from :1.0 again, so the name may repeat).
+    let new_owner = owner(&bus).await;
+    println!("logind's owner: {first_owner} before the restart, {new_owner} after");
+    assert_eq!(
+        s.sender.as_ref().map(|b| (b.unique.as_str(), b.owns_name)),
+        Some((new_owner.as_str(), true))
+    );
     bus.restart_bus().await;
     tokio::time::sleep(Duration::from_millis(1500)).await; // past the agent's reconnect
     assert!(
