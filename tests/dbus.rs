@@ -988,3 +988,34 @@ async fn check_passes_when_logind_allows_the_delay() {
     bus.wait_event("the check's lock closed", |e| e.is("lock-closed"), 1)
         .await;
 }
+
+/// logind's limit follows the node, not the agent's start: another drop-in
+/// (the kubelet's, say) raises InhibitDelayMaxSec after the agent started;
+/// at PrepareForShutdown the agent's deadline is the new limit.
+#[tokio::test]
+async fn a_delay_limit_raised_after_start_is_the_one_used() {
+    if !have_dbus_daemon("raised_limit") {
+        return;
+    }
+    let bus = TestBus::start(
+        "raised",
+        &[("etc/systemd/logind.conf", "[Login]\nInhibitDelayMaxSec=5\n")],
+        &[],
+    );
+    let (_handle, mut rx) = start_logind(cfg(&bus)).await;
+    // The kubelet's drop-in, and logind reloaded (as the kubelet does it).
+    let dropin = bus.root.join("etc/systemd/logind.conf.d/99-kubelet.conf");
+    std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+    std::fs::write(&dropin, "[Login]\nInhibitDelayMaxSec=20\n").unwrap();
+    bus.systemd("KillUnit", &("systemd-logind.service", "all", libc::SIGHUP))
+        .await
+        .unwrap();
+    bus.wait_event("the reload", |e| e.is("reloaded"), 1).await;
+    bus.logind("PowerOff", &(false,)).await.unwrap();
+    let (s, _) = rx.next("PrepareForShutdown(true)").await;
+    let held = s.deadline.unwrap().duration_since(s.at).unwrap();
+    assert!(
+        held > Duration::from_secs(19) && held <= Duration::from_secs(20),
+        "the deadline is 20 s after the signal, not 5: {held:?}"
+    );
+}
