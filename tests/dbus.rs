@@ -1019,3 +1019,45 @@ async fn a_delay_limit_raised_after_start_is_the_one_used() {
         "the deadline is 20 s after the signal, not 5: {held:?}"
     );
 }
+
+/// The kubelet's own graceful node shutdown, on beside lastgasp, holds a
+/// delay lock of its own: `lastgasp check` fails and names the fix.
+#[tokio::test]
+async fn check_fails_while_the_kubelet_holds_a_delay_lock() {
+    if !have_dbus_daemon("check_kubelet") {
+        return;
+    }
+    let bus = TestBus::start(
+        "checkkubelet",
+        &[(
+            "etc/systemd/logind.conf",
+            "[Login]\nInhibitDelayMaxSec=1min\n",
+        )],
+        &[],
+    );
+    // The kubelet's call, as pkg/kubelet/nodeshutdown/systemd makes it.
+    let reply = bus
+        .logind(
+            "Inhibit",
+            &(
+                "shutdown",
+                "kubelet",
+                "Kubelet needs time for critical node pods to terminate",
+                "delay",
+            ),
+        )
+        .await
+        .unwrap();
+    let _kubelet_lock: zbus::zvariant::OwnedFd = reply.body().deserialize().unwrap();
+    let (code, report) = check(&bus);
+    assert_eq!(code, 1, "{report}");
+    let line = report
+        .lines()
+        .find(|l| l.contains("kubelet lock"))
+        .unwrap_or_else(|| panic!("no kubelet lock line:\n{report}"));
+    assert!(line.trim_start().starts_with("FAIL"), "{line}");
+    assert!(
+        line.contains("shutdownGracePeriod") && line.contains("to 0"),
+        "{line}"
+    );
+}

@@ -489,10 +489,10 @@ fn diff(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
 /// The chart's one structural option: the grace periods from the node's
 /// KubeletConfiguration, mounted read-only where the config says.
 #[test]
-fn helm_can_take_the_grace_periods_from_the_kubelets_config() {
+fn helm_mounts_the_kubelets_config_to_check_its_shutdown_is_off() {
     let Some(h) = helm() else {
         return skip(
-            "helm_can_take_the_grace_periods_from_the_kubelets_config",
+            "helm_mounts_the_kubelets_config_to_check_its_shutdown_is_off",
             "no helm",
         );
     };
@@ -503,7 +503,10 @@ fn helm_can_take_the_grace_periods_from_the_kubelets_config() {
     );
     let cm: ConfigMap = get(&objs, "ConfigMap", "lastgasp-agent");
     let text = cm.data.unwrap()["config.yaml"].clone();
-    assert!(!text.contains("\nshutdownGracePeriod"), "not both: {text}");
+    assert!(
+        text.contains("\nshutdownGracePeriod: 30s"),
+        "the agent's own grace periods stay: {text}"
+    );
     // Parsed by the agent with a kubelet configuration standing in for the node's.
     let dir = std::env::temp_dir().join(format!("lastgasp-manifests-kcfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -516,6 +519,10 @@ fn helm_can_take_the_grace_periods_from_the_kubelets_config() {
     let cfg = Config::parse(&text.replace(path, kcfg.to_str().unwrap()))
         .unwrap_or_else(|e| panic!("{e:#}\n{text}"));
     assert_eq!(cfg.buckets().unwrap().len(), 2);
+    assert!(
+        cfg.kubelet_graceful_shutdown().unwrap().is_some(),
+        "the kubelet's shutdownGracePeriod: 30s is found on"
+    );
     std::fs::remove_dir_all(&dir).ok();
     let pod = agent_pod(&objs);
     let m = pod.containers[0]

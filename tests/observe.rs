@@ -486,9 +486,15 @@ fn check_against(double: &ApiDouble, args: &[&str]) -> (i32, String) {
         ),
     )
     .unwrap();
-    let out = Command::new(agent_bin())
-        .arg("check")
-        .args(args)
+    // Cluster mode needs a config and a node name, as `run` does.
+    let cfg = dir.join("config.yaml");
+    std::fs::write(&cfg, "nodeName: n1\nshutdownGracePeriod: 30s\n").unwrap();
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("check").args(args);
+    if !args.contains(&"--config") {
+        cmd.arg("--config").arg(&cfg);
+    }
+    let out = cmd
         .env("KUBECONFIG", &kubeconfig)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBERNETES_SERVICE_PORT")
@@ -515,7 +521,6 @@ async fn check_asks_for_every_api_permission_and_fails_naming_a_denied_one() {
         "list pods",
         "watch pods",
         "delete pods",
-        "create pods/eviction",
         "create events.k8s.io/events",
     ] {
         assert!(
@@ -530,7 +535,15 @@ async fn check_asks_for_every_api_permission_and_fails_naming_a_denied_one() {
         .iter()
         .filter(|r| r.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
         .count();
-    assert_eq!(reviews, lastgasp::check::PERMISSIONS.len());
+    assert_eq!(
+        reviews,
+        lastgasp::check::PERMISSIONS.len() - 1,
+        "every permission but the eviction (podRemoval: delete)"
+    );
+    assert!(
+        !report.contains("pods/eviction"),
+        "not asked without evict:\n{report}"
+    );
 
     double.deny_access(AccessRule::deny("patch", "", "nodes").subresource("status"));
     let (code, report) = check_against(&double, &["--only", "cluster"]);
@@ -553,27 +566,20 @@ async fn check_asks_for_every_api_permission_and_fails_naming_a_denied_one() {
         "{report}"
     );
 
-    // The Eviction API is required only with podRemoval: evict.
+    // The Eviction API is asked for, and required, only with podRemoval: evict.
     double.set_access_rules(vec![
         AccessRule::deny("create", "", "pods").subresource("eviction")
     ]);
     let (code, report) = check_against(&double, &["--only", "cluster"]);
     assert_eq!(code, 0, "{report}");
-    let line = report
-        .lines()
-        .find(|l| l.contains("create pods/eviction"))
-        .unwrap();
-    assert!(
-        line.trim_start().starts_with("WARN") && line.contains("DENIED"),
-        "{line}"
-    );
+    assert!(!report.contains("pods/eviction"), "{report}");
     let cfg = std::env::temp_dir().join(format!(
         "lastgasp-observe-evict-{}.yaml",
         std::process::id()
     ));
     std::fs::write(
         &cfg,
-        "podRemoval: evict\nshutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n",
+        "nodeName: n1\npodRemoval: evict\nshutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n",
     )
     .unwrap();
     let (code, report) = check_against(
@@ -594,6 +600,38 @@ async fn check_asks_for_every_api_permission_and_fails_naming_a_denied_one() {
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("--standalone: skipped"));
     assert!(double.requests().is_empty());
+}
+
+/// `lastgasp check` without `--standalone` where cluster mode cannot start:
+/// it fails and names each missing piece (it said "ok" before).
+#[test]
+fn check_fails_where_cluster_mode_cannot_start() {
+    let home = std::env::temp_dir().join(format!("lastgasp-nohome-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let out = Command::new(agent_bin())
+        .args(["check", "--only", "cluster"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("NODE_NAME")
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let report = String::from_utf8(out.stdout).unwrap();
+    println!("{report}");
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    for missing in [
+        "no Kubernetes configuration",
+        "needs --config",
+        "no node name",
+    ] {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.trim_start().starts_with("FAIL") && l.contains(missing)),
+            "{missing}:\n{report}"
+        );
+    }
+    std::fs::remove_dir_all(&home).ok();
 }
 
 #[test]

@@ -180,6 +180,19 @@ pub async fn check_node(args: &CheckArgs) -> Report {
         r.push(Status::Fail, "file", format!("{e:#}"));
     }
     let config = config.and_then(|c| c.ok());
+    if let Some(c) = &config {
+        r.section = "config";
+        match c.kubelet_graceful_shutdown() {
+            Ok(Some(on)) => r.push(Status::Fail, "kubelet", on),
+            Ok(None) if c.kubelet_config_path.is_some() => r.push(
+                Status::Ok,
+                "kubelet",
+                "the kubelet's graceful node shutdown is off",
+            ),
+            Ok(None) => {}
+            Err(e) => r.push(Status::Fail, "kubelet", format!("{e:#}")),
+        }
+    }
     if want(Section::Kernel) {
         r.section = Section::Kernel.name();
         kernel_checks(&mut r);
@@ -226,11 +239,32 @@ pub async fn check_node(args: &CheckArgs) -> Report {
                         Err(e) => r.push(Status::Fail, "permissions", format!("a client for {url}: {e}")),
                     }
                 }
-                Err(_) => r.push(
-                    Status::Info,
-                    "permissions",
-                    "no cluster configured (not in a pod, no $KUBECONFIG or ~/.kube/config): skipped",
+                Err(e) => r.push(
+                    Status::Fail,
+                    "cluster",
+                    format!(
+                        "cluster mode cannot start: no Kubernetes configuration (not in a pod, no $KUBECONFIG or ~/.kube/config): {e}; \
+                         run with --standalone for a node without a cluster"
+                    ),
                 ),
+            }
+            if args.config.is_none() {
+                r.push(
+                    Status::Fail,
+                    "config",
+                    "cluster mode cannot start: it needs --config (the grace periods, at least)",
+                );
+            }
+            let node = config
+                .as_ref()
+                .and_then(|c| c.node_name.clone())
+                .or_else(|| std::env::var("NODE_NAME").ok());
+            if node.is_none() {
+                r.push(
+                    Status::Fail,
+                    "node name",
+                    "cluster mode cannot start: no node name (nodeName in the config, or $NODE_NAME)",
+                );
             }
         }
     }
@@ -888,6 +922,24 @@ async fn logind_checks(r: &mut Report, conn: &Connection, args: &DbusArgs) {
         .await
     {
         if let Ok(list) = m.body().deserialize::<Vec<Inhibitor>>() {
+            // The kubelet's graceful node shutdown holds its own lock: two
+            // drains would race for the same pods.
+            for (what, who, why, mode, _, pid) in &list {
+                if mode == "delay"
+                    && what.split(':').any(|w| w == "shutdown")
+                    && (who.to_lowercase().contains("kubelet")
+                        || why.to_lowercase().contains("kubelet"))
+                {
+                    r.push(
+                        Status::Fail,
+                        "kubelet lock",
+                        format!(
+                            "the kubelet (pid {pid}) holds a shutdown delay lock: its graceful node shutdown is on; \
+                             set shutdownGracePeriod and shutdownGracePeriodCriticalPods to 0 in its KubeletConfiguration and restart it"
+                        ),
+                    );
+                }
+            }
             let held: Vec<String> = list
                 .iter()
                 .filter(|(what, _, _, mode, _, _)| {

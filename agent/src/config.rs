@@ -39,8 +39,11 @@ pub struct Config {
     pub shutdown_grace_period_critical_pods: Option<String>,
     #[serde(default)]
     pub shutdown_grace_period_by_pod_priority: Option<Vec<PriorityGrace>>,
-    /// Read the three fields above from the node's KubeletConfiguration
-    /// instead (e.g. /var/lib/kubelet/config.yaml), so they are set once.
+    /// The node's KubeletConfiguration (e.g. /var/lib/kubelet/config.yaml),
+    /// read only to check that the kubelet's own graceful node shutdown is
+    /// off: two drains racing for the same pods, each with its logind delay
+    /// lock, is what lastgasp replaces. The agent logs an error at start, and
+    /// `lastgasp check` fails, while it is on.
     #[serde(default)]
     pub kubelet_config_path: Option<PathBuf>,
     /// When a claim counts, and when an episode is given up.
@@ -243,7 +246,7 @@ impl Config {
         Ok(cfg)
     }
 
-    /// The grace configuration: from this file, or from the kubelet's.
+    /// The grace configuration.
     pub fn grace(&self) -> Result<GraceConfig> {
         let own = GraceConfig {
             shutdown_grace_period: self.shutdown_grace_period.clone(),
@@ -252,25 +255,52 @@ impl Config {
                 .shutdown_grace_period_by_pod_priority
                 .clone(),
         };
+        own.buckets()?;
+        Ok(own)
+    }
+
+    /// Whether the kubelet's own graceful node shutdown is on, per
+    /// `kubeletConfigPath`: `Some(what is set)` when it is, `None` when it is
+    /// off or no path is given. An unreadable file is an error.
+    pub fn kubelet_graceful_shutdown(&self) -> Result<Option<String>> {
         let Some(path) = &self.kubelet_config_path else {
-            own.buckets()?;
-            return Ok(own);
+            return Ok(None);
         };
-        if own != GraceConfig::default() {
-            bail!("kubeletConfigPath: set the grace periods here or in the kubelet's configuration, not both");
-        }
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("kubeletConfigPath: reading {}", path.display()))?;
         let k: KubeletGrace = serde_norway::from_str(&text)
             .map_err(|e| anyhow::anyhow!("kubeletConfigPath: {}: {e}", path.display()))?;
-        let g = GraceConfig {
-            shutdown_grace_period: k.shutdown_grace_period,
-            shutdown_grace_period_critical_pods: k.shutdown_grace_period_critical_pods,
-            shutdown_grace_period_by_pod_priority: k.shutdown_grace_period_by_pod_priority,
+        let nonzero = |v: &Option<String>| {
+            v.as_deref().is_some_and(|d| {
+                crate::grace::parse_duration("shutdownGracePeriod", d)
+                    .map_or(true, |d| !d.is_zero())
+            })
         };
-        g.buckets()
-            .with_context(|| format!("in the kubelet's configuration {}", path.display()))?;
-        Ok(g)
+        let mut on = Vec::new();
+        if nonzero(&k.shutdown_grace_period) {
+            on.push(format!(
+                "shutdownGracePeriod: {}",
+                k.shutdown_grace_period.unwrap_or_default()
+            ));
+        }
+        if nonzero(&k.shutdown_grace_period_critical_pods) {
+            on.push(format!(
+                "shutdownGracePeriodCriticalPods: {}",
+                k.shutdown_grace_period_critical_pods.unwrap_or_default()
+            ));
+        }
+        if k.shutdown_grace_period_by_pod_priority
+            .is_some_and(|l| l.iter().any(|p| p.shutdown_grace_period_seconds > 0))
+        {
+            on.push("shutdownGracePeriodByPodPriority".into());
+        }
+        Ok((!on.is_empty()).then(|| {
+            format!(
+                "{} sets {}: the kubelet's graceful node shutdown is on; set them to 0 (or remove them) and restart the kubelet",
+                path.display(),
+                on.join(", ")
+            )
+        }))
     }
 
     /// The audit log's rotation: 1..=1024 MiB a file, 1..=100 files.
@@ -382,34 +412,59 @@ mod tests {
     }
 
     #[test]
-    fn grace_from_the_kubelet_config() {
+    fn the_kubelet_config_is_read_only_to_say_whether_its_shutdown_is_on() {
         let dir = std::env::temp_dir().join(format!("lastgasp-kcfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let k = dir.join("config.yaml");
-        std::fs::write(
-            &k,
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 2m\nshutdownGracePeriodCriticalPods: 30s\nmaxPods: 110\n",
-        )
-        .unwrap();
-        let c = Config::parse(&format!("kubeletConfigPath: {}\n", k.display())).unwrap();
+        let cfg = |kubelet: &str| {
+            std::fs::write(&k, format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nmaxPods: 110\n{kubelet}")).unwrap();
+            Config::parse(&format!(
+                "shutdownGracePeriod: 30s\nkubeletConfigPath: {}\n",
+                k.display()
+            ))
+            .unwrap()
+        };
+        let on = cfg("shutdownGracePeriod: 2m\nshutdownGracePeriodCriticalPods: 30s\n")
+            .kubelet_graceful_shutdown()
+            .unwrap()
+            .unwrap();
+        assert!(
+            on.contains("shutdownGracePeriod: 2m") && on.contains("set them to 0"),
+            "{on}"
+        );
         assert_eq!(
-            c.buckets().unwrap(),
-            vec![
-                Bucket {
-                    priority: 0,
-                    seconds: 90
-                },
-                Bucket {
-                    priority: 2_000_000_000,
-                    seconds: 30
-                }
-            ]
+            cfg("shutdownGracePeriod: 0s\n")
+                .kubelet_graceful_shutdown()
+                .unwrap(),
+            None
         );
-        let both = format!(
-            "kubeletConfigPath: {}\nshutdownGracePeriod: 1m\n",
+        assert_eq!(cfg("").kubelet_graceful_shutdown().unwrap(), None);
+        assert!(cfg(
+            "shutdownGracePeriodByPodPriority: [{priority: 0, shutdownGracePeriodSeconds: 10}]\n"
+        )
+        .kubelet_graceful_shutdown()
+        .unwrap()
+        .is_some());
+        // The agent's own grace periods are its own: never read from the kubelet's.
+        assert_eq!(
+            cfg("shutdownGracePeriod: 2m\n")
+                .buckets()
+                .unwrap()
+                .iter()
+                .map(|b| b.seconds)
+                .sum::<i64>(),
+            30
+        );
+        std::fs::remove_file(&k).unwrap();
+        let missing = Config::parse(&format!(
+            "shutdownGracePeriod: 30s\nkubeletConfigPath: {}\n",
             k.display()
+        ))
+        .unwrap();
+        assert!(
+            format!("{:#}", missing.kubelet_graceful_shutdown().unwrap_err())
+                .contains("kubeletConfigPath")
         );
-        assert!(format!("{:#}", Config::parse(&both).unwrap_err()).contains("not both"));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -151,6 +151,11 @@ async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         None if args.standalone => Config::default(),
         None => anyhow::bail!("cluster mode needs --config (the grace periods, at least)"),
     };
+    match cfg.kubelet_graceful_shutdown() {
+        Ok(Some(on)) => tracing::error!("{on}: two drains would race for the same pods"),
+        Ok(None) => {}
+        Err(e) => tracing::error!("{e:#}"),
+    }
     let listen = http::resolve(
         args.metrics_listen,
         args.standalone,
