@@ -720,12 +720,13 @@ async fn controller_counts_its_lease_and_actions() {
         controller::{Controller, ControllerConfig, Policy},
     };
     let double = ApiDouble::start().await.unwrap();
-    let rec = json!({"signal": {"kind": "poweroff", "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
+    let rec = json!({"boot_id": "b1", "signal": {"kind": "poweroff", "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
     double
         .create_value(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": NODE, "annotations": {RECORD_ANNOTATION: rec.to_string()}},
-            "status": {"conditions": [{"type": "Ready", "status": "False"}]}
+            "status": {"conditions": [{"type": "Ready", "status": "False"}],
+                       "nodeInfo": {"bootID": "b1"}}
         }))
         .unwrap();
     let cfg = |id: &str| ControllerConfig {
