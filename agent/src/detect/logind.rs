@@ -1155,4 +1155,31 @@ mod tests {
         assert_eq!(kind_of("soft-reboot"), Kind::SoftReboot);
         assert_eq!(kind_of("suspend"), Kind::Unknown);
     }
+
+    /// logind allows "infinity": the deadline arithmetic stays in range.
+    #[tokio::test]
+    async fn an_infinite_delay_limit_is_capped_not_overflowed() {
+        let (release, release_rx) = mpsc::unbounded_channel();
+        let (relock, relock_rx) = mpsc::unbounded_channel();
+        let (held, _) = watch::channel(true);
+        let mut d = LogindDetector {
+            cfg: LogindConfig::default(),
+            conn: None,
+            streams: None,
+            lock: None,
+            delay_max: Duration::MAX,
+            episode: None,
+            scheduled: None,
+            sessions: 0,
+            release_rx,
+            relock_rx,
+            held,
+            health: None,
+        };
+        drop((release, relock));
+        let wall = SystemTime::now();
+        let deadline = d.begin(Instant::now(), wall, Duration::MAX, true);
+        assert_eq!(deadline, wall + DELAY_CAP);
+        assert_eq!(parse_timespan("infinity"), Some(Duration::MAX));
+    }
 }
