@@ -157,3 +157,54 @@ fn history_reports_torn_lines_and_keeps_the_rest() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("audit.jsonl:1: unreadable record"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Every flag has an environment twin (`LASTGASP_*`), as a DaemonSet or a
+/// unit file sets them; and the twin works.
+#[test]
+fn every_flag_has_an_environment_twin() {
+    for sub in ["run", "controller", "check", "history"] {
+        let out = std::process::Command::new(lastgasp_tests::support::agent_bin())
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8(out.stdout).unwrap();
+        // Each option's block: its `--name` line and the wrapped lines after it.
+        let mut blocks: Vec<String> = Vec::new();
+        for line in help.lines().map(str::trim_start) {
+            if line.starts_with("--") || line.starts_with("-h,") {
+                blocks.push(line.to_string());
+            } else if let Some(b) = blocks.last_mut() {
+                b.push(' ');
+                b.push_str(line);
+            }
+        }
+        for block in blocks {
+            let Some(flag) = block.strip_prefix("--") else {
+                continue;
+            };
+            let name = flag.split_whitespace().next().unwrap();
+            if name == "help" || name == "version" {
+                continue;
+            }
+            let want = format!("[env: LASTGASP_{}=", name.to_uppercase().replace('-', "_"));
+            assert!(
+                block.contains(&want),
+                "lastgasp {sub} --{name} has no {want}]:\n{block}"
+            );
+        }
+    }
+    // A bad config given through LASTGASP_CONFIG is read and refused, by name.
+    let dir = std::env::temp_dir().join(format!("lastgasp-cli-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("bad.yaml");
+    std::fs::write(&cfg, "shutdownGracePeriod: 30s\nfrobnicate: 1\n").unwrap();
+    let out = std::process::Command::new(lastgasp_tests::support::agent_bin())
+        .args(["check", "--only", "kernel", "--standalone"])
+        .env("LASTGASP_CONFIG", &cfg)
+        .output()
+        .unwrap();
+    let report = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("frobnicate"), "{report}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -125,6 +125,7 @@ fn opts(s: &Setup, buckets: Vec<Bucket>, removal: Removal) -> GracefulOptions {
         removal,
         own_pod: Some(("default".into(), "lastgasp-agent".into())),
         state_file: s.dir.join("graceful_node_shutdown_state"),
+        keep: Default::default(),
     }
 }
 
@@ -169,6 +170,71 @@ fn taint_keys(n: &Node) -> Vec<String> {
         .into_iter()
         .map(|t| t.key)
         .collect()
+}
+
+/// `podRemoval: none` announces only (condition, taint, record, Events) and
+/// removes no pod; `ignoreDaemonSets`, `excludeNamespaces` and
+/// `excludePodLabels` leave their pods out of a drain.
+#[tokio::test]
+async fn announce_only_and_the_pods_a_drain_leaves() {
+    let s = setup(
+        "keep",
+        vec![
+            pod("web", Some(0), None, json!({})),
+            pod(
+                "ds-pod",
+                Some(0),
+                None,
+                json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "u1"}]}}),
+            ),
+            pod("kept", Some(0), None, json!({"metadata": {"labels": {"keep": "yes"}}})),
+        ],
+    )
+    .await;
+    let buckets = vec![Bucket {
+        priority: 0,
+        seconds: 3,
+    }];
+    let ep = Decider::new().decide(&logind_signal()).episode.unwrap();
+
+    let announce = opts(&s, buckets.clone(), Removal::None);
+    let r = graceful::run(&s.nc, &announce, &ep, &json!({}), &Metrics::default())
+        .await
+        .unwrap();
+    assert!(
+        deletions(&s.double).is_empty(),
+        "announce only: no pod removed"
+    );
+    assert!(
+        r.pods.iter().all(|p| p.how == "skipped-announce-only"),
+        "{r:#?}"
+    );
+    let n: Node = s.double.get("", NODE).unwrap();
+    assert_eq!(condition(&n).map(|c| c.1), Some("GracefulShutdown".into()));
+    assert!(taint_keys(&n).contains(&TAINT_KEY.to_string()));
+
+    let mut keep = opts(&s, buckets, Removal::Delete);
+    keep.keep.daemonsets = true;
+    keep.keep.labels.insert("keep".into(), "yes".into());
+    let r = graceful::run(&s.nc, &keep, &ep, &json!({}), &Metrics::default())
+        .await
+        .unwrap();
+    let how = |name: &str| {
+        r.pods
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.how.clone())
+    };
+    assert_eq!(how("ds-pod").as_deref(), Some("skipped-daemonset"));
+    assert_eq!(how("kept").as_deref(), Some("skipped-labels"));
+    assert_eq!(how("web").as_deref(), Some("delete"));
+    assert_eq!(
+        deletions(&s.double)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>(),
+        vec!["web".to_string()]
+    );
 }
 
 /// The kubelet-compatible state file cannot be written (a read-only or

@@ -1103,6 +1103,7 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
         removal,
         own_pod: Some(("lastgasp".into(), "lastgasp-agent-x".into())),
         state_file: dir.join("graceful_node_shutdown_state"),
+        keep: Default::default(),
     };
     let cluster = |removal, seconds| {
         Arc::new(Cluster {

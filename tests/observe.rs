@@ -402,6 +402,7 @@ async fn last_gasp_latency_and_failures_are_measured() {
             removal: Removal::Delete,
             own_pod: None,
             state_file: dir.join("graceful_node_shutdown_state"),
+            keep: Default::default(),
         }),
     });
     let metrics = Metrics::default();

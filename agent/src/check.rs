@@ -57,19 +57,19 @@ impl Section {
 #[derive(clap::Args, Clone, Debug)]
 pub struct CheckArgs {
     /// The node runs the agent standalone: skip the cluster permissions.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_STANDALONE")]
     pub standalone: bool,
     /// Only these sections (comma-separated): kernel, hooks, privileges,
     /// dbus, cluster.
-    #[arg(long, value_enum, value_delimiter = ',')]
+    #[arg(long, value_enum, value_delimiter = ',', env = "LASTGASP_ONLY")]
     pub only: Vec<Section>,
     /// Do not load the eBPF programs: predict the hooks from tracefs, the
     /// kprobe PMU and BTF only.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_NO_LOAD")]
     pub no_load: bool,
     /// The agent's configuration: the logind delay its grace periods need
     /// (unless --inhibit-delay is given).
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_CONFIG")]
     pub config: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub dbus: DbusArgs,

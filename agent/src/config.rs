@@ -29,9 +29,19 @@ pub struct Config {
     /// ...and keeps this many files (the current one included).
     #[serde(default = "default_audit_files")]
     pub audit_files: u32,
-    /// How pods are removed: `delete` (default) or `evict` (honours PDBs).
+    /// How pods are removed: `delete` (default), `evict` (honours PDBs), or
+    /// `none` (announce only: mark and audit, remove no pod).
     #[serde(default)]
     pub pod_removal: Removal,
+    /// Leave pods a DaemonSet owns where they are (it would recreate them).
+    #[serde(default)]
+    pub ignore_daemon_sets: bool,
+    /// Leave pods in these namespaces where they are.
+    #[serde(default)]
+    pub exclude_namespaces: Vec<String>,
+    /// Leave pods that carry all of these labels where they are.
+    #[serde(default)]
+    pub exclude_pod_labels: std::collections::BTreeMap<String, String>,
     // The kubelet's own field names.
     #[serde(default)]
     pub shutdown_grace_period: Option<String>,
@@ -207,6 +217,9 @@ impl Default for Config {
             audit_max_file_mib: default_audit_max_file_mib(),
             audit_files: default_audit_files(),
             pod_removal: Removal::Delete,
+            ignore_daemon_sets: false,
+            exclude_namespaces: Vec::new(),
+            exclude_pod_labels: Default::default(),
             shutdown_grace_period: None,
             shutdown_grace_period_critical_pods: None,
             shutdown_grace_period_by_pod_priority: None,
@@ -303,6 +316,15 @@ impl Config {
         }))
     }
 
+    /// Pods the drain leaves where they are.
+    pub fn keep(&self) -> crate::act::kube::graceful::Keep {
+        crate::act::kube::graceful::Keep {
+            daemonsets: self.ignore_daemon_sets,
+            namespaces: self.exclude_namespaces.clone(),
+            labels: self.exclude_pod_labels.clone(),
+        }
+    }
+
     /// The audit log's rotation: 1..=1024 MiB a file, 1..=100 files.
     pub fn audit_limits(&self) -> Result<crate::act::audit::Limits> {
         if !(1..=1024).contains(&self.audit_max_file_mib) {
@@ -339,6 +361,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.pod_removal, Removal::Evict);
+        let c = Config::parse("shutdownGracePeriod: 30s\npodRemoval: none\nignoreDaemonSets: true\nexcludeNamespaces: [kube-system]\nexcludePodLabels: {keep: \"yes\"}\n").unwrap();
+        assert_eq!(c.pod_removal, Removal::None);
+        let k = c.keep();
+        assert!(k.daemonsets && k.namespaces == ["kube-system"] && k.labels["keep"] == "yes");
         assert_eq!(
             c.trust.pending_expiry,
             Duration::from_secs(60),

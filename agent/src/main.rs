@@ -32,7 +32,7 @@ use tokio::signal::unix::{signal, SignalKind};
 )]
 struct Cli {
     /// Log as JSON lines (to stderr), the start report's hook lines included.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "LASTGASP_JSON_LOGS")]
     json_logs: bool,
     #[command(subcommand)]
     command: Command,
@@ -44,10 +44,10 @@ enum Command {
     Run(RunArgs),
     /// Print the audit log, by boot.
     History {
-        #[arg(long, default_value = DEFAULT_AUDIT_DIR)]
+        #[arg(long, default_value = DEFAULT_AUDIT_DIR, env = "LASTGASP_AUDIT_DIR")]
         audit_dir: PathBuf,
         /// `current`, `previous`, `all` or a boot id.
-        #[arg(long, default_value = "all")]
+        #[arg(long, default_value = "all", env = "LASTGASP_BOOT")]
         boot: BootFilter,
     },
     /// Completes the non-graceful shutdown procedure in the cluster (one
@@ -64,48 +64,57 @@ const DEFAULT_AUDIT_DIR: &str = "/var/lib/lastgasp";
 #[derive(clap::Args)]
 struct ControllerArgs {
     /// When to apply node.kubernetes.io/out-of-service.
-    #[arg(long, value_enum, default_value = "poweroff-only")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "poweroff-only",
+        env = "LASTGASP_POLICY"
+    )]
     policy: Policy,
     /// With `also-reboots`: how long a reboot may stay down before the taint.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m", env = "LASTGASP_REBOOT_TIMEOUT")]
     reboot_timeout: std::time::Duration,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, env = "LASTGASP_MAX_TAINTS_PER_HOUR")]
     max_taints_per_hour: usize,
-    #[arg(long, default_value = "kube-system")]
+    #[arg(long, default_value = "kube-system", env = "LASTGASP_LEASE_NAMESPACE")]
     lease_namespace: String,
-    #[arg(long, default_value = "lastgasp-controller")]
+    #[arg(
+        long,
+        default_value = "lastgasp-controller",
+        env = "LASTGASP_LEASE_NAME"
+    )]
     lease_name: String,
     /// This replica's name in the Lease (default: $POD_NAME).
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_IDENTITY")]
     identity: Option<String>,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s", env = "LASTGASP_INTERVAL")]
     interval: std::time::Duration,
     /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off`
     /// (default: $POD_IP:9851).
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", env = "LASTGASP_METRICS_LISTEN")]
     metrics_listen: Option<Listen>,
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
     /// Run without a cluster: print each signal as a JSON line and audit it.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_STANDALONE")]
     standalone: bool,
     /// The agent's configuration file (YAML); required in cluster mode.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_CONFIG")]
     config: Option<PathBuf>,
     /// The PID namespace that is "the node", as an ns/pid file
     /// (default: the initial namespace). Tests point it at a child namespace.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_NODE_PID_NS")]
     node_pid_ns: Option<PathBuf>,
     /// Overrides the config's auditDir (default /var/lib/lastgasp).
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_AUDIT_DIR")]
     audit_dir: Option<PathBuf>,
     /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off` (default:
     /// 127.0.0.1:9850 standalone, $POD_IP:9850 in cluster mode). A given
     /// address that cannot be bound stops the start; the standalone default
     /// only logs a warning.
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", env = "LASTGASP_METRICS_LISTEN")]
     metrics_listen: Option<Listen>,
     #[command(flatten)]
     dbus: DbusArgs,
@@ -349,6 +358,7 @@ async fn cluster(
             removal: cfg.pod_removal,
             own_pod,
             state_file: audit_dir.join("graceful_node_shutdown_state"),
+            keep: cfg.keep(),
         }),
     })
 }

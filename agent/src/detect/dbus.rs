@@ -35,25 +35,25 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct DbusArgs {
     /// The shutdown delay graceful work needs; logind's InhibitDelayMaxSec is
     /// raised to it with a drop-in (default: take what logind allows).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = humantime::parse_duration, env = "LASTGASP_INHIBIT_DELAY")]
     pub inhibit_delay: Option<Duration>,
     /// Where logind's configuration lives: `ROOT/etc/systemd/logind.conf.d`
     /// gets the drop-in (tests point it at a scratch directory).
-    #[arg(long, default_value = "/")]
+    #[arg(long, default_value = "/", env = "LASTGASP_LOGIND_ROOT")]
     pub logind_root: PathBuf,
     /// The system bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the
     /// standard socket).
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_SYSTEM_BUS")]
     pub system_bus: Option<String>,
     /// `run`: do not start the logind and systemd detectors.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_NO_DBUS")]
     pub no_dbus: bool,
     /// Act on logind's PrepareForShutdown from peers that do not own
     /// `org.freedesktop.login1`, as the kubelet does (its e2e tests fake the
     /// signal with `dbus-send`). For test rigs only: with it, any local
     /// process allowed on the system bus can start a drain. Off by default:
     /// such signals are audited, audit-only, with the sender named.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_TRUST_UNOWNED_BUS_SIGNALS")]
     pub trust_unowned_bus_signals: bool,
 }
 

@@ -578,6 +578,7 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize) -> Result<()> {
             removal: Default::default(),
             own_pod: None,
             state_file: dir.join("state"),
+            keep: Default::default(),
         }),
     });
     let mut det = EbpfDetector::load(NodePidNs::initial()?)?;

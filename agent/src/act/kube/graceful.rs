@@ -43,6 +43,41 @@ pub enum Removal {
     /// The Eviction API, honouring PodDisruptionBudgets; DELETE once the
     /// bucket's time is nearly out.
     Evict,
+    /// Announce only: the condition, the taint, the record and the Events,
+    /// and no pod removed (a staged rollout's first step).
+    None,
+}
+
+/// Pods the drain leaves where they are (reported as `skipped-*`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// Pods a DaemonSet owns (it would recreate them on the node at once).
+    pub daemonsets: bool,
+    /// Pods in these namespaces.
+    pub namespaces: Vec<String>,
+    /// Pods whose labels include all of these.
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl Keep {
+    /// Why `pod` stays, if it does.
+    pub fn why(&self, pod: &Pod) -> Option<&'static str> {
+        if self.daemonsets && pod.owner_references().iter().any(|o| o.kind == "DaemonSet") {
+            return Some("skipped-daemonset");
+        }
+        if self
+            .namespaces
+            .iter()
+            .any(|n| Some(n.as_str()) == pod.metadata.namespace.as_deref())
+        {
+            return Some("skipped-namespace");
+        }
+        let labels = pod.labels();
+        if !self.labels.is_empty() && self.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            return Some("skipped-labels");
+        }
+        None
+    }
 }
 
 /// Eviction gives way to DELETE when this share of the bucket is left.
@@ -57,6 +92,8 @@ pub struct GracefulOptions {
     pub own_pod: Option<(String, String)>,
     /// The kubelet-compatible `graceful_node_shutdown_state` file.
     pub state_file: PathBuf,
+    /// Pods left out of the drain.
+    pub keep: Keep,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -184,12 +221,16 @@ pub async fn run(
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let priority = pod.spec.as_ref().and_then(|s| s.priority);
         let b = bucket_index(&opts.buckets, priority);
-        if is_mirror(&pod) || is_finished(&pod) {
-            let how = if is_mirror(&pod) {
-                "skipped-mirror"
-            } else {
-                "skipped-finished"
-            };
+        let kept = if is_mirror(&pod) {
+            Some("skipped-mirror")
+        } else if is_finished(&pod) {
+            Some("skipped-finished")
+        } else if opts.removal == Removal::None {
+            Some("skipped-announce-only")
+        } else {
+            opts.keep.why(&pod)
+        };
+        if let Some(how) = kept {
             report.pods.push(PodOutcome {
                 namespace: ns,
                 name,
@@ -249,7 +290,7 @@ pub async fn run(
     if let Err(err) = nc.event(EventType::Normal, "Shutdown", note).await {
         tracing::error!("graceful end event: {err:#}");
     }
-    if let Some(pod) = own {
+    if let Some(pod) = own.filter(|_| opts.removal != Removal::None) {
         // Last: our own pod, now that the record is out.
         let b =
             opts.buckets[bucket_index(&opts.buckets, pod.spec.as_ref().and_then(|s| s.priority))];
@@ -305,6 +346,11 @@ async fn terminate(
     };
 
     let sent = match removal {
+        // Announce only: `run` never asks; nothing is sent.
+        Removal::None => {
+            out.how = "skipped-announce-only".into();
+            return out;
+        }
         Removal::Delete => send_delete(&api, &name, &delete(grace)).await,
         Removal::Evict => {
             out.how = "evict".into();
