@@ -1048,7 +1048,7 @@ async fn check_fails_while_the_kubelet_holds_a_delay_lock() {
         )
         .await
         .unwrap();
-    let _kubelet_lock: zbus::zvariant::OwnedFd = reply.body().deserialize().unwrap();
+    let _kubelet_lock: zbus::OwnedFd = reply.body().deserialize().unwrap();
     let (code, report) = check(&bus);
     assert_eq!(code, 1, "{report}");
     let line = report
