@@ -238,6 +238,9 @@ fn typed(v: &Value) -> Result<Value, String> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict::<RoleBinding>(v)?.1,
         ("apps/v1", "DaemonSet") => strict::<DaemonSet>(v)?.1,
         ("apps/v1", "Deployment") => strict::<Deployment>(v)?.1,
+        ("policy/v1", "PodDisruptionBudget") => {
+            strict::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(v)?.1
+        }
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
             strict::<ValidatingAdmissionPolicy>(v)?.1
         }
@@ -330,6 +333,7 @@ fn every_source_manifest_parses_strictly() {
         BTreeSet::from([
             "ClusterRole",
             "ClusterRoleBinding",
+            "PodDisruptionBudget",
             "ConfigMap",
             "DaemonSet",
             "Deployment",
@@ -451,7 +455,32 @@ fn kustomize_and_helm_render_the_same_objects() {
     );
 }
 
+/// Helm alone can hash the config into the pod template (`checksum/config`,
+/// so that `helm upgrade` rolls the agents when it changes): left out of the
+/// comparison with kustomize.
+fn without_helm_only(objs: &BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
+    objs.iter()
+        .map(|(k, v)| {
+            let mut v = v.clone();
+            if let Some(a) = v
+                .pointer_mut("/spec/template/metadata/annotations")
+                .and_then(Value::as_object_mut)
+            {
+                a.remove("checksum/config");
+                if a.is_empty() {
+                    v["spec"]["template"]["metadata"]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("annotations");
+                }
+            }
+            (k.clone(), v)
+        })
+        .collect()
+}
+
 fn assert_same(an: &str, a: &BTreeMap<Key, Value>, bn: &str, b: &BTreeMap<Key, Value>) {
+    let (a, b) = (&without_helm_only(a), &without_helm_only(b));
     let ka: BTreeSet<_> = a.keys().collect();
     let kb: BTreeSet<_> = b.keys().collect();
     assert_eq!(ka, kb, "{an} and {bn} render different objects");
@@ -1822,4 +1851,117 @@ fn the_admission_policy_keeps_the_agent_to_its_own_marks() {
         &changed(&|n| n["status"]["nodeInfo"]["bootID"] = json!("b2")),
         "its own condition",
     );
+}
+
+/// The chart's knobs: each value set changes what it says and nothing else
+/// breaks the strict parse.
+#[test]
+fn the_charts_values_take_effect() {
+    let Some(h) = helm() else {
+        return skip("the_charts_values_take_effect", "no helm");
+    };
+    let render = |set: &[&str]| -> Vec<Value> { render_helm(&h, set) };
+    let find = |objs: &[Value], kind: &str, name: &str| -> Value {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let ds = |objs: &[Value]| find(objs, "DaemonSet", "lastgasp-agent");
+    let default = render(&[]);
+    let d = ds(&default);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
+    assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    let checksum = d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(checksum.len(), 64, "a sha256 of the config");
+    // A changed config changes the checksum: `helm upgrade` rolls the agents.
+    let other = ds(&render(&["agent.shutdownGracePeriod=40s"]));
+    assert_ne!(
+        other["spec"]["template"]["metadata"]["annotations"]["checksum/config"],
+        json!(checksum)
+    );
+    let set = render(&[
+        "agent.nodeSelector.pool=batch",
+        "agent.tolerations[0].key=x",
+        "agent.tolerations[0].operator=Exists",
+        "agent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=zone",
+        "agent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        "agent.priorityClassName=high",
+        "agent.updateStrategy.rollingUpdate.maxUnavailable=10%",
+        "agent.podAnnotations.team=infra",
+        "agent.extraArgs[0]=--metrics-listen",
+        "agent.extraArgs[1]=off",
+        "agent.extraEnv[0].name=RUST_LOG",
+        "agent.extraEnv[0].value=debug",
+        "imagePullSecrets[0].name=regcred",
+        "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "controller.pdb.enabled=false",
+        "controller.nodeSelector.pool=system",
+        "podMonitor.enabled=true",
+    ]);
+    let d = ds(&set);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"kubernetes.io/os": "linux", "pool": "batch"}),
+        "--set merges into the default"
+    );
+    assert_eq!(pod["tolerations"][0]["key"], "x");
+    assert!(pod["affinity"]["nodeAffinity"].is_object());
+    assert_eq!(pod["priorityClassName"], "high");
+    assert_eq!(
+        d["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}})
+    );
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["annotations"]["team"],
+        "infra"
+    );
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert_eq!(&args[args.len() - 2..], ["--metrics-listen", "off"]);
+    assert!(c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "RUST_LOG" && e["value"] == "debug"));
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert!(
+        c["image"].as_str().unwrap().starts_with("lastgasp@sha256:"),
+        "{}",
+        c["image"]
+    );
+    let ctl = find(&set, "Deployment", "lastgasp-controller");
+    assert_eq!(
+        ctl["spec"]["template"]["spec"]["nodeSelector"],
+        json!({"pool": "system"})
+    );
+    assert_eq!(
+        ctl["spec"]["template"]["spec"]["imagePullSecrets"],
+        json!([{"name": "regcred"}])
+    );
+    assert!(
+        !set.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
+        "controller.pdb.enabled=false"
+    );
+    assert!(default.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+    let pm = find(&set, "PodMonitor", "lastgasp-agent");
+    assert_eq!(pm["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+    assert!(!default.iter().any(|o| o["kind"] == "PodMonitor"), "opt-in");
+    // Everything but the PodMonitor (a CRD) parses strictly.
+    let typed: Vec<Value> = set
+        .into_iter()
+        .filter(|o| o["kind"] != "PodMonitor")
+        .collect();
+    objects("helm template with every value set", &typed);
 }
