@@ -456,12 +456,28 @@ fn kustomize_and_helm_render_the_same_objects() {
 }
 
 /// Helm alone can hash the config into the pod template (`checksum/config`,
-/// so that `helm upgrade` rolls the agents when it changes): left out of the
-/// comparison with kustomize.
+/// so that `helm upgrade` rolls the agents when it changes) and knows the
+/// release and the chart (the standard `helm.sh/chart` and
+/// `app.kubernetes.io/{managed-by,instance,version}` labels): left out of
+/// the comparison with kustomize.
 fn without_helm_only(objs: &BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
+    const HELM_LABELS: [&str; 4] = [
+        "helm.sh/chart",
+        "app.kubernetes.io/managed-by",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/version",
+    ];
     objs.iter()
         .map(|(k, v)| {
             let mut v = v.clone();
+            if let Some(l) = v
+                .pointer_mut("/metadata/labels")
+                .and_then(Value::as_object_mut)
+            {
+                for h in HELM_LABELS {
+                    l.remove(h);
+                }
+            }
             if let Some(a) = v
                 .pointer_mut("/spec/template/metadata/annotations")
                 .and_then(Value::as_object_mut)
@@ -1958,6 +1974,47 @@ fn the_charts_values_take_effect() {
     let pm = find(&set, "PodMonitor", "lastgasp-agent");
     assert_eq!(pm["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
     assert!(!default.iter().any(|o| o["kind"] == "PodMonitor"), "opt-in");
+    // The standard labels, on every object Helm renders.
+    for o in &default {
+        assert_eq!(
+            o["metadata"]["labels"]["app.kubernetes.io/managed-by"], "Helm",
+            "{}",
+            o["kind"]
+        );
+        assert!(o["metadata"]["labels"]["helm.sh/chart"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("lastgasp-")));
+    }
+    // nameOverride renames every object, and the admission policy follows
+    // the agent's ServiceAccount.
+    let renamed = render(&["nameOverride=shutdown"]);
+    assert!(
+        renamed.iter().all(|o| o["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("shutdown")),
+        "every name"
+    );
+    let vap = find(
+        &renamed,
+        "ValidatingAdmissionPolicy",
+        "shutdown-agent-own-node",
+    );
+    assert!(vap["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap()
+        .contains("system:serviceaccount:lastgasp:shutdown-agent"));
+    // rbac.create / serviceAccount.create off: those objects are the user's.
+    let bare = render(&["rbac.create=false", "serviceAccount.create=false"]);
+    for kind in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ] {
+        assert!(!bare.iter().any(|o| o["kind"] == kind), "{kind} rendered");
+    }
     // Everything but the PodMonitor (a CRD) parses strictly.
     let typed: Vec<Value> = set
         .into_iter()
