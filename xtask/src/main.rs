@@ -1,5 +1,6 @@
 //! `cargo xtask`: sets up the toolchain on a fresh machine (idempotently,
 //! cached), builds the eBPF object and the agent, runs, tests and benchmarks.
+mod image;
 mod setup;
 mod vm;
 
@@ -41,6 +42,9 @@ enum Cmd {
     },
     /// Real shutdowns in a QEMU guest: the scenario matrix and the last-gasp race.
     VmTest(vm::Args),
+    /// Build the DaemonSet's image from the release binary (podman, FROM
+    /// scratch) and check that it arms in a container.
+    Image,
     /// Run the benchmarks and print their table.
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -90,14 +94,24 @@ fn main() -> Result<()> {
                 cmd.args(["--", "--test-threads=1"]);
             }
             run(&mut cmd)?;
-            // Last: real shutdowns in a QEMU guest (a named subset, vm::CI_SUBSET),
-            // or SKIPPED with the reason (LASTGASP_VM=skip, or qemu cannot run here).
+            // Last: the DaemonSet's image, built from the release binary and
+            // run as the DaemonSet runs it; then real shutdowns in a QEMU guest
+            // (a named subset, vm::CI_SUBSET), or SKIPPED with the reason
+            // (LASTGASP_VM=skip, or qemu cannot run here).
             if args.is_empty() {
+                let release = build(&root, true)?;
+                let img = image::build(&root, &target_dir(&root), &release)?;
+                image::check_arms(&target_dir(&root), &img)?;
                 // The debug agent `test` just built: no second (release) build within CI's budget.
                 vm::ci(&root, || build(&root, false))?;
             } else {
                 println!("SKIPPED VM scenarios: a test filter was given (`cargo xtask vm-test` runs them)");
             }
+        }
+        Cmd::Image => {
+            let bin = build(&root, true)?;
+            let img = image::build(&root, &target_dir(&root), &bin)?;
+            image::check_arms(&target_dir(&root), &img)?;
         }
         Cmd::VmTest(args) => {
             vm::vm_test(&root, args, |release| build(&root, release))?;
