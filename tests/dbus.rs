@@ -664,7 +664,38 @@ async fn an_agent_started_mid_shutdown_sees_it() {
 }
 
 /// Lines read from a child's pipe, kept for later looks.
-fn collect(pipe: impl std::io::Read + Send + 'static) -> Arc<Mutex<Vec<String>>> {
+type Lines = Arc<Mutex<Vec<String>>>;
+
+/// The real agent, standalone, on the test bus: returns once it is armed
+/// and holds its logind lock (stdout and stderr lines collected).
+async fn start_agent(
+    bus: &TestBus,
+    audit: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, Lines, Lines) {
+    let mut agent = Command::new(agent_bin())
+        .args(["run", "--standalone"])
+        .args(extra)
+        .arg("--audit-dir")
+        .arg(audit)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting lastgasp (build it with cargo xtask build)");
+    let out = collect(agent.stdout.take().unwrap());
+    let err = collect(agent.stderr.take().unwrap());
+    wait_line(&err, "the armed line", |l| l.contains("armed_ms")).await;
+    bus.wait_event(
+        "the agent's lock",
+        |e| e.is("inhibit") && e.field("who") == Some("lastgasp"),
+        1,
+    )
+    .await;
+    (agent, out, err)
+}
+
+fn collect(pipe: impl std::io::Read + Send + 'static) -> Lines {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let l = lines.clone();
     std::thread::spawn(move || {
@@ -701,28 +732,7 @@ async fn kubelet_e2e_emulation_dbus_send_prepare_for_shutdown() {
     let audit = bus.dir.join("audit");
     // Only behind the option made for such rigs: by default a peer that is
     // not logind cannot start anything (the next test).
-    let mut agent = Command::new(agent_bin())
-        .args([
-            "run",
-            "--standalone",
-            "--trust-unowned-bus-signals",
-            "--audit-dir",
-        ])
-        .arg(&audit)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting lastgasp (build it with cargo xtask build)");
-    let out = collect(agent.stdout.take().unwrap());
-    let err = collect(agent.stderr.take().unwrap());
-    wait_line(&err, "the armed line", |l| l.contains("armed_ms")).await;
-    bus.wait_event(
-        "the agent's lock",
-        |e| e.is("inhibit") && e.field("who") == Some("lastgasp"),
-        1,
-    )
-    .await;
+    let (mut agent, out, err) = start_agent(&bus, &audit, &["--trust-unowned-bus-signals"]).await;
 
     // What the kubelet's e2e tests do.
     bus.dbus_send(&[
@@ -833,23 +843,7 @@ async fn a_forged_prepare_for_shutdown_is_audited_and_changes_nothing() {
     }
     let bus = TestBus::start("forged", &[DELAY_30], &[]);
     let audit = bus.dir.join("audit");
-    let mut agent = Command::new(agent_bin())
-        .args(["run", "--standalone", "--audit-dir"])
-        .arg(&audit)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting lastgasp (build it with cargo xtask build)");
-    let out = collect(agent.stdout.take().unwrap());
-    let err = collect(agent.stderr.take().unwrap());
-    wait_line(&err, "the armed line", |l| l.contains("armed_ms")).await;
-    bus.wait_event(
-        "the agent's lock",
-        |e| e.is("inhibit") && e.field("who") == Some("lastgasp"),
-        1,
-    )
-    .await;
+    let (mut agent, out, _err) = start_agent(&bus, &audit, &[]).await;
     for start in ["boolean:true", "boolean:false"] {
         bus.dbus_send(&[
             "/org/freedesktop/login1",

@@ -167,8 +167,8 @@ impl HostProbe {
     }
 }
 
-/// systemd's queued start jobs for units that shut the node down.
-async fn shutdown_jobs(conn: &Connection) -> zbus::Result<Vec<String>> {
+/// systemd's queued start jobs: (id, unit).
+pub async fn start_jobs(conn: &Connection) -> zbus::Result<Vec<(u32, String)>> {
     type Job = (
         u32,
         String,
@@ -190,8 +190,18 @@ async fn shutdown_jobs(conn: &Connection) -> zbus::Result<Vec<String>> {
         .deserialize()?;
     Ok(jobs
         .into_iter()
-        .filter(|(_, unit, job_type, ..)| job_type == "start" && systemd::unit_kind(unit).is_some())
-        .map(|(_, unit, ..)| unit)
+        .filter(|(_, _, job_type, ..)| job_type == "start")
+        .map(|(id, unit, ..)| (id, unit))
+        .collect())
+}
+
+/// systemd's queued start jobs for units that shut the node down.
+async fn shutdown_jobs(conn: &Connection) -> zbus::Result<Vec<String>> {
+    Ok(start_jobs(conn)
+        .await?
+        .into_iter()
+        .filter(|(_, unit)| systemd::unit_kind(unit).is_some())
+        .map(|(_, unit)| unit)
         .collect())
 }
 

@@ -148,33 +148,14 @@ impl SystemdDetector {
         self.prepared = None;
 
         // Jobs queued before we looked: the agent may start mid-shutdown.
-        let jobs: Vec<(
-            u32,
-            String,
-            String,
-            String,
-            zbus::OwnedObjectPath,
-            zbus::OwnedObjectPath,
-        )> = conn
-            .call_method(
-                Some(SYSTEMD),
-                SYSTEMD_PATH,
-                Some(SYSTEMD_MANAGER),
-                "ListJobs",
-                &(),
-            )
-            .await?
-            .body()
-            .deserialize()?;
+        let jobs = dbus::start_jobs(&conn).await?;
         let preparing: bool = dbus::logind_property(&conn, "PreparingForShutdown")
             .await
             .unwrap_or(false);
-        for (id, unit, job_type, ..) in jobs {
-            if job_type == "start" {
-                if let Some(s) = self.job_new(id, &unit, preparing) {
-                    if tx.send(s).await.is_err() {
-                        return Ok(());
-                    }
+        for (id, unit) in jobs {
+            if let Some(s) = self.job_new(id, &unit, preparing) {
+                if tx.send(s).await.is_err() {
+                    return Ok(());
                 }
             }
         }
