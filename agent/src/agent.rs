@@ -37,6 +37,9 @@ use crate::{
 /// The last gasp gives up after this, and is delivered after the next boot.
 pub const LAST_GASP_BOUND: Duration = Duration::from_secs(2);
 
+/// The host's answer about an episode (its id).
+pub type Answer = (u32, HostAnswer);
+
 /// Asks the host whether a shutdown is under way (logind, systemd).
 pub type HostQuery =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = HostAnswer> + Send>> + Send + Sync>;
@@ -62,7 +65,8 @@ pub struct Agent {
     host: HostQuery,
     /// Whether logind or systemd can be reached now.
     host_reachable: Arc<dyn Fn() -> bool + Send + Sync>,
-    answers: (mpsc::Sender<HostAnswer>, mpsc::Receiver<HostAnswer>),
+    /// The host's answers, by the episode asked about.
+    answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
 }
 
 impl Agent {
@@ -150,17 +154,18 @@ impl Agent {
         match self.decider.tick(now) {
             Tick::Nothing => {}
             Tick::Decided(d) => self.decided(d).await,
-            Tick::AskHost => {
+            Tick::AskHost(id) => {
                 let (query, tx) = (self.host.clone(), self.answers.0.clone());
                 tokio::spawn(async move {
-                    let _ = tx.send(query().await).await;
+                    let _ = tx.send((id, query().await)).await;
                 });
             }
         }
     }
 
-    /// The host's answer to the last check, when it comes.
-    pub async fn next_answer(&mut self) -> HostAnswer {
+    /// The host's answer to the last check (and the episode it is about),
+    /// when it comes.
+    pub async fn next_answer(&mut self) -> Answer {
         match self.answers.1.recv().await {
             Some(a) => a,
             // The agent holds a sender: never closed.
@@ -168,9 +173,9 @@ impl Agent {
         }
     }
 
-    pub async fn host_answer(&mut self, answer: HostAnswer) {
-        tracing::info!(?answer, "host: is a shutdown under way?");
-        if let Some(d) = self.decider.host_answer(answer, SystemTime::now()) {
+    pub async fn host_answer(&mut self, (episode, answer): Answer) {
+        tracing::info!(episode, ?answer, "host: is a shutdown under way?");
+        if let Some(d) = self.decider.host_answer(episode, answer, SystemTime::now()) {
             self.decided(d).await;
         }
     }

@@ -199,6 +199,9 @@ pub struct Decider {
     host_reachable: bool,
     /// A host check was asked for and not answered yet.
     asking: bool,
+    /// The expected end the question was about: a later confirmation that
+    /// moves it makes the answer moot.
+    asked_end: Option<SystemTime>,
 }
 
 impl Decider {
@@ -271,18 +274,28 @@ impl Decider {
             }
             Path::Scheduled | Path::Graceful | Path::Immediate => {
                 self.asking = true;
-                Tick::AskHost
+                self.asked_end = ep.expected_end;
+                Tick::AskHost(ep.id)
             }
             Path::Cancelled | Path::Abandoned | Path::Expired => Tick::Nothing,
         }
     }
 
-    /// The host's answer to a [`Tick::AskHost`].
-    pub fn host_answer(&mut self, answer: HostAnswer, now: SystemTime) -> Option<Decision> {
-        self.asking = false;
+    /// The host's answer to a [`Tick::AskHost`] about episode `id`. An answer
+    /// about an episode no longer current, or one whose end moved while the
+    /// host was asked, changes nothing.
+    pub fn host_answer(
+        &mut self,
+        id: u32,
+        answer: HostAnswer,
+        now: SystemTime,
+    ) -> Option<Decision> {
         let recheck = self.policy.recheck;
-        let ep = self.current.as_mut()?;
-        if !matches!(ep.path, Path::Scheduled | Path::Graceful | Path::Immediate) {
+        let ep = self.current.as_mut().filter(|e| e.id == id)?;
+        self.asking = false;
+        if !matches!(ep.path, Path::Scheduled | Path::Graceful | Path::Immediate)
+            || ep.expected_end != self.asked_end
+        {
             return None;
         }
         let why = match answer {
@@ -610,8 +623,9 @@ pub enum Tick {
     Nothing,
     /// A decision to audit and act on (a pending request expired).
     Decided(Decision),
-    /// Ask the host whether a shutdown is under way, then `host_answer`.
-    AskHost,
+    /// Ask the host whether a shutdown is under way about this episode,
+    /// then `host_answer`.
+    AskHost(u32),
 }
 
 fn closed(p: Path) -> bool {
@@ -1245,16 +1259,21 @@ mod tests {
         let mut d = Decider::new();
         d.decide(&logind(Effect::Now));
         assert_eq!(d.tick(t(59)), Tick::Nothing);
-        assert_eq!(d.tick(t(60)), Tick::AskHost);
+        assert_eq!(d.tick(t(60)), Tick::AskHost(1));
         assert_eq!(d.tick(t(61)), Tick::Nothing, "one question at a time");
         // Still under way: asked again a recheck later.
         assert_eq!(
-            d.host_answer(HostAnswer::UnderWay("poweroff.target".into()), t(61)),
+            d.host_answer(1, HostAnswer::UnderWay("poweroff.target".into()), t(61)),
             None
         );
         assert_eq!(d.tick(t(90)), Tick::Nothing);
-        assert_eq!(d.tick(t(91)), Tick::AskHost);
-        let dec = d.host_answer(HostAnswer::NotUnderWay, t(91)).unwrap();
+        assert_eq!(d.tick(t(91)), Tick::AskHost(1));
+        assert_eq!(
+            d.host_answer(7, HostAnswer::NotUnderWay, t(91)),
+            None,
+            "an answer about another episode changes nothing"
+        );
+        let dec = d.host_answer(1, HostAnswer::NotUnderWay, t(91)).unwrap();
         assert_eq!(short(&dec.action), "abandon");
         let ep = dec.episode.unwrap();
         assert_eq!((ep.path, ep.marked), (Path::Abandoned, true));
@@ -1269,20 +1288,30 @@ mod tests {
         let mut d = Decider::new();
         d.decide(&exec(Reboot, true));
         assert_eq!(d.tick(t(29)), Tick::Nothing);
-        assert_eq!(d.tick(t(30)), Tick::AskHost);
+        assert_eq!(d.tick(t(30)), Tick::AskHost(1));
         let dec = d
-            .host_answer(HostAnswer::Unknown("no bus".into()), t(30))
+            .host_answer(1, HostAnswer::Unknown("no bus".into()), t(30))
             .unwrap();
         assert_eq!(short(&dec.action), "abandon");
         // ...one PID 1 confirmed is given more time.
         let mut d = Decider::new();
         d.decide(&exec(Poweroff, false));
         d.decide(&pid1_shutdown());
-        assert_eq!(d.tick(t(30)), Tick::AskHost);
+        assert_eq!(d.tick(t(30)), Tick::AskHost(1));
         assert_eq!(
-            d.host_answer(HostAnswer::Unknown("no bus".into()), t(30)),
+            d.host_answer(1, HostAnswer::Unknown("no bus".into()), t(30)),
             None
         );
+        // A new deadline while the host was asked: the old question's answer
+        // does not end the episode.
+        let mut d = Decider::new();
+        d.decide(&logind(Effect::Now));
+        assert_eq!(d.tick(t(60)), Tick::AskHost(1));
+        let mut later = logind(Effect::Now);
+        later.deadline = Some(t(100));
+        d.decide(&later);
+        assert_eq!(d.host_answer(1, HostAnswer::NotUnderWay, t(61)), None);
+        assert!(d.episode().is_some());
     }
 
     #[test]
