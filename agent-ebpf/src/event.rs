@@ -13,7 +13,7 @@ use aya_ebpf::{
     maps::{PerCpuArray, RingBuf},
 };
 use lastgasp_common::{
-    RawEvent, CAP_SYS_BOOT, DROP_CONTAINER_FULL, DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_SLOTS,
+    RawEvent, CAP_SYS_BOOT, SRC_KERNEL, SRC_SIGNAL, DROP_CONTAINER_FULL, DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_SLOTS,
     FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
 };
 
@@ -215,10 +215,12 @@ fn count_drop(slot: u32) {
 }
 
 /// Sends the record: node scope to its own ring buffer; container scope to
-/// the other, within its rate.
+/// the other, within its rate. A signal to the node's PID 1 and the kernel's
+/// own power-off concern the node whoever's task carries them: node ring.
 #[inline(always)]
 pub fn emit(ev: &RawEvent) {
-    if ev.flags & FLAG_NODE_PIDNS != 0 {
+    let node = ev.flags & FLAG_NODE_PIDNS != 0 || ev.source == SRC_SIGNAL || ev.source == SRC_KERNEL;
+    if node {
         if EVENTS_NODE.output::<RawEvent>(ev, 0).is_err() {
             count_drop(DROP_NODE_FULL);
         }
