@@ -17,7 +17,7 @@ use anyhow::Result;
 use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
-        core::v1::{Node, ObjectReference, Taint},
+        core::v1::{Node, NodeCondition, ObjectReference, Taint},
     },
     apimachinery::pkg::apis::meta::v1::{MicroTime, Time},
     jiff::Timestamp,
@@ -132,16 +132,19 @@ pub fn stale(rec: &NodeRecord, node: &Node, ready_since: Option<SystemTime>) -> 
     }
 }
 
-/// The kubelet's Ready status ("True", "False", "Unknown"), if reported.
-fn ready(node: &Node) -> Option<String> {
-    let c = node
-        .status
+/// The kubelet's Ready condition, if reported.
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
-        .find(|c| c.type_ == "Ready")?;
-    Some(c.status.clone())
+        .find(|c| c.type_ == "Ready")
+}
+
+/// The kubelet's Ready status ("True", "False", "Unknown"), if reported.
+fn ready(node: &Node) -> Option<String> {
+    ready_condition(node).map(|c| c.status.clone())
 }
 
 fn has_out_of_service(node: &Node) -> bool {
@@ -176,13 +179,7 @@ impl Verdict {
 
 /// When the Ready condition last turned True, while it is True.
 pub fn ready_transition(node: &Node) -> Option<SystemTime> {
-    let c = node
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    let c = ready_condition(node).filter(|c| c.status == "True")?;
     c.last_transition_time
         .as_ref()
         .map(|t| SystemTime::from(t.0))
