@@ -740,9 +740,9 @@ mod agent_flow {
 
     use lastgasp::{
         act::audit::{self, AuditLog, Entry, Outcome},
-        agent::{Agent, Cluster, HostQuery, LAST_GASP_BOUND},
+        agent::{Agent, Cluster, LAST_GASP_BOUND},
         controller::{Controller, ControllerConfig, Policy, OUT_OF_SERVICE_KEY},
-        decide::{HostAnswer, Policy as DecidePolicy},
+        decide::{HostAnswer, HostQuery, Policy as DecidePolicy},
     };
 
     use super::*;

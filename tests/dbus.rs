@@ -392,7 +392,7 @@ async fn bus_restart_reconnects_and_takes_the_lock_again() {
                 .build()
                 .await
                 .unwrap();
-            lastgasp::detect::dbus::name_owner(&c, "org.freedesktop.login1")
+            lastgasp::bus::name_owner(&c, "org.freedesktop.login1")
                 .await
                 .unwrap()
                 .unwrap()

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use lastgasp::{
     act::metrics::{ControllerMetrics, Metrics},
-    detect::ebpf::{Drops, HookReport, HookState},
+    detect::ebpf::Drops,
 };
 
 /// The metric names a text mentions (`lastgasp_` then [a-z0-9_]).
@@ -37,14 +37,14 @@ fn every_metric_the_docs_name_exists() {
     let s = lastgasp_tests::support::forced_exec();
     m.count_detection(&s);
     m.count_decision(&lastgasp::decide::Decider::new().decide(&s));
-    m.set_hooks(&[HookReport {
-        hook: "sys_enter_reboot".into(),
-        attach: "tracepoint syscalls/sys_enter_reboot".into(),
-        state: HookState::Armed,
-    }]);
+    m.set_hook(
+        "sys_enter_reboot",
+        "tracepoint syscalls/sys_enter_reboot",
+        true,
+    );
     m.set_boot("b");
     m.count_boot_end(lastgasp::report::BootEnd::Forced);
-    m.set_ringbuf_drops(Drops::default());
+    m.set_ringbuf_drops(&Drops::default().by_label());
     let c = ControllerMetrics::default();
     c.count_action("taint-added");
     let served = format!("{}\n{}", m.encode(), c.encode());

@@ -824,7 +824,7 @@ fn the_agent_runs_unprivileged_with_the_documented_capabilities() {
     let args = c.args.clone().unwrap();
     let root = flag(&args, "--logind-root").expect("--logind-root");
     assert_eq!(
-        lastgasp::detect::logind::dropin_path(Path::new(&root)),
+        lastgasp::detect::logind::config::dropin_path(Path::new(&root)),
         Path::new("/host/etc/systemd/logind.conf.d/99-lastgasp.conf")
     );
     // Probes on the metrics port, which is the cluster-mode default.

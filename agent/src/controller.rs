@@ -34,7 +34,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::{
-    act::{kube::RECORD_ANNOTATION, metrics::ControllerMetrics},
+    act::{
+        kube::{client, Use, RECORD_ANNOTATION},
+        metrics::ControllerMetrics,
+    },
+    health::Health,
+    http::{self, Listen},
     signal::Kind,
 };
 
@@ -524,6 +529,84 @@ impl Controller {
         };
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             tracing::warn!("controller event: {e}");
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ControllerArgs {
+    /// When to apply node.kubernetes.io/out-of-service.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "poweroff-only",
+        env = "LASTGASP_POLICY"
+    )]
+    pub policy: Policy,
+    /// With `also-reboots`: how long a reboot may stay down before the taint.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m", env = "LASTGASP_REBOOT_TIMEOUT")]
+    pub reboot_timeout: std::time::Duration,
+    #[arg(long, default_value_t = 3, env = "LASTGASP_MAX_TAINTS_PER_HOUR")]
+    pub max_taints_per_hour: usize,
+    #[arg(long, default_value = "kube-system", env = "LASTGASP_LEASE_NAMESPACE")]
+    pub lease_namespace: String,
+    #[arg(
+        long,
+        default_value = "lastgasp-controller",
+        env = "LASTGASP_LEASE_NAME"
+    )]
+    pub lease_name: String,
+    /// This replica's name in the Lease (default: $POD_NAME).
+    #[arg(long, env = "LASTGASP_IDENTITY")]
+    pub identity: Option<String>,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s", env = "LASTGASP_INTERVAL")]
+    pub interval: std::time::Duration,
+    /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off`
+    /// (default: $POD_IP:9851).
+    #[arg(long, value_name = "ADDR:PORT", env = "LASTGASP_METRICS_LISTEN")]
+    pub metrics_listen: Option<Listen>,
+}
+
+/// `lastgasp controller`: one pass every `interval` while it holds the Lease.
+pub async fn run(args: ControllerArgs) -> Result<()> {
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .unwrap_or_else(|| format!("lastgasp-controller-{}", std::process::id()));
+    let cfg = ControllerConfig {
+        policy: args.policy,
+        reboot_timeout: args.reboot_timeout,
+        max_taints_per_hour: args.max_taints_per_hour,
+        lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        identity,
+        lease_duration: std::time::Duration::from_secs(15),
+    };
+    let listen = http::resolve(
+        args.metrics_listen,
+        false,
+        http::CONTROLLER_PORT,
+        std::env::var("POD_IP").ok().as_deref(),
+    )?;
+    let health = Health::new("starting: the node watch has not listed yet");
+    let metrics = ControllerMetrics::default();
+    let m = metrics.clone();
+    let _endpoint = http::start(listen, true, move || m.encode(), health.clone()).await?;
+    let mut c = Controller::start(client(Use::Watch, None).await?, cfg).await?;
+    c.metrics = metrics;
+    health.not_ready("the first controller pass has not finished");
+    let mut tick = tokio::time::interval(args.interval);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                health.beat();
+                match c.tick().await {
+                    Ok(_) => health.ready(),
+                    Err(e) => tracing::warn!("controller pass: {e:#}"),
+                }
+            }
+            _ = term.recv() => return Ok(()),
         }
     }
 }

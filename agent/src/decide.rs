@@ -29,6 +29,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source};
 
+/// Asks the host whether a shutdown is under way (logind, systemd).
+pub type HostQuery = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = HostAnswer> + Send>>
+        + Send
+        + Sync,
+>;
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Path {

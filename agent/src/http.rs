@@ -7,15 +7,11 @@
 //! - `/healthz`: 200 while the main loop turns (it stamps a heartbeat every
 //!   tick); 503 once the last stamp is older than the stall limit (30 s).
 use std::{
-    collections::BTreeMap,
     convert::Infallible,
     net::{IpAddr, SocketAddr},
     str::FromStr,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
-    },
-    time::{Duration, Instant},
+    sync::Arc,
+    time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
@@ -24,12 +20,11 @@ use hyper::{body::Bytes, header, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+pub use crate::health::Health;
+
 /// Default ports: the agent's and the controller's.
 pub const AGENT_PORT: u16 = 9850;
 pub const CONTROLLER_PORT: u16 = 9851;
-/// `/healthz` fails when the loop has not stamped for this long.
-pub const STALL_LIMIT: Duration = Duration::from_secs(30);
-const NOT_LOOPING: u64 = u64::MAX;
 
 /// `--metrics-listen`: `ADDR:PORT`, or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,121 +70,6 @@ pub fn resolve(
             "cluster mode serves /metrics, /readyz and /healthz on $POD_IP:{port}, but $POD_IP is not set: \
              set it from the downward API (status.podIP), or give --metrics-listen ADDR:PORT (or `off`)"
         ),
-    }
-}
-
-/// Readiness and liveness, shared by the loop and the endpoint.
-pub struct Health {
-    started: Instant,
-    /// Why not ready; `None` once ready.
-    not_ready: Mutex<Option<String>>,
-    /// Parts lost after the start, with why ("logind": "the bus ...").
-    lost: Mutex<BTreeMap<&'static str, String>>,
-    /// The bus parts that started (logind, systemd).
-    buses: Mutex<std::collections::BTreeSet<&'static str>>,
-    /// Milliseconds since `started` of the loop's last turn; `NOT_LOOPING`
-    /// until the first (the start itself is readiness's business).
-    heartbeat_ms: AtomicU64,
-}
-
-impl Health {
-    pub fn new(why_not_ready: &str) -> Arc<Self> {
-        Arc::new(Health {
-            started: Instant::now(),
-            not_ready: Mutex::new(Some(why_not_ready.to_string())),
-            lost: Mutex::default(),
-            buses: Mutex::default(),
-            heartbeat_ms: AtomicU64::new(NOT_LOOPING),
-        })
-    }
-
-    pub fn not_ready(&self, why: &str) {
-        *self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
-    }
-
-    pub fn ready(&self) {
-        *self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    /// `part` stopped working (not ready until `regained`); logged once per loss.
-    pub fn lost(&self, part: &'static str, why: &str) {
-        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
-        if lost.insert(part, why.to_string()).is_none() {
-            tracing::warn!(part, why, "not ready: {part} lost");
-        }
-    }
-
-    pub fn regained(&self, part: &'static str) {
-        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
-        if lost.remove(part).is_some() {
-            tracing::info!(part, "{part} back");
-        }
-    }
-
-    /// A bus part (logind, systemd) is running: it is reachable while not lost.
-    pub fn bus_started(&self, part: &'static str) {
-        self.buses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(part);
-    }
-
-    /// Whether logind or systemd can be reached now (a started part not lost).
-    pub fn bus_reachable(&self) -> bool {
-        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
-        self.buses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|p| !lost.contains_key(p))
-    }
-
-    pub fn readiness(&self) -> Result<(), String> {
-        if let Some(why) = &*self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Err(why.clone());
-        }
-        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
-        if lost.is_empty() {
-            return Ok(());
-        }
-        Err(lost
-            .iter()
-            .map(|(part, why)| format!("{part}: {why}"))
-            .collect::<Vec<_>>()
-            .join("; "))
-    }
-
-    /// The main loop calls this on every turn.
-    pub fn beat(&self) {
-        self.heartbeat_ms
-            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    /// Time since the loop's last turn; `None` before the loop started.
-    pub fn since_beat(&self) -> Option<Duration> {
-        let ms = self.heartbeat_ms.load(Ordering::Relaxed);
-        (ms != NOT_LOOPING).then(|| {
-            self.started
-                .elapsed()
-                .saturating_sub(Duration::from_millis(ms))
-        })
-    }
-
-    /// Alive while starting (the hooks, the watches: readiness says why it
-    /// is not ready yet), then while the loop turns.
-    pub fn liveness(&self) -> Result<(), String> {
-        let Some(since) = self.since_beat() else {
-            return Ok(());
-        };
-        if since > STALL_LIMIT {
-            Err(format!(
-                "the main loop has not turned for {}s (limit {}s)",
-                since.as_secs(),
-                STALL_LIMIT.as_secs()
-            ))
-        } else {
-            Ok(())
-        }
     }
 }
 
@@ -353,13 +233,7 @@ mod tests {
         h.beat();
         assert!(h.liveness().is_ok());
         // A loop that stopped turning 31 s ago.
-        let h2 = Health {
-            started: Instant::now() - Duration::from_secs(31),
-            not_ready: Mutex::new(None),
-            lost: Mutex::default(),
-            buses: Mutex::default(),
-            heartbeat_ms: AtomicU64::new(0),
-        };
+        let h2 = Health::stalled_for(Duration::from_secs(31));
         let why = h2.liveness().unwrap_err();
         assert!(why.contains("31s"), "{why}");
         let r = route(&hyper::Method::GET, "/healthz", &|| String::new(), &h2);
@@ -371,39 +245,5 @@ mod tests {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         let r = route(&hyper::Method::GET, "/metrics", &|| "x 1\n".into(), &h);
         assert_eq!(r.status(), StatusCode::OK);
-    }
-
-    #[test]
-    fn a_lost_part_makes_it_unready_until_regained() {
-        let h = Health::new("starting");
-        h.ready();
-        h.lost("systemd", "the bus connection closed");
-        h.lost("logind", "the bus connection closed");
-        assert_eq!(
-            h.readiness(),
-            Err("logind: the bus connection closed; systemd: the bus connection closed".into())
-        );
-        h.regained("logind");
-        assert_eq!(
-            h.readiness(),
-            Err("systemd: the bus connection closed".into())
-        );
-        h.regained("systemd");
-        assert_eq!(h.readiness(), Ok(()));
-        // The buses count as reachable while a started one is not lost.
-        let h = Health::new("starting");
-        assert!(!h.bus_reachable(), "none started");
-        h.bus_started("logind");
-        h.bus_started("systemd");
-        h.lost("logind", "gone");
-        assert!(h.bus_reachable(), "systemd is still there");
-        h.lost("systemd", "gone");
-        assert!(!h.bus_reachable());
-        h.regained("systemd");
-        assert!(h.bus_reachable());
-        // Still starting: the start's reason comes first.
-        let h = Health::new("arming the hooks");
-        h.lost("logind", "gone");
-        assert_eq!(h.readiness(), Err("arming the hooks".into()));
     }
 }

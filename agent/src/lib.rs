@@ -1,13 +1,17 @@
 //! lastgasp: sees every way a Linux node can shut down, and tells the cluster.
 pub mod act;
 pub mod agent;
+pub mod bus;
 pub mod check;
 pub mod config;
 pub mod controller;
 pub mod decide;
 pub mod detect;
 pub mod grace;
+pub mod health;
 pub mod http;
 pub mod node;
+pub mod preflight;
 pub mod report;
 pub mod signal;
+pub mod timespan;

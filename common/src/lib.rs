@@ -45,7 +45,32 @@ pub const DROP_SLOTS: u32 = 3;
 pub const CAP_SYS_BOOT: u64 = 22;
 
 /// `TOOLS` map values: which shutdown tool a basename names.
+pub const TOOL_SYSTEMCTL: u32 = 1;
+pub const TOOL_SHUTDOWN: u32 = 2;
+pub const TOOL_REBOOT: u32 = 3;
+pub const TOOL_POWEROFF: u32 = 4;
+pub const TOOL_HALT: u32 = 5;
+pub const TOOL_INIT: u32 = 6;
+pub const TOOL_TELINIT: u32 = 7;
+pub const TOOL_KEXEC: u32 = 8;
+pub const TOOL_SYSTEMD_SHUTDOWN: u32 = 9;
+/// busybox: the applet is argv[1] (or argv[0] through a symlink).
 pub const TOOL_BUSYBOX: u32 = 100;
+
+/// The basenames the exec hook matches, and their ids: the one list that
+/// fills the kernel's `TOOLS` map and that the decoder reads.
+pub const TOOLS: &[(&str, u32)] = &[
+    ("systemctl", TOOL_SYSTEMCTL),
+    ("shutdown", TOOL_SHUTDOWN),
+    ("reboot", TOOL_REBOOT),
+    ("poweroff", TOOL_POWEROFF),
+    ("halt", TOOL_HALT),
+    ("init", TOOL_INIT),
+    ("telinit", TOOL_TELINIT),
+    ("kexec", TOOL_KEXEC),
+    ("systemd-shutdown", TOOL_SYSTEMD_SHUTDOWN),
+    ("busybox", TOOL_BUSYBOX),
+];
 
 /// Kernel functions hooked by `kernel_hooks`, as `RawEvent::a[0]`.
 pub const KHOOK_POWER_OFF: u64 = 1;

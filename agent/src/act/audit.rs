@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::{decide::Decision, signal::ShutdownSignal};
 
 pub const FILE_NAME: &str = "audit.jsonl";
+/// Where the agent keeps its audit log unless told otherwise.
+pub const DEFAULT_DIR: &str = "/var/lib/lastgasp";
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Record {
@@ -418,6 +420,20 @@ pub fn select<'a>(
         .iter()
         .filter(|r| want.as_deref().is_none_or(|w| r.boot_id == w))
         .collect()
+}
+
+/// `lastgasp history`: the audit log's records of `boot`, as JSON lines.
+pub fn history(dir: &Path, boot: &BootFilter) -> Result<()> {
+    let path = dir.join(FILE_NAME);
+    let contents = read(&path)?;
+    let current = crate::node::boot_id().context("reading the current boot id")?;
+    for (line, err) in &contents.unreadable {
+        eprintln!("{}:{line}: unreadable record: {err}", path.display());
+    }
+    for r in select(&contents.records, boot, &current) {
+        println!("{}", serde_json::to_string(r)?);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,12 +10,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::{
-    decide::Decision,
-    detect::ebpf::{Drops, HookReport, HookState},
-    report::BootEnd,
-    signal::ShutdownSignal,
-};
+use crate::{decide::Decision, report::BootEnd, signal::ShutdownSignal};
 
 type Labels = Vec<(String, String)>;
 
@@ -164,16 +159,17 @@ impl Metrics {
     }
 
     /// One gauge per hook of the start report (not the BTF offsets line).
-    pub fn set_hooks(&self, report: &[HookReport]) {
-        for h in report.iter().filter(|h| h.hook != "task offsets") {
-            let armed = !matches!(h.state, HookState::Unavailable(_));
-            self.hooks
-                .get_or_create(&vec![
-                    ("hook".into(), h.hook.clone()),
-                    ("attach".into(), h.attach.clone()),
-                ])
-                .set(i64::from(armed));
+    /// One hook's state at start (the BTF offsets line is not a hook).
+    pub fn set_hook(&self, hook: &str, attach: &str, armed: bool) {
+        if hook == "task offsets" {
+            return;
         }
+        self.hooks
+            .get_or_create(&vec![
+                ("hook".into(), hook.to_string()),
+                ("attach".into(), attach.to_string()),
+            ])
+            .set(i64::from(armed));
     }
 
     pub fn set_boot(&self, boot_id: &str) {
@@ -183,12 +179,9 @@ impl Metrics {
     }
 
     /// Records lost in the kernel, as it counts them (monotonic).
-    pub fn set_ringbuf_drops(&self, d: Drops) {
-        for (scope, reason, total) in [
-            ("node", "full", d.node_full),
-            ("container", "full", d.container_full),
-            ("container", "rate-limited", d.container_rate_limited),
-        ] {
+    /// `totals`: (scope, reason, records lost so far).
+    pub fn set_ringbuf_drops(&self, totals: &[(&str, &str, u64)]) {
+        for &(scope, reason, total) in totals {
             let c = self.ringbuf_drops.get_or_create(&vec![
                 ("scope".to_string(), scope.to_string()),
                 ("reason".to_string(), reason.to_string()),
@@ -277,13 +270,9 @@ mod tests {
         let m = Metrics::default();
         m.set_boot("abc");
         m.last_gasp_latency.observe(0.004);
-        let d = |n| Drops {
-            node_full: 0,
-            container_full: 0,
-            container_rate_limited: n,
-        };
-        m.set_ringbuf_drops(d(3));
-        m.set_ringbuf_drops(d(2));
+        let d = |n| [("node", "full", 0), ("container", "rate-limited", n)];
+        m.set_ringbuf_drops(&d(3));
+        m.set_ringbuf_drops(&d(2));
         let text = m.encode();
         for want in [
             "lastgasp_boot_info{boot_id=\"abc\"} 1",

@@ -1,8 +1,9 @@
 //! Detectors: each turns what it sees into `ShutdownSignal`s.
 pub mod actor;
-pub mod btf;
-pub mod dbus;
-pub mod decode;
+pub mod clock;
 pub mod ebpf;
+pub mod hooks;
+pub mod host;
+pub mod launch;
 pub mod logind;
 pub mod systemd;

@@ -23,14 +23,26 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use anyhow::{bail, Result};
 use futures::StreamExt;
 use tokio::{sync::mpsc, time::Instant};
-use zbus::{message::Sequence, Connection, Message, MessageStream};
+use zbus::{message::Sequence, Connection, Message};
 
-use super::{
-    dbus::{self, LOGIND, LOGIND_MANAGER, LOGIND_PATH, SYSTEMD, SYSTEMD_MANAGER, SYSTEMD_PATH},
-    ebpf::now_pair,
+use crate::{
+    bus::{
+        self,
+        logind::{Host, Inhibitor, PrepareForShutdownStream},
+        systemd::{start_jobs, JobNewStream, JobRemovedStream, SYSTEMD},
+    },
+    detect::clock::now_pair,
+    health::Health,
+    preflight::{Report, Status},
+    signal::{BusSender, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
-use crate::http::Health;
-use crate::signal::{BusSender, Detail, Effect, Kind, Scope, ShutdownSignal, Source};
+
+/// logind's PrepareForShutdown, systemd's JobNew and JobRemoved.
+struct Streams {
+    prepare: PrepareForShutdownStream,
+    job_new: JobNewStream,
+    job_removed: JobRemovedStream,
+}
 
 #[derive(Clone, Debug)]
 pub struct SystemdConfig {
@@ -67,9 +79,9 @@ pub fn unit_kind(unit: &str) -> Option<Kind> {
 
 pub struct SystemdDetector {
     cfg: SystemdConfig,
-    conn: Option<Connection>,
+    conn: Option<(Connection, Host)>,
     /// Subscribed by `start`, for the first session.
-    streams: Option<[MessageStream; 3]>,
+    streams: Option<Streams>,
     /// Shutdown jobs queued and not yet removed: id -> (unit, kind).
     pending: HashMap<u32, (String, Kind)>,
     /// logind's last PrepareForShutdown(true), not cancelled since.
@@ -84,14 +96,15 @@ pub const PART: &str = "systemd";
 
 impl SystemdDetector {
     pub async fn start(cfg: SystemdConfig) -> Result<Self> {
-        let conn = dbus::connect(cfg.bus.as_deref()).await?;
-        if dbus::name_owner(&conn, SYSTEMD).await?.is_none() {
+        let conn = bus::connect(cfg.bus.as_deref()).await?;
+        if bus::name_owner(&conn, SYSTEMD).await?.is_none() {
             bail!("systemd (org.freedesktop.systemd1) is not on the system bus");
         }
-        let streams = subscribe(&conn).await?;
+        let host = Host::new(&conn).await?;
+        let streams = subscribe(&host).await?;
         Ok(SystemdDetector {
             cfg,
-            conn: Some(conn),
+            conn: Some((conn, host)),
             streams: Some(streams),
             pending: HashMap::new(),
             prepared: None,
@@ -131,16 +144,25 @@ impl SystemdDetector {
 
     /// One connection's worth; `Ok` when `tx` is closed.
     async fn session(&mut self, tx: &mpsc::Sender<ShutdownSignal>) -> Result<()> {
-        let conn = match self.conn.take() {
+        let (conn, host) = match self.conn.take() {
             Some(c) => c,
-            None => dbus::connect(self.cfg.bus.as_deref()).await?,
+            None => {
+                let conn = bus::connect(self.cfg.bus.as_deref()).await?;
+                let host = Host::new(&conn).await?;
+                (conn, host)
+            }
         };
-        self.conn = Some(conn.clone());
-        let [mut prepare, mut job_new, mut job_removed] = match self.streams.take() {
+        self.conn = Some((conn, host.clone()));
+        let Streams {
+            mut prepare,
+            mut job_new,
+            mut job_removed,
+        } = match self.streams.take() {
             Some(s) => s,
-            None => subscribe(&conn).await?,
+            None => subscribe(&host).await?,
         };
-        let delay = super::logind::inhibit_delay_max(&conn)
+        let delay = host
+            .current_inhibit_delay()
             .await
             .unwrap_or(Duration::from_secs(5));
         self.window = delay.saturating_add(self.cfg.logind_slack);
@@ -148,10 +170,8 @@ impl SystemdDetector {
         self.prepared = None;
 
         // Jobs queued before we looked: the agent may start mid-shutdown.
-        let jobs = dbus::start_jobs(&conn).await?;
-        let preparing: bool = dbus::logind_property(&conn, "PreparingForShutdown")
-            .await
-            .unwrap_or(false);
+        let jobs = start_jobs(&host.systemd).await?;
+        let preparing = host.logind.preparing_for_shutdown().await.unwrap_or(false);
         for (id, unit) in jobs {
             if let Some(s) = self.job_new(id, &unit, preparing) {
                 if tx.send(s).await.is_err() {
@@ -170,11 +190,11 @@ impl SystemdDetector {
             let out = tokio::select! {
                 biased;
                 m = prepare.next() => {
-                    self.on_prepare(m.ok_or_else(closed)??);
+                    self.on_prepare(m.ok_or_else(closed)?.message());
                     None
                 }
-                m = job_new.next() => self.on_job_new(m.ok_or_else(closed)??),
-                m = job_removed.next() => self.on_job_removed(m.ok_or_else(closed)??),
+                m = job_new.next() => self.on_job_new(m.ok_or_else(closed)?.message()),
+                m = job_removed.next() => self.on_job_removed(m.ok_or_else(closed)?.message()),
                 _ = tx.closed() => return Ok(()),
             };
             if let Some(s) = out {
@@ -185,7 +205,7 @@ impl SystemdDetector {
         }
     }
 
-    fn on_prepare(&mut self, m: Message) {
+    fn on_prepare(&mut self, m: &Message) {
         match m.body().deserialize::<bool>() {
             Ok(true) => self.prepared = Some((Instant::now(), m.recv_position())),
             Ok(false) => self.prepared = None,
@@ -193,8 +213,8 @@ impl SystemdDetector {
         }
     }
 
-    fn on_job_new(&mut self, m: Message) -> Option<ShutdownSignal> {
-        let sender = sender_of(&m);
+    fn on_job_new(&mut self, m: &Message) -> Option<ShutdownSignal> {
+        let sender = sender_of(m);
         let (id, _job, unit): (u32, zbus::OwnedObjectPath, String) = match m.body().deserialize() {
             Ok(b) => b,
             Err(e) => {
@@ -231,7 +251,7 @@ impl SystemdDetector {
         Some(signal(kind, Effect::Now, !covered, "JobNew", unit))
     }
 
-    fn on_job_removed(&mut self, m: Message) -> Option<ShutdownSignal> {
+    fn on_job_removed(&mut self, m: &Message) -> Option<ShutdownSignal> {
         let (id, _job, unit, result): (u32, zbus::OwnedObjectPath, String, String) =
             match m.body().deserialize() {
                 Ok(b) => b,
@@ -252,7 +272,7 @@ impl SystemdDetector {
             "systemd: shutdown job ended without running: shutdown called off"
         );
         let mut s = signal(kind, Effect::Cancel, false, "JobRemoved", &unit);
-        s.sender = sender_of(&m);
+        s.sender = sender_of(m);
         Some(s)
     }
 }
@@ -266,27 +286,17 @@ fn sender_of(m: &Message) -> Option<BusSender> {
     })
 }
 
-/// logind's PrepareForShutdown, systemd's JobNew and JobRemoved; then
+/// logind's PrepareForShutdown, systemd's JobNew and JobRemoved, each from
+/// its name's current owner (the proxies follow NameOwnerChanged); then
 /// `Subscribe`, without which systemd sends no job signals.
-async fn subscribe(conn: &Connection) -> Result<[MessageStream; 3]> {
-    let stream =
-        |sender, path, iface, member| dbus::signal_stream(conn, Some(sender), path, iface, member);
-    let streams = [
-        stream(LOGIND, LOGIND_PATH, LOGIND_MANAGER, "PrepareForShutdown").await?,
-        stream(SYSTEMD, SYSTEMD_PATH, SYSTEMD_MANAGER, "JobNew").await?,
-        stream(SYSTEMD, SYSTEMD_PATH, SYSTEMD_MANAGER, "JobRemoved").await?,
-    ];
-    match conn
-        .call_method(
-            Some(SYSTEMD),
-            SYSTEMD_PATH,
-            Some(SYSTEMD_MANAGER),
-            "Subscribe",
-            &(),
-        )
-        .await
-    {
-        Ok(_) => Ok(streams),
+async fn subscribe(host: &Host) -> Result<Streams> {
+    let streams = Streams {
+        prepare: host.logind.receive_prepare_for_shutdown().await?,
+        job_new: host.systemd.receive_job_new().await?,
+        job_removed: host.systemd.receive_job_removed().await?,
+    };
+    match host.systemd.subscribe().await {
+        Ok(()) => Ok(streams),
         Err(zbus::Error::MethodError(name, _, _)) if name.ends_with("AlreadySubscribed") => {
             Ok(streams)
         }
@@ -318,6 +328,29 @@ fn signal(
             member: member.to_string(),
             unit: Some(unit.to_string()),
         },
+    }
+}
+
+/// What `lastgasp check` reports of systemd: whether its job signals can be
+/// followed.
+pub async fn preflight(r: &mut Report, conn: &Connection, host: &Host) {
+    match bus::name_owner(conn, SYSTEMD).await {
+        Ok(Some(_)) => match host.systemd.subscribe().await {
+            Ok(()) => {
+                let _ = host.systemd.unsubscribe().await;
+                r.push(
+                    Status::Ok,
+                    "systemd",
+                    "Subscribe works: shutdown jobs that bypass logind are seen",
+                );
+            }
+            Err(e) => r.push(Status::Warn, "systemd", format!("Subscribe failed: {e}")),
+        },
+        _ => r.push(
+            Status::Warn,
+            "systemd",
+            format!("nobody owns {SYSTEMD}: shutdown jobs are seen by the eBPF hooks only"),
+        ),
     }
 }
 

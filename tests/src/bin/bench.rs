@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use lastgasp::{
-    detect::ebpf::{boottime_ns, EbpfDetector},
+    detect::{clock::boottime_ns, ebpf::EbpfDetector},
     node::NodePidNs,
     signal::Source,
 };

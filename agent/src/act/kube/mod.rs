@@ -2,9 +2,10 @@
 //! graceful termination of the node's pods.
 pub mod graceful;
 pub mod lastgasp;
+pub mod preflight;
 pub mod retry;
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use k8s_openapi::{
@@ -290,4 +291,31 @@ pub fn shutdown_taint(at: SystemTime) -> Taint {
         effect: "NoSchedule".into(),
         time_added: Timestamp::try_from(at).ok().map(Time),
     }
+}
+
+/// How long a client may wait on the API server: watches hold their
+/// requests open for minutes; every other request is short, and bounded.
+#[derive(Clone, Copy)]
+pub enum Use {
+    Watch,
+    Requests,
+}
+
+pub async fn client(usage: Use, server: Option<&str>) -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer()
+        .await
+        .context("no Kubernetes configuration (in-cluster or $KUBECONFIG)")?;
+    if let Some(url) = server {
+        // Only the address changes: the credentials stay the agent's own.
+        config.cluster_url = url.parse().with_context(|| format!("apiServer: {url}"))?;
+    }
+    config.default_retry = false;
+    config.connect_timeout = Some(Duration::from_secs(3));
+    config.write_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(match usage {
+        // The watcher asks for 290 s windows; kube's own default is 295 s.
+        Use::Watch => Duration::from_secs(295),
+        Use::Requests => Duration::from_secs(10),
+    });
+    Ok(kube::Client::try_from(config)?)
 }

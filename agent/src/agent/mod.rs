@@ -7,8 +7,6 @@
 //! (`LAST_GASP_BOUND`), and Events, cancels, warnings, unwinding and the
 //! host check run as tasks beside the loop.
 use std::{
-    future::Future,
-    pin::Pin,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -28,21 +26,21 @@ use crate::{
         },
         metrics::Metrics,
     },
-    decide::{Action, Decider, Decision, Episode, HostAnswer, Policy, Tick},
+    decide::{Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
     detect::{actor, logind::LogindHandle},
     report::{self, BootEnd, BootReport},
     signal::{Kind, ShutdownSignal, Source},
 };
+
+mod run;
+
+pub use run::{run, RunArgs};
 
 /// The last gasp gives up after this, and is delivered after the next boot.
 pub const LAST_GASP_BOUND: Duration = Duration::from_secs(2);
 
 /// The host's answer about an episode (its id).
 pub type Answer = (u32, HostAnswer);
-
-/// Asks the host whether a shutdown is under way (logind, systemd).
-pub type HostQuery =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = HostAnswer> + Send>> + Send + Sync>;
 
 /// What the agent reaches in cluster mode.
 pub struct Cluster {
@@ -562,7 +560,7 @@ fn source_name(s: Source) -> String {
 /// wall clock (`wall_ms`, already measured).
 fn since_detection(s: &ShutdownSignal, wall_ms: f64) -> f64 {
     if s.boot_ns > 0 {
-        let now = crate::detect::ebpf::boottime_ns();
+        let now = crate::detect::clock::boottime_ns();
         if now >= s.boot_ns {
             return (now - s.boot_ns) as f64 / 1e9;
         }

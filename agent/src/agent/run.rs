@@ -1,0 +1,285 @@
+//! `lastgasp run`: starts the detectors, the endpoint and the cluster
+//! clients, then turns the agent's one loop.
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::{Agent, Cluster};
+use crate::{
+    act::{
+        audit::AuditLog,
+        kube::{self, graceful::GracefulOptions, lastgasp::LastGasp, NodeClient, Use},
+        metrics::Metrics,
+    },
+    config::Config,
+    detect::{
+        ebpf::{Drops, EbpfDetector, HookState},
+        host::HostProbe,
+        launch::{self, DbusArgs},
+    },
+    health::Health,
+    http::{self, Listen},
+    node::{self, NodePidNs},
+};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Run without a cluster: print each signal as a JSON line and audit it.
+    #[arg(long, env = "LASTGASP_STANDALONE")]
+    pub standalone: bool,
+    /// The agent's configuration file (YAML); required in cluster mode.
+    #[arg(long, env = "LASTGASP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The PID namespace that is "the node", as an ns/pid file
+    /// (default: the initial namespace). Tests point it at a child namespace.
+    #[arg(long, env = "LASTGASP_NODE_PID_NS")]
+    pub node_pid_ns: Option<PathBuf>,
+    /// Overrides the config's auditDir (default /var/lib/lastgasp).
+    #[arg(long, env = "LASTGASP_AUDIT_DIR")]
+    pub audit_dir: Option<PathBuf>,
+    /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off` (default:
+    /// 127.0.0.1:9850 standalone, $POD_IP:9850 in cluster mode). A given
+    /// address that cannot be bound stops the start; the standalone default
+    /// only logs a warning.
+    #[arg(long, value_name = "ADDR:PORT", env = "LASTGASP_METRICS_LISTEN")]
+    pub metrics_listen: Option<Listen>,
+    #[command(flatten)]
+    pub dbus: DbusArgs,
+}
+
+/// `lastgasp run`: arms everything, then turns the loop until SIGTERM (a
+/// graceful run under way is finished first).
+pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
+    let started = Instant::now();
+    let cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None if args.standalone => Config::default(),
+        None => anyhow::bail!("cluster mode needs --config (the grace periods, at least)"),
+    };
+    match cfg.kubelet_graceful_shutdown() {
+        Ok(Some(on)) => tracing::error!("{on}: two drains would race for the same pods"),
+        Ok(None) => {}
+        Err(e) => tracing::error!("{e:#}"),
+    }
+    let listen = http::resolve(
+        args.metrics_listen,
+        args.standalone,
+        http::AGENT_PORT,
+        std::env::var("POD_IP").ok().as_deref(),
+    )?;
+    let metrics = Metrics::default();
+    let health = Health::new("arming the hooks");
+    let m = metrics.clone();
+    let _endpoint = http::start(
+        listen,
+        args.metrics_listen.is_some() || !args.standalone,
+        move || m.encode(),
+        health.clone(),
+    )
+    .await?;
+    let audit_dir = args
+        .audit_dir
+        .clone()
+        .unwrap_or_else(|| cfg.audit_dir.clone());
+    let node = match &args.node_pid_ns {
+        Some(p) => NodePidNs::from_path(p)?,
+        None => NodePidNs::initial()?,
+    };
+    let boot_id = node::boot_id()?;
+    metrics.set_boot(&boot_id);
+    let audit = AuditLog::open_with(&audit_dir, &boot_id, cfg.audit_limits()?)?;
+    let mut det = EbpfDetector::load(node.clone())?;
+    let armed_ms = started.elapsed().as_secs_f64() * 1e3;
+    for r in &det.report {
+        metrics.set_hook(
+            &r.hook,
+            &r.attach,
+            !matches!(r.state, HookState::Unavailable(_)),
+        );
+    }
+    metrics.set_ringbuf_drops(&det.drops_by_cause().by_label());
+    if json_logs {
+        for r in &det.report {
+            tracing::info!(
+                hook = r.hook,
+                attach = r.attach,
+                state = r.state.name(),
+                why = r.state.why(),
+                node_pidns = node.ino,
+                "hook"
+            );
+        }
+    } else {
+        eprintln!(
+            "lastgasp: hooks (node pid namespace {}, init pid {}):",
+            node.ino, node.init_pid
+        );
+        for r in &det.report {
+            eprintln!("  {r}");
+        }
+    }
+    tracing::info!(armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
+
+    // Standalone needs no grace periods: a graceful episode is then given
+    // the default length before the host is asked.
+    let buckets = match cfg.buckets() {
+        Ok(b) => b,
+        Err(_) if args.standalone && args.config.is_none() => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let graceful_length = match buckets
+        .iter()
+        .map(|b| u64::try_from(b.seconds).unwrap_or(0))
+        .fold(0u64, u64::saturating_add)
+    {
+        0 => crate::decide::Policy::default().graceful_length,
+        secs => Duration::from_secs(secs),
+    };
+    let cluster = if args.standalone {
+        None
+    } else {
+        // logind must give the graceful path the buckets' whole time.
+        args.dbus
+            .inhibit_delay
+            .get_or_insert(crate::grace::requested_delay(&buckets));
+        health.not_ready("hooks armed; waiting for the warm watches (node, pods) to list");
+        Some(Arc::new(cluster(&cfg, &audit_dir, buckets).await?))
+    };
+    // logind and systemd over D-Bus feed the same loop.
+    let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
+    let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
+    let policy = cfg
+        .trust
+        .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
+    let mut agent = Agent::new(audit, cluster, logind, metrics.clone(), args.standalone)
+        .with_policy(policy)
+        .with_host(
+            HostProbe::query(&args.dbus),
+            host_reachable(&args.dbus, &health),
+        );
+    agent.after_boot(&boot_id).await?;
+    // Arming parsed the kernel's BTF and the start read the audit log
+    // (megabytes, freed again): give the freed heap back to the kernel
+    // rather than keep it resident while the agent idles (~31 -> ~14 MiB).
+    release_freed_heap();
+    health.beat();
+    health.ready();
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut drops = Drops::default();
+    let (mut stopping, mut told) = (false, false);
+    loop {
+        if stopping && !agent.graceful_running() {
+            break;
+        }
+        // Fair: a flood of records (bounded per batch, node scope first) cannot
+        // starve the buses, the host's answers or the heartbeat.
+        tokio::select! {
+            batch = det.next_batch() => {
+                for s in batch? {
+                    agent.handle(s).await?;
+                }
+            }
+            Some(s) = dbus_rx.recv() => {
+                agent.handle(s).await?;
+            }
+            answer = agent.next_answer() => agent.host_answer(answer).await,
+            _ = tick.tick() => {
+                health.beat();
+                agent.tick(std::time::SystemTime::now()).await;
+                let now = det.drops_by_cause();
+                if now != drops {
+                    tracing::warn!(
+                        node_full = now.node_full,
+                        container_full = now.container_full,
+                        container_rate_limited = now.container_rate_limited,
+                        "kernel records lost (totals)"
+                    );
+                    metrics.set_ringbuf_drops(&now.by_label());
+                    drops = now;
+                }
+            }
+            // A graceful run under way is finished first (the pod's
+            // terminationGracePeriodSeconds bounds it); signals are still
+            // handled meanwhile, so an escalation still sends the last gasp.
+            _ = term.recv() => stopping = true,
+            _ = int.recv() => stopping = true,
+        }
+        if stopping && agent.graceful_running() && !told {
+            tracing::info!("asked to stop: finishing the graceful run first");
+            told = true;
+        }
+    }
+    tracing::info!(ring_buffer_drops = det.drops(), "stopping");
+    Ok(())
+}
+
+/// Cluster mode: the clients (kube's own retries off: ours know the
+/// deadlines), the warm watches and the last gasp's connections.
+async fn cluster(
+    cfg: &Config,
+    audit_dir: &std::path::Path,
+    buckets: Vec<crate::grace::Bucket>,
+) -> Result<Cluster> {
+    let node = cfg
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .context("cluster mode needs the node's name: nodeName in the config, or $NODE_NAME")?;
+    let server = cfg.api_server.url()?;
+    if let Some(url) = &server {
+        tracing::info!(
+            url,
+            "reaching the API server directly (apiServer), not through the Service VIP"
+        );
+    }
+    // Watches (long reads), the node's other requests, and the last gasp's
+    // own connections (nothing queues before them).
+    let (watch, requests, patch) = (
+        kube::client(Use::Watch, server.as_deref()).await?,
+        kube::client(Use::Requests, server.as_deref()).await?,
+        kube::client(Use::Requests, server.as_deref()).await?,
+    );
+    let own_pod = match (std::env::var("POD_NAMESPACE"), std::env::var("POD_NAME")) {
+        (Ok(ns), Ok(name)) => Some((ns, name)),
+        _ => None,
+    };
+    Ok(Cluster {
+        node: NodeClient::start_with(watch.clone(), requests, &node).await?,
+        lastgasp: LastGasp::start(watch, patch, &node).await?,
+        graceful: Arc::new(GracefulOptions {
+            buckets,
+            removal: cfg.pod_removal,
+            own_pod,
+            state_file: audit_dir.join("graceful_node_shutdown_state"),
+            keep: cfg.keep(),
+        }),
+    })
+}
+
+/// Whether logind or systemd can be reached now: requests wait for their
+/// confirmation only then.
+fn host_reachable(args: &DbusArgs, health: &Arc<Health>) -> Arc<dyn Fn() -> bool + Send + Sync> {
+    if args.no_dbus {
+        return Arc::new(|| false);
+    }
+    let health = health.clone();
+    Arc::new(move || health.bus_reachable())
+}
+
+/// glibc keeps freed memory in its arenas; `malloc_trim` returns what it
+/// can to the kernel (the agent idles for days after a burst at start).
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

@@ -1,0 +1,307 @@
+//! Loads the eBPF programs, arms each hook (naming the ones the kernel
+//! refuses), and turns ring-buffer records into `ShutdownSignal`s.
+use std::fmt;
+
+use anyhow::{bail, Context, Result};
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::TracePoint,
+    Btf, Ebpf, EbpfLoader,
+};
+use lastgasp_common::{self as common, RawEvent};
+use tokio::io::unix::AsyncFd;
+
+use crate::{
+    detect::{
+        clock::now_pair,
+        hooks::{self, Attach, HOOKS},
+    },
+    node::NodePidNs,
+    signal::ShutdownSignal,
+};
+
+mod btf;
+pub mod preflight;
+
+static EBPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lastgasp.bpf.o"));
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookState {
+    Armed,
+    /// Armed, but without part of what it captures.
+    Degraded(String),
+    Unavailable(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct HookReport {
+    pub hook: String,
+    pub attach: String,
+    pub state: HookState,
+}
+
+impl fmt::Display for HookState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HookState::Armed => write!(f, "armed"),
+            HookState::Degraded(why) => write!(f, "armed, degraded: {why}"),
+            HookState::Unavailable(why) => write!(f, "unavailable: {why}"),
+        }
+    }
+}
+
+impl HookState {
+    /// The state's name in logs and metrics: armed, degraded, unavailable.
+    pub fn name(&self) -> &'static str {
+        match self {
+            HookState::Armed => "armed",
+            HookState::Degraded(_) => "degraded",
+            HookState::Unavailable(_) => "unavailable",
+        }
+    }
+
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            HookState::Armed => None,
+            HookState::Degraded(w) | HookState::Unavailable(w) => Some(w),
+        }
+    }
+}
+
+impl fmt::Display for HookReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:<20} {:<34} {}", self.hook, self.attach, self.state)
+    }
+}
+
+pub struct EbpfDetector {
+    // Owns the programs and links: dropping it detaches everything.
+    _bpf: Ebpf,
+    /// The node's records, and containers' (rate-limited in the kernel).
+    node_events: AsyncFd<RingBuf<MapData>>,
+    container_events: AsyncFd<RingBuf<MapData>>,
+    drops: PerCpuArray<MapData, u64>,
+    pub report: Vec<HookReport>,
+}
+
+/// Records lost before userspace saw them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drops {
+    /// The node's ring buffer was full.
+    pub node_full: u64,
+    /// The containers' ring buffer was full.
+    pub container_full: u64,
+    /// Over the containers' rate in the kernel.
+    pub container_rate_limited: u64,
+}
+
+impl Drops {
+    /// (scope, reason, total), as the metric labels them.
+    pub fn by_label(&self) -> [(&'static str, &'static str, u64); 3] {
+        [
+            ("node", "full", self.node_full),
+            ("container", "full", self.container_full),
+            ("container", "rate-limited", self.container_rate_limited),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.node_full + self.container_full + self.container_rate_limited
+    }
+}
+
+/// At most this many records per `next_batch`, the node's first: the loop
+/// stays fair to the buses and the heartbeat during a flood.
+const BATCH: usize = 256;
+
+/// Kernel struct offsets the programs need, from the running kernel's BTF:
+/// argv at exec, and the acting task's parent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskOffsets {
+    pub task_mm: u64,
+    pub mm_arg_start: u64,
+    pub mm_arg_end: u64,
+    pub task_real_parent: u64,
+    pub task_tgid: u64,
+    pub task_comm: u64,
+    pub task_cred: u64,
+    pub cred_euid: u64,
+    pub cred_cap_effective: u64,
+    pub cred_user_ns: u64,
+    pub user_ns_level: u64,
+}
+
+impl TaskOffsets {
+    pub fn from_btf(path: &str) -> Result<Self> {
+        let data = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+        let btf = btf::Btf::parse(&data)?;
+        Ok(TaskOffsets {
+            task_mm: btf.member_offset("task_struct", "mm")?,
+            mm_arg_start: btf.member_offset("mm_struct", "arg_start")?,
+            mm_arg_end: btf.member_offset("mm_struct", "arg_end")?,
+            task_real_parent: btf.member_offset("task_struct", "real_parent")?,
+            task_tgid: btf.member_offset("task_struct", "tgid")?,
+            task_comm: btf.member_offset("task_struct", "comm")?,
+            task_cred: btf.member_offset("task_struct", "cred")?,
+            cred_euid: btf.member_offset("cred", "euid")?,
+            cred_cap_effective: btf.member_offset("cred", "cap_effective")?,
+            cred_user_ns: btf.member_offset("cred", "user_ns")?,
+            user_ns_level: btf.member_offset("user_namespace", "level")?,
+        })
+    }
+}
+
+impl EbpfDetector {
+    /// Loads and attaches every hook. Fails only when nothing could be armed.
+    pub fn load(node: NodePidNs) -> Result<Self> {
+        if EBPF_OBJ.is_empty() {
+            bail!("this lastgasp binary was built without its eBPF object; build it with `cargo xtask build`");
+        }
+        crate::node::require_bpf_caps()?;
+        crate::node::ensure_tracefs()?;
+        let mut report = Vec::new();
+
+        let offsets = match TaskOffsets::from_btf("/sys/kernel/btf/vmlinux") {
+            Ok(o) => Some(o),
+            Err(e) => {
+                report.push(HookReport {
+                    hook: "task offsets".into(),
+                    attach: "/sys/kernel/btf/vmlinux".into(),
+                    state: HookState::Degraded(format!(
+                        "no kernel BTF ({e:#}): exec without argv, actors without parent or credentials (who can reboot is judged by uid 0 alone)"
+                    )),
+                });
+                None
+            }
+        };
+        let o = offsets.unwrap_or_default();
+        let mut bpf = EbpfLoader::new()
+            .override_global("NODE_PIDNS_DEV", &node.dev, true)
+            .override_global("NODE_PIDNS_INO", &node.ino, true)
+            .override_global("NODE_INIT_PID", &node.init_pid, true)
+            .override_global("TASK_MM_OFF", &o.task_mm, true)
+            .override_global("MM_ARG_START_OFF", &o.mm_arg_start, true)
+            .override_global("MM_ARG_END_OFF", &o.mm_arg_end, true)
+            .override_global("TASK_REAL_PARENT_OFF", &o.task_real_parent, true)
+            .override_global("TASK_TGID_OFF", &o.task_tgid, true)
+            .override_global("TASK_COMM_OFF", &o.task_comm, true)
+            .override_global("TASK_CRED_OFF", &o.task_cred, true)
+            .override_global("CRED_EUID_OFF", &o.cred_euid, true)
+            .override_global("CRED_CAP_EFFECTIVE_OFF", &o.cred_cap_effective, true)
+            .override_global("CRED_USER_NS_OFF", &o.cred_user_ns, true)
+            .override_global("USER_NS_LEVEL_OFF", &o.user_ns_level, true)
+            .load(EBPF_OBJ)
+            .context("loading the eBPF object")?;
+
+        let mut tools: HashMap<_, [u8; common::TOOL_NAME_LEN], u32> =
+            HashMap::try_from(bpf.map_mut("TOOLS").context("no TOOLS map")?)?;
+        for (name, id) in common::TOOLS {
+            tools.insert(common::tool_key(name.as_bytes()), id, 0)?;
+        }
+
+        let kernel_btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"));
+        for hook in HOOKS {
+            match hook.attach {
+                Attach::Tracepoint {
+                    prog,
+                    category,
+                    name,
+                    required,
+                } => {
+                    let state = match attach_tracepoint(&mut bpf, prog, category, name) {
+                        Ok(()) => HookState::Armed,
+                        Err(e) => HookState::Unavailable(format!("{e:#}")),
+                    };
+                    if required && state != HookState::Armed {
+                        bail!("the kernel refused the {category}/{name} tracepoint, so lastgasp cannot work: {state}");
+                    }
+                    report.push(HookReport {
+                        hook: prog.to_string(),
+                        attach: format!("tracepoint {category}/{name}"),
+                        state,
+                    });
+                }
+                Attach::KernelFunctions(functions) => hooks::kernel::arm(
+                    &mut bpf,
+                    kernel_btf.as_ref().map_err(String::as_str),
+                    functions,
+                    &mut report,
+                ),
+            }
+        }
+
+        let ring = |bpf: &mut Ebpf, name: &str| -> Result<AsyncFd<RingBuf<MapData>>> {
+            let rb = RingBuf::try_from(
+                bpf.take_map(name)
+                    .with_context(|| format!("no {name} map"))?,
+            )?;
+            // SAFETY: the ring buffer owns its fd and keeps it open while the
+            // AsyncFd holds it.
+            Ok(unsafe { AsyncFd::register(rb)? })
+        };
+        let node_events = ring(&mut bpf, "EVENTS_NODE")?;
+        let container_events = ring(&mut bpf, "EVENTS_CONTAINER")?;
+        let drops = PerCpuArray::try_from(bpf.take_map("DROPS").context("no DROPS map")?)?;
+        Ok(EbpfDetector {
+            _bpf: bpf,
+            node_events,
+            container_events,
+            drops,
+            report,
+        })
+    }
+
+    /// Records lost in the kernel, all CPUs.
+    pub fn drops_by_cause(&self) -> Drops {
+        let slot = |i: u32| -> u64 { self.drops.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+        Drops {
+            node_full: slot(common::DROP_NODE_FULL),
+            container_full: slot(common::DROP_CONTAINER_FULL),
+            container_rate_limited: slot(common::DROP_CONTAINER_RATE),
+        }
+    }
+
+    /// Records lost in the kernel, every cause.
+    pub fn drops(&self) -> u64 {
+        self.drops_by_cause().total()
+    }
+
+    /// Waits for the next records and returns them decoded (not yet enriched
+    /// from /proc: see `actor::enrich`): the node's first, at most `BATCH`.
+    pub async fn next_batch(&mut self) -> Result<Vec<ShutdownSignal>> {
+        loop {
+            let mut out = Vec::new();
+            drain(&mut self.node_events, &mut out, BATCH);
+            drain(&mut self.container_events, &mut out, BATCH);
+            if !out.is_empty() {
+                return Ok(out);
+            }
+            tokio::select! {
+                g = self.node_events.readable_mut() => g?.clear_ready(),
+                g = self.container_events.readable_mut() => g?.clear_ready(),
+            }
+        }
+    }
+}
+
+/// Takes up to `max` records (in all) from `rb` into `out`.
+fn drain(rb: &mut AsyncFd<RingBuf<MapData>>, out: &mut Vec<ShutdownSignal>, max: usize) {
+    let rb = rb.get_mut();
+    while out.len() < max {
+        let Some(item) = rb.next() else { break };
+        match RawEvent::from_bytes(&item) {
+            Some(raw) => out.push(hooks::decode(&raw, now_pair())),
+            None => tracing::warn!(len = item.len(), "short ring-buffer record"),
+        }
+    }
+}
+
+fn attach_tracepoint(bpf: &mut Ebpf, prog: &str, category: &str, name: &str) -> Result<()> {
+    let p: &mut TracePoint = bpf
+        .program_mut(prog)
+        .context("program missing from the object")?
+        .try_into()?;
+    p.load()?;
+    p.attach(category, name)?;
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! The eBPF hooks in user space, one file per hook beside its kernel file
+//! (`agent-ebpf/src/<hook>.rs`): how it attaches, and how its records read.
+//!
+//! Decoding is pure and never panics. The semantics are systemd's (v252+)
+//! unless noted. Where the capture cannot settle what happens (an unknown
+//! option, a cut argument, bytes that are not UTF-8 where a word must be
+//! read) the answer is [`Kind::Unknown`] with [`Effect::Now`]: assume the
+//! worst; the caller keeps the raw bytes.
+//!
+//! With [`Effect::None`], `kind` keeps the requested kind when nothing
+//! happens by design (`shutdown -k`, `systemctl -H host`, `--dry-run`), and
+//! is [`Kind::Unknown`] when the request is refused or is no shutdown at all.
+use std::time::{Duration, SystemTime};
+
+use lastgasp_common::{self as common, RawEvent};
+
+use crate::signal::{Actor, Detail, Effect, Kind, Parent, Scope, ShutdownSignal, Source};
+
+pub mod exec;
+pub mod kernel;
+pub mod reboot;
+pub mod signal;
+
+/// Every hook: adding one is a line here.
+pub const HOOKS: &[Hook] = &[
+    reboot::ENTRY,
+    reboot::EXIT,
+    exec::HOOK,
+    signal::HOOK,
+    kernel::HOOK,
+];
+
+/// One hook: the records it writes (`RawEvent::source`), where it attaches,
+/// and how its records read.
+pub struct Hook {
+    pub source: u32,
+    pub attach: Attach,
+    pub decode: fn(&Record) -> Decoded,
+}
+
+pub enum Attach {
+    /// A tracepoint program; without a `required` one lastgasp cannot work.
+    Tracepoint {
+        prog: &'static str,
+        category: &'static str,
+        name: &'static str,
+        required: bool,
+    },
+    /// Kernel functions: `fentry_<f>` first, `kprobe_<f>` second.
+    KernelFunctions(&'static [&'static str]),
+}
+
+impl Attach {
+    /// The tracepoints of every hook: (program, category, name, required).
+    pub fn tracepoints() -> impl Iterator<Item = (&'static str, &'static str, &'static str, bool)> {
+        HOOKS.iter().filter_map(|h| match h.attach {
+            Attach::Tracepoint {
+                prog,
+                category,
+                name,
+                required,
+            } => Some((prog, category, name, required)),
+            Attach::KernelFunctions(_) => None,
+        })
+    }
+}
+
+/// What every record carries, read once for its hook.
+pub struct Record<'a> {
+    pub raw: &'a RawEvent,
+    /// The record's time on the wall clock.
+    pub at: SystemTime,
+    /// In the node's PID namespace (else a container's).
+    pub in_node: bool,
+    pub actor: &'a Actor,
+}
+
+/// A hook's reading of one record.
+pub struct Decoded {
+    pub source: Source,
+    pub intent: Intent,
+    pub detail: Detail,
+    /// `Some` when the hook knows the scope better than the caller's PID
+    /// namespace does (a signal to the node's PID 1 is about the node).
+    pub scope: Option<Scope>,
+}
+
+/// What a shutdown request means, decoded from what the kernel captured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intent {
+    pub kind: Kind,
+    /// skips service stop jobs (node gone within moments): `--force`, `-f`, `-ff`, SIGRTMIN+13.., direct reboot(2)
+    pub forced: bool,
+    /// does not go through logind, so no logind delay lock protects it
+    pub bypasses_logind: bool,
+    pub effect: Effect,
+}
+
+impl Intent {
+    pub(crate) fn new(kind: Kind, effect: Effect, forced: bool, bypasses_logind: bool) -> Self {
+        Self {
+            kind,
+            forced,
+            bypasses_logind,
+            effect,
+        }
+    }
+
+    pub(crate) fn nothing(kind: Kind, why: impl Into<String>) -> Self {
+        Self::new(kind, Effect::None { why: why.into() }, false, false)
+    }
+
+    /// The capture cannot settle what happens: assume a shutdown starts now.
+    pub(crate) fn unclear() -> Self {
+        Self::new(Kind::Unknown, Effect::Now, false, false)
+    }
+}
+
+/// Turns one kernel record into a signal. Pure: `now` is (wall, boottime ns).
+pub fn decode(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
+    let at = now.0 - Duration::from_nanos(now.1.saturating_sub(raw.boot_ns));
+    let in_node = raw.flags & common::FLAG_NODE_PIDNS != 0;
+    let creds = raw.flags & common::FLAG_CREDS != 0;
+    let actor = Actor {
+        pid: raw.tgid,
+        ns_pid: raw.ns_tgid,
+        comm: cstr(&raw.comm),
+        uid: raw.uid,
+        euid: creds.then_some(raw.euid),
+        cap_sys_boot: creds.then_some(raw.flags & common::FLAG_CAP_SYS_BOOT != 0),
+        cgroup_id: raw.cgroup_id,
+        parents: if raw.ppid != 0 {
+            vec![Parent {
+                pid: raw.ppid,
+                comm: cstr(&raw.parent_comm),
+            }]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    };
+    let record = Record {
+        raw,
+        at,
+        in_node,
+        actor: &actor,
+    };
+    let d = match HOOKS.iter().find(|h| h.source == raw.source) {
+        Some(h) => (h.decode)(&record),
+        None => Decoded {
+            source: Source::KernelHook,
+            intent: Intent::nothing(
+                Kind::Unknown,
+                format!("unknown record source {}", raw.source),
+            ),
+            detail: Detail::Kernel {
+                function: format!("source {}", raw.source),
+                via: "?".into(),
+            },
+            scope: None,
+        },
+    };
+    let scope = d.scope.unwrap_or(if in_node {
+        Scope::Node
+    } else {
+        Scope::Container
+    });
+    ShutdownSignal {
+        source: d.source,
+        kind: d.intent.kind,
+        forced: d.intent.forced,
+        bypasses_logind: d.intent.bypasses_logind,
+        scope,
+        effect: d.intent.effect,
+        actor: Some(actor),
+        sender: None,
+        at,
+        boot_ns: raw.boot_ns,
+        deadline: None,
+        detail: d.detail,
+    }
+}
+
+/// A NUL-terminated C string, lossily.
+pub(crate) fn cstr(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// Intents the hooks' tests compare against.
+#[cfg(test)]
+pub(crate) mod expect {
+    use super::*;
+
+    pub(crate) fn logind(kind: Kind) -> Intent {
+        Intent::new(kind, Effect::Now, false, false)
+    }
+
+    pub(crate) fn forced(kind: Kind) -> Intent {
+        Intent::new(kind, Effect::Now, true, true)
+    }
+
+    /// Not forced, past logind.
+    pub(crate) fn direct(kind: Kind) -> Intent {
+        Intent::new(kind, Effect::Now, false, true)
+    }
+
+    /// Nothing happens, for any reason.
+    pub(crate) fn none(kind: Kind) -> Intent {
+        Intent::nothing(kind, "")
+    }
+
+    /// Compares, ignoring the text of an expected `Effect::None` whose `why` is empty.
+    pub(crate) fn assert_intent(what: &str, got: &Intent, want: &Intent) {
+        match (&got.effect, &want.effect) {
+            (Effect::None { .. }, Effect::None { why }) if why.is_empty() => assert_eq!(
+                (got.kind, got.forced, got.bypasses_logind),
+                (want.kind, want.forced, want.bypasses_logind),
+                "{what}: got {got:?}"
+            ),
+            _ => assert_eq!(got, want, "{what}"),
+        }
+    }
+
+    /// A record from `source` with `flags`, by pid 4242 ("test"), at 1 s of boot.
+    pub(crate) fn raw(source: u32, flags: u32) -> RawEvent {
+        let mut r = RawEvent::ZERO;
+        r.source = source;
+        r.flags = flags;
+        r.tgid = 4242;
+        r.boot_ns = 1_000_000_000;
+        r.comm[..4].copy_from_slice(b"test");
+        r
+    }
+
+    /// (wall, boottime): 3 s into the boot.
+    pub(crate) fn now() -> (SystemTime, u64) {
+        (
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            3_000_000_000,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{expect::*, *};
+
+    #[test]
+    fn garbage_records_never_panic() {
+        let mut r = raw(99, 0xffff_ffff);
+        r.path_len = u32::MAX;
+        r.args_len = u32::MAX;
+        r.a = [u64::MAX; 4];
+        let s = decode(&r, now());
+        assert!(matches!(s.effect, Effect::None { .. }));
+        for src in 1..=8 {
+            r.source = src;
+            let _ = decode(&r, now());
+        }
+    }
+
+    #[test]
+    fn every_record_source_has_one_hook() {
+        let mut seen: Vec<u32> = HOOKS.iter().map(|h| h.source).collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), HOOKS.len(), "two hooks share a record source");
+        for s in [
+            common::SRC_REBOOT,
+            common::SRC_REBOOT_EXIT,
+            common::SRC_EXEC,
+            common::SRC_SIGNAL,
+            common::SRC_KERNEL,
+        ] {
+            assert!(seen.contains(&s), "no hook reads source {s}");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Starts the logind and systemd detectors beside the eBPF one, with the
+//! options `run` and `check` share.
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Result;
+use tokio::sync::mpsc;
+
+use super::{
+    logind::{self, LogindConfig, LogindDetector, LogindHandle, StartError},
+    systemd::{self, SystemdConfig, SystemdDetector},
+};
+use crate::{
+    bus::{self, logind::Host, LOGIND},
+    health::Health,
+    preflight::{Report, Status},
+    signal::ShutdownSignal,
+};
+
+/// The options `run` and `check` share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DbusArgs {
+    /// The shutdown delay graceful work needs; logind's InhibitDelayMaxSec is
+    /// raised to it with a drop-in (default: take what logind allows).
+    #[arg(long, value_parser = humantime::parse_duration, env = "LASTGASP_INHIBIT_DELAY")]
+    pub inhibit_delay: Option<Duration>,
+    /// Where logind's configuration lives: `ROOT/etc/systemd/logind.conf.d`
+    /// gets the drop-in (tests point it at a scratch directory).
+    #[arg(long, default_value = "/", env = "LASTGASP_LOGIND_ROOT")]
+    pub logind_root: PathBuf,
+    /// The system bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else the
+    /// standard socket).
+    #[arg(long, env = "LASTGASP_SYSTEM_BUS")]
+    pub system_bus: Option<String>,
+    /// `run`: do not start the logind and systemd detectors.
+    #[arg(long, env = "LASTGASP_NO_DBUS")]
+    pub no_dbus: bool,
+    /// Act on logind's PrepareForShutdown from peers that do not own
+    /// `org.freedesktop.login1`, as the kubelet does (its e2e tests fake the
+    /// signal with `dbus-send`). For test rigs only: with it, any local
+    /// process allowed on the system bus can start a drain. Off by default:
+    /// such signals are audited, audit-only, with the sender named.
+    #[arg(long, env = "LASTGASP_TRUST_UNOWNED_BUS_SIGNALS")]
+    pub trust_unowned_bus_signals: bool,
+}
+
+impl DbusArgs {
+    pub fn logind(&self) -> LogindConfig {
+        LogindConfig {
+            bus: self.system_bus.clone(),
+            want_delay: self.inhibit_delay,
+            logind_root: self.logind_root.clone(),
+            trust_unowned: self.trust_unowned_bus_signals,
+            ..LogindConfig::default()
+        }
+    }
+
+    pub fn systemd(&self) -> SystemdConfig {
+        SystemdConfig {
+            bus: self.system_bus.clone(),
+            ..SystemdConfig::default()
+        }
+    }
+}
+
+/// Starts the logind and systemd detectors as tasks sending on `tx`. A node
+/// without a system bus, logind or systemd runs on without them (the eBPF
+/// hooks still see every shutdown); a logind that cannot give the delay the
+/// grace period needs is an error. A connection lost later makes `health`
+/// unready until it is back.
+pub async fn spawn_detectors(
+    args: &DbusArgs,
+    tx: mpsc::Sender<ShutdownSignal>,
+    health: Arc<Health>,
+) -> Result<Option<LogindHandle>> {
+    if args.no_dbus {
+        return Ok(None);
+    }
+    let handle = match LogindDetector::start(args.logind()).await {
+        Ok((det, handle)) => {
+            tracing::info!(
+                inhibit_delay_max = ?det.inhibit_delay_max(),
+                "logind: delay lock taken"
+            );
+            let (tx, health) = (tx.clone(), health.clone());
+            health.bus_started(logind::PART);
+            let det = det.report_to(health.clone());
+            tokio::spawn(async move {
+                if let Err(e) = det.run(tx).await {
+                    tracing::error!("logind detector stopped: {e:#}");
+                    health.lost(logind::PART, &format!("the detector stopped: {e:#}"));
+                }
+            });
+            Some(handle)
+        }
+        Err(e @ (StartError::NoBus(_) | StartError::NoLogind)) => {
+            tracing::warn!("logind detection off: {e}");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match SystemdDetector::start(args.systemd()).await {
+        Ok(det) => {
+            tracing::info!("systemd: following shutdown jobs");
+            health.bus_started(systemd::PART);
+            let det = det.report_to(health.clone());
+            tokio::spawn(async move {
+                if let Err(e) = det.run(tx).await {
+                    tracing::error!("systemd detector stopped: {e:#}");
+                    health.lost(systemd::PART, &format!("the detector stopped: {e:#}"));
+                }
+            });
+        }
+        Err(e) => tracing::warn!("systemd job detection off: {e:#}"),
+    }
+    Ok(handle)
+}
+
+/// The bus, logind and systemd, as `run` would find them.
+pub async fn preflight(r: &mut Report, args: &DbusArgs) {
+    let address = args
+        .system_bus
+        .clone()
+        .or_else(|| std::env::var("DBUS_SYSTEM_BUS_ADDRESS").ok())
+        .unwrap_or_else(|| "unix:path=/run/dbus/system_bus_socket (default)".into());
+    let conn = match bus::connect(args.system_bus.as_deref()).await {
+        Ok(c) => {
+            r.push(Status::Ok, "system bus", address);
+            c
+        }
+        Err(e) => {
+            // `run` goes on without it: the eBPF hooks still see every shutdown.
+            r.push(
+                Status::Warn,
+                "system bus",
+                format!("cannot connect to {address}: {e}: no logind delay lock, no systemd jobs (eBPF hooks only)"),
+            );
+            return;
+        }
+    };
+    let host = match Host::new(&conn).await {
+        Ok(h) => h,
+        Err(e) => {
+            r.push(
+                Status::Fail,
+                "system bus",
+                format!("the logind and systemd proxies: {e}"),
+            );
+            return;
+        }
+    };
+    match bus::name_owner(&conn, LOGIND).await {
+        Ok(Some(owner)) => {
+            let who = match bus::peer_pid_uid(&conn, &owner).await {
+                Some((pid, _)) => {
+                    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                    format!(" (pid {pid} {})", comm.trim())
+                }
+                None => String::new(),
+            };
+            r.push(Status::Ok, "logind", format!("{LOGIND} is {owner}{who}"));
+            logind::preflight::preflight(r, &host, &args.logind_root, args.inhibit_delay).await;
+        }
+        Ok(None) => r.push(
+            Status::Warn,
+            "logind",
+            format!("nobody owns {LOGIND}: no delay lock can hold a shutdown (only the eBPF hooks will see it)"),
+        ),
+        Err(e) => r.push(Status::Fail, "logind", format!("asking the bus for {LOGIND}: {e}")),
+    }
+    systemd::preflight(r, &conn, &host).await;
+}
