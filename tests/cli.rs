@@ -34,6 +34,8 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
         );
         report.push_str(&line);
         if line.contains(" armed") && line.contains("armed_ms") {
+            // The VM runner and readiness checks wait for exactly this text.
+            assert!(line.contains("lastgasp: armed"), "arm line moved: {line}");
             break;
         }
     }

@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use lastgasp::{
-    detect::ebpf::HookState,
+    detect::hooks::HookState,
     node::NodePidNs,
     signal::{Detail, Effect, Kind, Scope, Source},
 };

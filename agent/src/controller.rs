@@ -224,11 +224,10 @@ pub fn judge(
     }
     let why = match rec.kind {
         Kind::Poweroff | Kind::Halt => format!(
-            "{:?} recorded at {}; node {status}",
+            "{} recorded at {}; node {status}",
             rec.kind,
             humantime::format_rfc3339_seconds(rec.at)
-        )
-        .to_lowercase(),
+        ),
         Kind::Reboot | Kind::Kexec | Kind::SoftReboot | Kind::Unknown
             if cfg.policy == Policy::AlsoReboots =>
         {
@@ -237,11 +236,10 @@ pub fn judge(
                 return Verdict::Nothing;
             }
             format!(
-                "{:?} recorded {}s ago never came back; node {status}",
+                "{} recorded {}s ago never came back; node {status}",
                 rec.kind,
                 waited.as_secs()
             )
-            .to_lowercase()
         }
         _ => return Verdict::Nothing,
     };

@@ -32,6 +32,22 @@ pub enum Kind {
     Unknown,
 }
 
+/// The user-facing name: the one serde writes ("reboot-syscall",
+/// "soft-reboot", "node").
+macro_rules! serde_display {
+    ($($t:ty),*) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match serde_json::to_value(self) {
+                    Ok(serde_json::Value::String(s)) => f.write_str(&s),
+                    _ => Err(std::fmt::Error),
+                }
+            }
+        }
+    )*};
+}
+serde_display!(Source, Kind, Scope);
+
 /// Whose world ends: the node (its initial PID namespace), or only a
 /// container's PID namespace.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -174,4 +190,17 @@ pub struct ShutdownSignal {
     )]
     pub deadline: Option<SystemTime>,
     pub detail: Detail,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_shown_to_people_are_serdes() {
+        assert_eq!(Source::RebootSyscall.to_string(), "reboot-syscall");
+        assert_eq!(Source::SignalPid1.to_string(), "signal-pid1");
+        assert_eq!(Kind::SoftReboot.to_string(), "soft-reboot");
+        assert_eq!(Scope::Container.to_string(), "container");
+    }
 }

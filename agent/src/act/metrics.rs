@@ -10,7 +10,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::{decide::Decision, report::BootEnd, signal::ShutdownSignal};
+use crate::{decide::Decision, signal::ShutdownSignal};
 
 type Labels = Vec<(String, String)>;
 
@@ -132,9 +132,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn count_boot_end(&self, end: BootEnd) {
+    /// How a boot ended: `end` is a `report::BootEnd` name.
+    pub fn count_boot_end(&self, end: &str) {
         self.boots_ended
-            .get_or_create(&vec![("end".to_string(), end.as_str().to_string())])
+            .get_or_create(&vec![("end".to_string(), end.to_string())])
             .inc();
     }
 

@@ -21,7 +21,7 @@ use crate::{
         audit::{AuditLog, Durability, Outcome},
         kube::{
             graceful::{self, GracefulOptions},
-            lastgasp::LastGasp,
+            lastgasp::{self, LastGasp},
             NodeClient,
         },
         metrics::Metrics,
@@ -29,7 +29,7 @@ use crate::{
     decide::{Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
     detect::{actor, logind::LogindHandle},
     report::{self, BootEnd, BootReport},
-    signal::{Kind, ShutdownSignal, Source},
+    signal::ShutdownSignal,
 };
 
 mod run;
@@ -228,7 +228,7 @@ impl Agent {
                     let when = due
                         .map(|t| humantime::format_rfc3339_seconds(t).to_string())
                         .unwrap_or("later".into());
-                    let msg = format!("{} scheduled for {when}", kind_name(ep.kind));
+                    let msg = format!("{} scheduled for {when}", ep.kind);
                     tokio::spawn(async move {
                         let (a, b) = tokio::join!(
                             c.node.set_condition(true, "ScheduledShutdown", &msg),
@@ -364,28 +364,11 @@ impl Agent {
             }
             return;
         };
-        let how = if s.forced {
-            "ForcedShutdown"
-        } else {
-            "ImmediateShutdown"
-        };
-        let actor = s
-            .actor
-            .as_ref()
-            .map(|a| format!("{} ({})", a.comm, a.pid))
-            .unwrap_or_default();
-        let message = format!(
-            "{} with no time left via {}{} by {actor}",
-            kind_name(ep.kind),
-            source_name(s.source),
-            if escalated {
-                " during a graceful shutdown"
-            } else {
-                ""
-            }
-        );
         let record = self.record(s, ep);
-        let (status, spec) = c.lastgasp.bodies(how, &message, &record, SystemTime::now());
+        let (reason, message) = lastgasp::message(s, ep.kind, escalated);
+        let (status, spec) = c
+            .lastgasp
+            .bodies(reason, &message, &record, SystemTime::now());
         let sent = tokio::time::timeout(LAST_GASP_BOUND, c.lastgasp.send(&status, &spec)).await;
         let outcome = match sent {
             Ok(Ok(_)) => {
@@ -440,7 +423,7 @@ impl Agent {
         {
             if end != boot_id {
                 let r = report::classify(&contents.records, end);
-                self.metrics.count_boot_end(r.end);
+                self.metrics.count_boot_end(r.end.as_str());
             }
         }
         let Some(prev) = report::previous_boot(&contents.records, boot_id) else {
@@ -452,7 +435,7 @@ impl Agent {
             Some(ep) => format!(
                 "previous boot {prev} ended {} ({}, episode {}): {}",
                 r.end.as_str(),
-                kind_name(ep.kind),
+                ep.kind,
                 ep.id,
                 ep.timeline.iter().map(|e| e.summary.as_str()).collect::<Vec<_>>().join("; ")
             ),
@@ -538,21 +521,6 @@ fn acts(a: &Action) -> bool {
         a,
         Action::AuditOnly { .. } | Action::Pending { .. } | Action::Join
     )
-}
-
-/// User-facing names, as serde writes them.
-fn kind_name(k: Kind) -> String {
-    serde_json::to_value(k)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
-fn source_name(s: Source) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
 }
 
 /// Seconds from the detection to now: on the kernel's boot clock when the

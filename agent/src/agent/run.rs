@@ -18,7 +18,8 @@ use crate::{
     },
     config::Config,
     detect::{
-        ebpf::{Drops, EbpfDetector, HookState},
+        ebpf::{Drops, EbpfDetector},
+        hooks::HookState,
         host::HostProbe,
         launch::{self, DbusArgs},
     },
@@ -123,7 +124,8 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             eprintln!("  {r}");
         }
     }
-    tracing::info!(armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
+    // Target "lastgasp": "lastgasp: armed" is what readiness probes and the VM runner wait for.
+    tracing::info!(target: "lastgasp", armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
 
     // Standalone needs no grace periods: a graceful episode is then given
     // the default length before the host is asked.

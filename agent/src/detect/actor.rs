@@ -1,7 +1,10 @@
 //! Fills in what the kernel record does not carry: the executable, the cgroup
-//! path and the pod/container it maps to, and the parent chain. Best-effort:
-//! the process may already be gone (that is often the point).
+//! path and the pod/container it maps to, and the parent chain, read with
+//! `procfs`. Best-effort: the process may already be gone (that is often the
+//! point).
 use std::{fs, os::unix::fs::MetadataExt, path::Path};
+
+use procfs::{process::Process, ProcessCGroup};
 
 use crate::signal::{Actor, Parent};
 
@@ -14,15 +17,17 @@ pub fn enrich(actor: &mut Actor) {
 /// `walk_cgroups`: when the process is gone, look its cgroup up by id in
 /// /sys/fs/cgroup (slow on a big node: not on the last gasp's path).
 pub fn enrich_with(actor: &mut Actor, walk_cgroups: bool) {
-    let proc = format!("/proc/{}", actor.pid);
+    let proc = Process::new(actor.pid as i32).ok();
     if actor.exe.is_none() {
-        actor.exe = fs::read_link(format!("{proc}/exe"))
-            .ok()
+        actor.exe = proc
+            .as_ref()
+            .and_then(|p| p.exe().ok())
             .map(|p| p.display().to_string());
     }
-    let cgroup = fs::read_to_string(format!("{proc}/cgroup"))
-        .ok()
-        .and_then(|s| cgroup_v2_path(&s))
+    let cgroup = proc
+        .as_ref()
+        .and_then(|p| p.cgroups().ok())
+        .and_then(|c| cgroup_path(&c.0))
         .or_else(|| {
             walk_cgroups
                 .then(|| find_cgroup_by_id(Path::new("/sys/fs/cgroup"), actor.cgroup_id, 12))
@@ -45,12 +50,25 @@ pub fn enrich_with(actor: &mut Actor, walk_cgroups: bool) {
     }
 }
 
-/// The unified-hierarchy line (`0::/path`) of /proc/PID/cgroup.
-fn cgroup_v2_path(content: &str) -> Option<String> {
-    content
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_string)
+/// The path that names the process's pod, on cgroup v2 (`0::/path`) and v1
+/// (one line per hierarchy): the first that runs under the kubelet's
+/// `kubepods`, else the unified one, else the first hierarchy's.
+fn cgroup_path(lines: &[ProcessCGroup]) -> Option<String> {
+    lines
+        .iter()
+        .find(|l| l.pathname.contains("kubepods"))
+        .or_else(|| lines.iter().find(|l| l.hierarchy == 0))
+        .or_else(|| lines.first())
+        .map(|l| l.pathname.clone())
+}
+
+/// /proc/PID/cgroup's text, parsed as procfs does.
+#[cfg(test)]
+fn parse_cgroups(text: &str) -> Vec<ProcessCGroup> {
+    use procfs::FromBufRead;
+    procfs::ProcessCGroups::from_buf_read(text.as_bytes())
+        .map(|c| c.0)
+        .unwrap_or_default()
 }
 
 /// cgroup v2 directory inode numbers are cgroup ids.
@@ -113,8 +131,9 @@ fn parents(pid: u32) -> Vec<Parent> {
         if ppid == 0 {
             break;
         }
-        let comm = fs::read_to_string(format!("/proc/{ppid}/comm"))
-            .map(|s| s.trim_end().to_string())
+        let comm = Process::new(ppid as i32)
+            .and_then(|p| p.stat())
+            .map(|s| s.comm)
             .unwrap_or_default();
         out.push(Parent { pid: ppid, comm });
         if ppid == 1 {
@@ -126,10 +145,8 @@ fn parents(pid: u32) -> Vec<Parent> {
 }
 
 fn ppid_of(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // comm may hold spaces and parentheses: the fields follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(1)?.parse().ok()
+    let stat = Process::new(pid as i32).ok()?.stat().ok()?;
+    u32::try_from(stat.ppid).ok()
 }
 
 #[cfg(test)]
@@ -179,6 +196,34 @@ mod tests {
         enrich(&mut a);
         assert!(a.exe.is_some(), "our own exe must be readable");
         assert!(!a.parents.is_empty(), "a test process has a parent");
+    }
+
+    #[test]
+    fn the_pod_is_found_on_cgroup_v1_and_v2() {
+        let v2 = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod11_22.slice/cri-containerd-abc.scope\n";
+        let v1 = "12:pids:/kubepods/burstable/pod3333-4444/ffee\n\
+                  11:memory:/kubepods/burstable/pod3333-4444/ffee\n\
+                  1:name=systemd:/kubepods/burstable/pod3333-4444/ffee\n\
+                  0::/\n";
+        let hybrid_host = "12:pids:/system.slice/ssh.service\n0::/system.slice/ssh.service\n";
+        let path = |t: &str| cgroup_path(&parse_cgroups(t));
+        assert_eq!(
+            pod_and_container(&path(v2).unwrap()),
+            (Some("11-22".into()), Some("abc".into()))
+        );
+        assert_eq!(
+            path(v1).as_deref(),
+            Some("/kubepods/burstable/pod3333-4444/ffee")
+        );
+        assert_eq!(
+            pod_and_container(&path(v1).unwrap()).0.as_deref(),
+            Some("3333-4444")
+        );
+        assert_eq!(
+            path(hybrid_host).as_deref(),
+            Some("/system.slice/ssh.service")
+        );
+        assert_eq!(path(""), None);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use lastgasp_tests::support::{agent_bin, trigger_bin};
 
 const LATENCY_TRIGGERS: usize = 2000;
 const LAST_GASP_TRIGGERS: usize = 250;
+const STDOUT_TRIGGERS: usize = 300;
 const EXEC_ROUNDS: usize = 12;
 const EXECS_PER_ROUND: usize = 1000;
 const IDLE_SECS: u64 = 30;
@@ -36,6 +37,21 @@ fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let only_flood = std::env::args().any(|a| a == "flood");
     let mut rows = Vec::new();
+    if std::env::args().any(|a| a == "stdout") {
+        for (dir, on) in [
+            (std::path::PathBuf::from("/dev/shm"), "tmpfs"),
+            (std::env::temp_dir(), "disk"),
+        ] {
+            syscall_to_stdout(
+                &mut rows,
+                &dir,
+                on,
+                if quick { 50 } else { STDOUT_TRIGGERS },
+            )?;
+        }
+        print_rows(&rows);
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -52,6 +68,17 @@ fn main() -> Result<()> {
         &mut rows,
         if quick { 50 } else { LAST_GASP_TRIGGERS },
     ))?;
+    for (dir, on) in [
+        (std::path::PathBuf::from("/dev/shm"), "tmpfs"),
+        (std::env::temp_dir(), "disk"),
+    ] {
+        syscall_to_stdout(
+            &mut rows,
+            &dir,
+            on,
+            if quick { 50 } else { STDOUT_TRIGGERS },
+        )?;
+    }
     exec_overhead(&mut rows, if quick { 3 } else { EXEC_ROUNDS })?;
     armed_and_idle(&mut rows, if quick { 5 } else { IDLE_SECS })?;
     flood(&mut rows, if quick { 10_000 } else { FLOOD_EXECS })?;
@@ -463,6 +490,102 @@ fn start_agent(audit_dir: &std::path::Path) -> Result<std::process::Child> {
     }
     thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
     Ok(child)
+}
+
+/// End to end, as an operator watching `lastgasp run --standalone` sees
+/// it: reboot(2) with bad magic (EINVAL: nothing happens, the record is
+/// audit-only) from this process, to the JSON line on the agent's stdout.
+/// Both ends on CLOCK_BOOTTIME: the kernel stamps the record, this process
+/// stamps the line when it reads it. The audit directory is on `base`.
+fn syscall_to_stdout(
+    rows: &mut Vec<Row>,
+    base: &std::path::Path,
+    on: &str,
+    n: usize,
+) -> Result<()> {
+    if !base.is_dir() {
+        rows.push(Row {
+            what: format!("reboot(2) -> JSON line on stdout, audit on {on} (µs)"),
+            figure: format!("not measured: no {}", base.display()),
+            target: "-".into(),
+        });
+        return Ok(());
+    }
+    let dir = base.join(format!("lastgasp-bench-stdout-{}", std::process::id()));
+    let mut child = Command::new(agent_bin())
+        .args([
+            "run",
+            "--standalone",
+            "--no-dbus",
+            "--metrics-listen",
+            "off",
+            "--audit-dir",
+        ])
+        .arg(&dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the agent (LASTGASP_BIN)")?;
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if err.read_line(&mut line)? == 0 {
+            bail!("the agent exited before arming");
+        }
+        if line.contains(" armed") {
+            break;
+        }
+    }
+    thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let me = std::process::id();
+    let mut lat_us = Vec::with_capacity(n);
+    for _ in 0..n {
+        // magic1 = 0: EINVAL, nothing else happens.
+        unsafe {
+            libc::syscall(
+                libc::SYS_reboot,
+                0 as libc::c_long,
+                0 as libc::c_long,
+                0x4321fedc_i64,
+                0,
+            )
+        };
+        loop {
+            line.clear();
+            if out.read_line(&mut line)? == 0 {
+                bail!("the agent's stdout closed");
+            }
+            let read_at = boottime_ns();
+            let v: serde_json::Value = serde_json::from_str(&line)?;
+            let ours = v["source"] == "reboot-syscall"
+                && v["actor"]["pid"].as_u64() == Some(u64::from(me));
+            if ours {
+                let at = v["boot_ns"].as_u64().unwrap_or(read_at);
+                lat_us.push(read_at.saturating_sub(at) as f64 / 1e3);
+                break;
+            }
+        }
+        thread::sleep(Duration::from_millis(3));
+    }
+    let _ = child.kill();
+    child.wait()?;
+    std::fs::remove_dir_all(&dir).ok();
+    let mut sorted = lat_us.clone();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let p50 = percentile(&sorted, 0.5);
+    rows.push(Row {
+        what: format!("reboot(2) -> JSON line on stdout, audit on {on}, audit-only record (µs)"),
+        figure: distribution(lat_us),
+        target: if on == "tmpfs" {
+            format!("p50 ≤ 500 ({})", verdict(p50 <= 500.0))
+        } else {
+            "-".into()
+        },
+    });
+    Ok(())
 }
 
 fn mean(v: &[f64]) -> f64 {

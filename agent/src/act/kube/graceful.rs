@@ -190,8 +190,7 @@ pub async fn run(
         .first()
         .map(|e| e.summary.clone())
         .unwrap_or_default();
-    let message =
-        format!("graceful {:?} shutdown (episode {}): {how}", ep.kind, ep.id).to_lowercase();
+    let message = format!("graceful {} shutdown (episode {}): {how}", ep.kind, ep.id);
     // The taint and the record in one patch, then the condition (see
     // set_taint_and_record); the Event beside them.
     let ((t, c), e) = tokio::join!(

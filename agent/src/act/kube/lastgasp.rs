@@ -10,11 +10,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, Taint},
-    apimachinery::pkg::apis::meta::v1::Time,
-    jiff::Timestamp,
-};
+use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{
     api::{Patch, PatchParams},
     runtime::{reflector, watcher},
@@ -22,7 +18,8 @@ use kube::{
 };
 use serde_json::{json, Value};
 
-use super::{shutdown_taint, CONDITION, RECORD_ANNOTATION, TAINT_KEY};
+use super::{condition, shutdown_taint, RECORD_ANNOTATION, TAINT_KEY};
+use crate::signal::{Kind, ShutdownSignal};
 
 /// How often idle connections are used, so that none is closed by the
 /// server or the pool before a shutdown needs it.
@@ -93,15 +90,7 @@ impl LastGasp {
         record: &Value,
         at: SystemTime,
     ) -> (Value, Value) {
-        let now = Time(Timestamp::try_from(at).unwrap_or_else(|_| Timestamp::now()));
-        let cond = NodeCondition {
-            type_: CONDITION.into(),
-            status: "True".into(),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            last_heartbeat_time: Some(now.clone()),
-            last_transition_time: Some(now),
-        };
+        let cond = condition(true, reason, message, at);
         let mut taints = self.current_taints();
         if !taints.iter().any(|t| t.key == TAINT_KEY) {
             taints.push(shutdown_taint(at));
@@ -142,4 +131,30 @@ impl LastGasp {
             spec_done: m.1,
         })
     }
+}
+/// The last gasp's condition reason and message: how the node goes down,
+/// through which path, by whom.
+pub fn message(s: &ShutdownSignal, kind: Kind, escalated: bool) -> (&'static str, String) {
+    let reason = if s.forced {
+        "ForcedShutdown"
+    } else {
+        "ImmediateShutdown"
+    };
+    let actor = s
+        .actor
+        .as_ref()
+        .map(|a| format!("{} ({})", a.comm, a.pid))
+        .unwrap_or_default();
+    let during = if escalated {
+        " during a graceful shutdown"
+    } else {
+        ""
+    };
+    (
+        reason,
+        format!(
+            "{kind} with no time left via {}{during} by {actor}",
+            s.source
+        ),
+    )
 }

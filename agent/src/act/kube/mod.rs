@@ -97,15 +97,7 @@ impl NodeClient {
     /// Sets the `ShutdownInProgress` condition (status subresource; the
     /// strategic merge keeps the kubelet's conditions, merged by type).
     pub async fn set_condition(&self, status: bool, reason: &str, message: &str) -> Result<()> {
-        let now = Time(Timestamp::now());
-        let cond = NodeCondition {
-            type_: CONDITION.into(),
-            status: if status { "True" } else { "False" }.into(),
-            reason: Some(reason.into()),
-            message: Some(message.into()),
-            last_heartbeat_time: Some(now.clone()),
-            last_transition_time: Some(now),
-        };
+        let cond = condition(status, reason, message, SystemTime::now());
         let body = json!({ "status": { "conditions": [cond] } });
         let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
         retry("condition", || {
@@ -318,4 +310,17 @@ pub async fn client(usage: Use, server: Option<&str>) -> anyhow::Result<kube::Cl
         Use::Requests => Duration::from_secs(10),
     });
     Ok(kube::Client::try_from(config)?)
+}
+
+/// The agent's `ShutdownInProgress` condition, the one builder of it.
+pub fn condition(status: bool, reason: &str, message: &str, at: SystemTime) -> NodeCondition {
+    let now = Time(Timestamp::try_from(at).unwrap_or_else(|_| Timestamp::now()));
+    NodeCondition {
+        type_: CONDITION.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_heartbeat_time: Some(now.clone()),
+        last_transition_time: Some(now),
+    }
 }

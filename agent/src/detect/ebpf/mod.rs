@@ -1,7 +1,5 @@
 //! Loads the eBPF programs, arms each hook (naming the ones the kernel
 //! refuses), and turns ring-buffer records into `ShutdownSignal`s.
-use std::fmt;
-
 use anyhow::{bail, Context, Result};
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
@@ -14,7 +12,7 @@ use tokio::io::unix::AsyncFd;
 use crate::{
     detect::{
         clock::now_pair,
-        hooks::{self, Attach, HOOKS},
+        hooks::{self, Attach, HookReport, HookState, HOOKS},
     },
     node::NodePidNs,
     signal::ShutdownSignal,
@@ -24,55 +22,6 @@ mod btf;
 pub mod preflight;
 
 static EBPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lastgasp.bpf.o"));
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HookState {
-    Armed,
-    /// Armed, but without part of what it captures.
-    Degraded(String),
-    Unavailable(String),
-}
-
-#[derive(Clone, Debug)]
-pub struct HookReport {
-    pub hook: String,
-    pub attach: String,
-    pub state: HookState,
-}
-
-impl fmt::Display for HookState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HookState::Armed => write!(f, "armed"),
-            HookState::Degraded(why) => write!(f, "armed, degraded: {why}"),
-            HookState::Unavailable(why) => write!(f, "unavailable: {why}"),
-        }
-    }
-}
-
-impl HookState {
-    /// The state's name in logs and metrics: armed, degraded, unavailable.
-    pub fn name(&self) -> &'static str {
-        match self {
-            HookState::Armed => "armed",
-            HookState::Degraded(_) => "degraded",
-            HookState::Unavailable(_) => "unavailable",
-        }
-    }
-
-    pub fn why(&self) -> Option<&str> {
-        match self {
-            HookState::Armed => None,
-            HookState::Degraded(w) | HookState::Unavailable(w) => Some(w),
-        }
-    }
-}
-
-impl fmt::Display for HookReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:<20} {:<34} {}", self.hook, self.attach, self.state)
-    }
-}
 
 pub struct EbpfDetector {
     // Owns the programs and links: dropping it detaches everything.
@@ -154,9 +103,6 @@ impl TaskOffsets {
 impl EbpfDetector {
     /// Loads and attaches every hook. Fails only when nothing could be armed.
     pub fn load(node: NodePidNs) -> Result<Self> {
-        if EBPF_OBJ.is_empty() {
-            bail!("this lastgasp binary was built without its eBPF object; build it with `cargo xtask build`");
-        }
         crate::node::require_bpf_caps()?;
         crate::node::ensure_tracefs()?;
         let mut report = Vec::new();

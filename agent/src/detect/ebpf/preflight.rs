@@ -2,9 +2,9 @@
 //! kprobes, the privileges, and each hook armed for real (or predicted).
 use std::path::Path;
 
-use super::{EbpfDetector, HookState};
+use super::EbpfDetector;
 use crate::{
-    detect::hooks::Attach,
+    detect::hooks::{Attach, HookState},
     node::{self, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_SYS_PTRACE},
     preflight::{Report, Status},
 };

@@ -9,11 +9,8 @@ use aya::{
 };
 use lastgasp_common as common;
 
-use super::{Attach, Decoded, Hook, Intent, Record};
-use crate::{
-    detect::ebpf::{HookReport, HookState},
-    signal::{Detail, Effect, Kind, Scope, Source},
-};
+use super::{Attach, Decoded, Hook, HookReport, HookState, Intent, Record};
+use crate::signal::{Detail, Effect, Kind, Scope, Source};
 
 pub const HOOK: Hook = Hook {
     source: common::SRC_KERNEL,

@@ -10,7 +10,10 @@
 //! With [`Effect::None`], `kind` keeps the requested kind when nothing
 //! happens by design (`shutdown -k`, `systemctl -H host`, `--dry-run`), and
 //! is [`Kind::Unknown`] when the request is refused or is no shutdown at all.
-use std::time::{Duration, SystemTime};
+use std::{
+    fmt,
+    time::{Duration, SystemTime},
+};
 
 use lastgasp_common::{self as common, RawEvent};
 
@@ -62,6 +65,56 @@ impl Attach {
             } => Some((prog, category, name, required)),
             Attach::KernelFunctions(_) => None,
         })
+    }
+}
+
+/// A hook's line of the start report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookState {
+    Armed,
+    /// Armed, but without part of what it captures.
+    Degraded(String),
+    Unavailable(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct HookReport {
+    pub hook: String,
+    pub attach: String,
+    pub state: HookState,
+}
+
+impl fmt::Display for HookState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HookState::Armed => write!(f, "armed"),
+            HookState::Degraded(why) => write!(f, "armed, degraded: {why}"),
+            HookState::Unavailable(why) => write!(f, "unavailable: {why}"),
+        }
+    }
+}
+
+impl HookState {
+    /// The state's name in logs and metrics: armed, degraded, unavailable.
+    pub fn name(&self) -> &'static str {
+        match self {
+            HookState::Armed => "armed",
+            HookState::Degraded(_) => "degraded",
+            HookState::Unavailable(_) => "unavailable",
+        }
+    }
+
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            HookState::Armed => None,
+            HookState::Degraded(w) | HookState::Unavailable(w) => Some(w),
+        }
+    }
+}
+
+impl fmt::Display for HookReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:<20} {:<34} {}", self.hook, self.attach, self.state)
     }
 }
 

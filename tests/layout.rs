@@ -1,0 +1,241 @@
+//! The agent's modules form layers: no module reaches, through its
+//! siblings, back into itself. Read from the sources: `use` trees and
+//! `crate::`/`super::` paths, outside `#[cfg(test)]` modules.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+};
+
+/// Module path ("detect::logind") of each file under `src`.
+fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
+    fn walk(dir: &Path, src: &Path, out: &mut BTreeMap<String, PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, src, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(src).unwrap().with_extension("");
+                let mut parts: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if matches!(
+                    parts.last().map(String::as_str),
+                    Some("mod" | "lib" | "main")
+                ) {
+                    parts.pop();
+                }
+                out.insert(parts.join("::"), p);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(src, src, &mut out);
+    out
+}
+
+/// The text before the first `#[cfg(test)]` (test modules come last).
+fn non_test(text: &str) -> String {
+    let text = text.split("#[cfg(test)]").next().unwrap_or(text);
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Expands `use` trees into full paths: `crate::{a::{b, c}, d}` gives
+/// `crate::a::b`, `crate::a::c`, `crate::d`.
+fn expand(tree: &str, prefix: &str, out: &mut Vec<String>) {
+    let tree = tree.trim();
+    if let Some(open) = tree.find('{') {
+        let head = tree[..open].trim().trim_end_matches("::");
+        let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+        let prefix = join(prefix, head);
+        let mut depth = 0;
+        let mut start = 0;
+        for (i, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    expand(&inner[start..i], &prefix, out);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        expand(&inner[start..], &prefix, out);
+    } else if !tree.is_empty() {
+        let path = tree.split(" as ").next().unwrap().trim();
+        out.push(join(prefix, path));
+    }
+}
+
+fn join(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b.to_string(),
+        (_, true) => a.to_string(),
+        _ => format!("{a}::{b}"),
+    }
+}
+
+/// Every path the module's code names, made absolute (`crate::` dropped).
+fn references(module: &str, text: &str) -> Vec<Vec<String>> {
+    let mut paths = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("use ") {
+        let after = &rest[i + 4..];
+        let end = after.find(';').unwrap_or(after.len());
+        let word_start = i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric();
+        if word_start {
+            expand(&after[..end], "", &mut paths);
+        }
+        rest = &after[end..];
+    }
+    for (i, _) in text.match_indices("crate::") {
+        let tail = &text[i..];
+        let end = tail
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        paths.push(tail[..end].to_string());
+    }
+    for (i, _) in text.match_indices("super::") {
+        if text[..i].ends_with("super::") || text[..i].ends_with("use ") {
+            continue;
+        }
+        let tail = &text[i..];
+        let end = tail
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(tail.len());
+        paths.push(tail[..end].to_string());
+    }
+    let here: Vec<String> = module
+        .split("::")
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    paths
+        .into_iter()
+        .filter_map(|p| {
+            let mut segs: Vec<&str> = p.split("::").filter(|s| !s.is_empty()).collect();
+            let mut base: Vec<String> = match segs.first() {
+                Some(&"crate") => {
+                    segs.remove(0);
+                    Vec::new()
+                }
+                Some(&"super") => {
+                    let mut b = here.clone();
+                    while segs.first() == Some(&"super") {
+                        segs.remove(0);
+                        b.pop();
+                    }
+                    b
+                }
+                Some(&"self") => {
+                    segs.remove(0);
+                    here.clone()
+                }
+                _ => return None,
+            };
+            base.extend(segs.iter().map(|s| s.to_string()));
+            Some(base)
+        })
+        .collect()
+}
+
+#[test]
+fn no_module_reaches_back_into_itself_through_its_siblings() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/src");
+    let mods = modules(&src);
+    // Edges between siblings: a reference from X to Y is an edge between the
+    // children of their deepest common ancestor that lead to each.
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (m, file) in &mods {
+        if m == "main" || m.is_empty() {
+            continue;
+        }
+        let text = non_test(&std::fs::read_to_string(file).unwrap());
+        let from: Vec<&str> = m.split("::").collect();
+        for path in references(m, &text) {
+            // The longest prefix that is a module.
+            let Some(to) = (1..=path.len())
+                .rev()
+                .map(|k| path[..k].join("::"))
+                .find(|p| mods.contains_key(p))
+            else {
+                continue;
+            };
+            let to: Vec<&str> = to.split("::").collect();
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if common >= from.len() || common >= to.len() {
+                continue; // into an ancestor, or into a descendant
+            }
+            let a = from[..=common].join("::");
+            let b = to[..=common].join("::");
+            edges.entry(a).or_default().insert(b);
+        }
+    }
+    // Any cycle, by depth-first search.
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            match state.get(m.as_str()) {
+                Some(1) => {
+                    let i = stack.iter().position(|s| s == m).unwrap();
+                    let mut cycle = stack[i..].to_vec();
+                    cycle.push(m.clone());
+                    return Some(cycle);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(m, edges, state, stack) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    let mut cycles = Vec::new();
+    for n in edges.keys() {
+        if !state.contains_key(n.as_str()) {
+            if let Some(c) = visit(n, &edges, &mut state, &mut Vec::new()) {
+                cycles.push(c.join(" -> "));
+            }
+        }
+    }
+    assert!(
+        mods.contains_key("detect::logind") && edges.len() > 10,
+        "the reader found too little: {edges:?}"
+    );
+    assert!(
+        cycles.is_empty(),
+        "modules import in a circle:\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn the_reader_expands_use_trees_and_relative_paths() {
+    let mut paths = Vec::new();
+    expand("crate::{a::{b, c as d}, e}", "", &mut paths);
+    assert_eq!(paths, ["crate::a::b", "crate::a::c", "crate::e"]);
+    let refs = references("x::y", "use super::z::{W, V};\nfn f() { crate::q::r(); }");
+    assert!(
+        refs.contains(&vec!["x".to_string(), "z".into(), "W".into()]),
+        "{refs:?}"
+    );
+    assert!(
+        refs.contains(&vec!["q".to_string(), "r".into()]),
+        "{refs:?}"
+    );
+}

@@ -1,0 +1,43 @@
+//! `cargo xtask bench`: the release agent and the bench binary, then the
+//! bench's table (`flood`, `stdout`, `--quick` select and shorten).
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+use crate::build::{build, cargo, ebpf_object, run, target_dir};
+
+pub fn bench(root: &Path, args: &[String]) -> Result<()> {
+    let bin = build(root, true)?;
+    // The bench runs lastgasp-trigger from beside itself: build every
+    // binary of the tests package, not only the bench.
+    run(cargo()
+        .current_dir(root)
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "lastgasp-tests",
+            "--bins",
+        ])
+        .env("LASTGASP_EBPF_OBJ", ebpf_object(root)))?;
+    let trigger = target_dir(root).join("release/lastgasp-trigger");
+    if !trigger.exists() {
+        bail!("{} is missing after the build", trigger.display());
+    }
+    let mut cmd = cargo();
+    cmd.current_dir(root)
+        .args([
+            "run",
+            "--release",
+            "--package",
+            "lastgasp-tests",
+            "--bin",
+            "lastgasp-bench",
+            "--",
+        ])
+        .env("LASTGASP_EBPF_OBJ", ebpf_object(root))
+        .env("LASTGASP_BIN", &bin)
+        .args(args);
+    run(&mut cmd)?;
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! Building: the eBPF object with the pinned nightly and bpf-linker, then
+//! the agent around it; and the command helpers every subcommand uses.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::setup;
+
+/// `CARGO_TARGET_DIR` when set, else `target/` of the workspace.
+pub fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
+pub fn ebpf_object(root: &Path) -> PathBuf {
+    target_dir(root).join("ebpf/bpfel-unknown-none/release/lastgasp")
+}
+
+/// The binaries `build` makes, in one cargo invocation: one feature
+/// resolution, so the API double (VM cluster mode) shares the agent's
+/// dependency builds instead of adding a second set (53 crates rebuilt).
+pub const BINS: [&str; 4] = ["--package", "lastgasp", "--package", "lastgasp-apidouble"];
+
+/// Builds the eBPF object, then the agent around it (and the API double);
+/// returns the agent's binary.
+pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
+    let tools = setup::ensure(root)?;
+    let mut cmd = Command::new("cargo");
+    setup::clean_toolchain_env(&mut cmd);
+    cmd.current_dir(root.join("agent-ebpf"))
+        .arg(format!("+{}", tools.nightly))
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir(root).join("ebpf"))
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .env("PATH", tools.path_with_linker()?);
+    run(&mut cmd).context("building the eBPF object (agent-ebpf)")?;
+
+    let mut cmd = cargo();
+    cmd.current_dir(root)
+        .arg("build")
+        .args(BINS)
+        .env("LASTGASP_EBPF_OBJ", ebpf_object(root));
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd).context("building the agent")?;
+    Ok(target_dir(root).join(if release {
+        "release/lastgasp"
+    } else {
+        "debug/lastgasp"
+    }))
+}
+
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{:?} failed: {status}", cmd.get_program());
+    }
+    Ok(())
+}
