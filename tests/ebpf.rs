@@ -56,6 +56,11 @@ async fn start_report_arms_every_tracepoint_and_names_refused_hooks() {
             HookState::Degraded(why) => panic!("{f} degraded: {why}"),
         }
     }
+    let orphans: Vec<_> = det.det.report.iter().filter(|r| r.attach == "-").collect();
+    assert!(
+        orphans.is_empty(),
+        "eBPF programs no hook attaches (add them to HOOKS): {orphans:?}"
+    );
     assert_eq!(det.det.drops(), 0);
 }
 

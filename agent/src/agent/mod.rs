@@ -29,7 +29,7 @@ use crate::{
     decide::{Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
     detect::{actor, logind::LogindHandle},
     report::{self, BootEnd, BootReport},
-    signal::ShutdownSignal,
+    signal::{ShutdownSignal, Source},
 };
 
 mod run;
@@ -108,6 +108,13 @@ impl Agent {
     }
 
     pub async fn handle(&mut self, mut s: ShutdownSignal) -> Result<Decision> {
+        // Before the decision, while the actor may still run. Walking the
+        // cgroup tree for a process already gone is slow on a big node: not
+        // for records that leave no time.
+        let hurry = s.forced || matches!(s.source, Source::RebootSyscall | Source::KernelHook);
+        if let Some(a) = s.actor.as_mut() {
+            actor::enrich_with(a, !hurry);
+        }
         if let Some(l) = &self.logind {
             self.decider.set_lock_held(l.lock_held());
         }
@@ -115,9 +122,6 @@ impl Agent {
         let d = self.decider.decide(&s);
         self.metrics.count_detection(&s);
         self.metrics.count_decision(&d);
-        if let Some(a) = s.actor.as_mut() {
-            actor::enrich_with(a, !matches!(d.action, Action::Immediate { .. }));
-        }
         // On disk before anything acts on it: the machine may die next.
         // Records that change nothing are synced in batches (each tick).
         let durability = if acts(&d.action) {

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::TracePoint,
-    Btf, Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader, Endianness,
 };
 use lastgasp_common::{self as common, RawEvent};
 use tokio::io::unix::AsyncFd;
@@ -83,7 +83,13 @@ pub struct TaskOffsets {
 impl TaskOffsets {
     pub fn from_btf(path: &str) -> Result<Self> {
         let data = std::fs::read(path).with_context(|| format!("reading {path}"))?;
-        let btf = btf::Btf::parse(&data)?;
+        Self::from_btf_bytes(&data)
+    }
+
+    /// From BTF already read: an index over the same bytes aya parses, not
+    /// a second type table.
+    pub fn from_btf_bytes(data: &[u8]) -> Result<Self> {
+        let btf = btf::Btf::parse(data)?;
         Ok(TaskOffsets {
             task_mm: btf.member_offset("task_struct", "mm")?,
             mm_arg_start: btf.member_offset("mm_struct", "arg_start")?,
@@ -100,6 +106,10 @@ impl TaskOffsets {
     }
 }
 
+/// The kernel's BTF, read once and parsed once by aya: the loader, the
+/// fentry hooks and the offset reader all use it.
+const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
 impl EbpfDetector {
     /// Loads and attaches every hook. Fails only when nothing could be armed.
     pub fn load(node: NodePidNs) -> Result<Self> {
@@ -107,12 +117,19 @@ impl EbpfDetector {
         crate::node::ensure_tracefs()?;
         let mut report = Vec::new();
 
-        let offsets = match TaskOffsets::from_btf("/sys/kernel/btf/vmlinux") {
+        let data = std::fs::read(KERNEL_BTF).with_context(|| format!("reading {KERNEL_BTF}"));
+        let kernel_btf = match &data {
+            Ok(d) => {
+                Btf::parse(d, Endianness::default()).map_err(|e| format!("no kernel BTF: {e}"))
+            }
+            Err(e) => Err(format!("no kernel BTF: {e:#}")),
+        };
+        let offsets = match data.and_then(|d| TaskOffsets::from_btf_bytes(&d)) {
             Ok(o) => Some(o),
             Err(e) => {
                 report.push(HookReport {
                     hook: "task offsets".into(),
-                    attach: "/sys/kernel/btf/vmlinux".into(),
+                    attach: KERNEL_BTF.into(),
                     state: HookState::Degraded(format!(
                         "no kernel BTF ({e:#}): exec without argv, actors without parent or credentials (who can reboot is judged by uid 0 alone)"
                     )),
@@ -122,6 +139,7 @@ impl EbpfDetector {
         };
         let o = offsets.unwrap_or_default();
         let mut bpf = EbpfLoader::new()
+            .btf(kernel_btf.as_ref().ok())
             .override_global("NODE_PIDNS_DEV", &node.dev, true)
             .override_global("NODE_PIDNS_INO", &node.ino, true)
             .override_global("NODE_INIT_PID", &node.init_pid, true)
@@ -145,7 +163,6 @@ impl EbpfDetector {
             tools.insert(common::tool_key(name.as_bytes()), id, 0)?;
         }
 
-        let kernel_btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"));
         for hook in HOOKS {
             match hook.attach {
                 Attach::Tracepoint {
@@ -173,6 +190,22 @@ impl EbpfDetector {
                     functions,
                     &mut report,
                 ),
+            }
+        }
+
+        // A program no hook attaches is a hook half added (see README's
+        // "Adding a shutdown path").
+        let attached: Vec<String> = HOOKS.iter().flat_map(|h| h.attach.programs()).collect();
+        for (name, _) in bpf.programs() {
+            if !attached.iter().any(|a| a == name) {
+                report.push(HookReport {
+                    hook: name.to_string(),
+                    attach: "-".into(),
+                    state: HookState::Unavailable(
+                        "in the eBPF object, but no hook in agent/src/detect/hooks attaches it"
+                            .into(),
+                    ),
+                });
             }
         }
 

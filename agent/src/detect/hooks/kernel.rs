@@ -51,7 +51,6 @@ fn record(r: &Record) -> Decoded {
 
 /// Arms each function: fentry first, kprobe second; both feature-probed by
 /// trying them. One report line per function.
-/// fentry first, kprobe second; both feature-probed by trying them.
 pub fn arm(
     bpf: &mut Ebpf,
     btf: Result<&Btf, &str>,

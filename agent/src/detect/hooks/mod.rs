@@ -54,6 +54,17 @@ pub enum Attach {
 }
 
 impl Attach {
+    /// The eBPF programs this attaches (by name in the object).
+    pub fn programs(&self) -> Vec<String> {
+        match self {
+            Attach::Tracepoint { prog, .. } => vec![prog.to_string()],
+            Attach::KernelFunctions(fs) => fs
+                .iter()
+                .flat_map(|f| [format!("fentry_{f}"), format!("kprobe_{f}")])
+                .collect(),
+        }
+    }
+
     /// The tracepoints of every hook: (program, category, name, required).
     pub fn tracepoints() -> impl Iterator<Item = (&'static str, &'static str, &'static str, bool)> {
         HOOKS.iter().filter_map(|h| match h.attach {

@@ -305,4 +305,108 @@ mod tests {
         assert_eq!(s.last().unwrap().delay, Some(Duration::from_secs(60)));
         fs::remove_dir_all(&root).ok();
     }
+
+    /// logind behind the `Inhibitor` interface: it re-reads its
+    /// configuration (under `root`) only when told to reload.
+    struct FakeLogind {
+        root: PathBuf,
+        delay: std::sync::Mutex<Duration>,
+        reloads: std::sync::atomic::AtomicU32,
+    }
+
+    impl FakeLogind {
+        fn new(root: &Path, delay: Duration) -> Self {
+            FakeLogind {
+                root: root.to_path_buf(),
+                delay: std::sync::Mutex::new(delay),
+                reloads: Default::default(),
+            }
+        }
+    }
+
+    impl Inhibitor for FakeLogind {
+        async fn current_inhibit_delay(&self) -> zbus::Result<Duration> {
+            Ok(*self.delay.lock().unwrap())
+        }
+        async fn inhibit_shutdown(&self, _: &str, _: &str) -> zbus::Result<std::os::fd::OwnedFd> {
+            Err(zbus::Error::Unsupported)
+        }
+        async fn reload_logind_conf(&self) -> zbus::Result<()> {
+            self.reloads
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let winner = inhibit_delay_settings(&self.root)
+                .into_iter()
+                .filter_map(|s| s.delay)
+                .last();
+            *self.delay.lock().unwrap() = winner.unwrap_or(LOGIND_DEFAULT_DELAY);
+            Ok(())
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let root =
+            std::env::temp_dir().join(format!("lastgasp-delay-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        root
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn enough_delay_writes_nothing_and_reloads_nothing() {
+        let root = scratch("enough");
+        let host = FakeLogind::new(&root, Duration::from_secs(60));
+        let got = ensure_inhibit_delay(&host, &root, Duration::from_secs(30)).await;
+        assert!(
+            matches!(got, Ok(DelayOutcome::Enough(d)) if d == Duration::from_secs(60)),
+            "{got:?}"
+        );
+        assert!(!dropin_path(&root).exists());
+        assert_eq!(host.reloads.load(std::sync::atomic::Ordering::SeqCst), 0);
+        fs::remove_dir_all(&root).ok();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_delay_is_raised_by_the_dropin_and_one_reload() {
+        let root = scratch("raise");
+        let host = FakeLogind::new(&root, Duration::from_secs(5));
+        let got = ensure_inhibit_delay(&host, &root, Duration::from_millis(29_500)).await;
+        assert!(
+            matches!(got, Ok(DelayOutcome::Raised { from, to })
+                if from == Duration::from_secs(5) && to == Duration::from_secs(30)),
+            "{got:?}"
+        );
+        assert_eq!(
+            fs::read_to_string(dropin_path(&root)).unwrap(),
+            dropin_text(Duration::from_secs(30))
+        );
+        assert_eq!(host.reloads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        fs::remove_dir_all(&root).ok();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_file_that_caps_the_delay_is_named() {
+        let root = scratch("capped");
+        let cap = root.join("run/systemd/logind.conf.d/zz-cap.conf");
+        fs::create_dir_all(cap.parent().unwrap()).unwrap();
+        fs::write(&cap, "[Login]\nInhibitDelayMaxSec=10\n").unwrap();
+        let host = FakeLogind::new(&root, Duration::from_secs(10));
+        match ensure_inhibit_delay(&host, &root, Duration::from_secs(30)).await {
+            Err(DelayError::TooLow {
+                have,
+                want,
+                winner: Some(w),
+                ours,
+                reload: None,
+            }) => {
+                assert_eq!(
+                    (have, want),
+                    (Duration::from_secs(10), Duration::from_secs(30))
+                );
+                assert_eq!(w.file, cap);
+                assert_eq!(ours, dropin_path(&root));
+            }
+            other => panic!("{other:?}"),
+        }
+        fs::remove_dir_all(&root).ok();
+    }
 }
