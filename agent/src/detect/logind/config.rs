@@ -336,8 +336,8 @@ mod tests {
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let winner = inhibit_delay_settings(&self.root)
                 .into_iter()
-                .filter_map(|s| s.delay)
-                .last();
+                .rev()
+                .find_map(|s| s.delay);
             *self.delay.lock().unwrap() = winner.unwrap_or(LOGIND_DEFAULT_DELAY);
             Ok(())
         }
