@@ -98,7 +98,8 @@ async fn bad_magic_reboot_is_seen_and_marked_ineffective() {
             magic1: 0,
             magic2: 0,
             cmd: 0x4321fedc,
-            valid_magic: false
+            valid_magic: false,
+            ret: None,
         }
     );
 }

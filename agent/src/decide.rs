@@ -87,6 +87,14 @@ pub enum Action {
     Join,
 }
 
+/// As the audit writes it: `{"action":"audit-only","why":"..."}`.
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let json = serde_json::to_string(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(&json)
+    }
+}
+
 /// How strong a claim's source is: who could have caused it. A cancel needs
 /// at least the strength that opened (or last confirmed) the episode.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -768,6 +776,7 @@ mod tests {
                 magic2: 672274793,
                 cmd: 0x4321fedc,
                 valid_magic: true,
+                ret: None,
             },
             Source::SignalPid1 => Detail::Signal {
                 signo: 38,

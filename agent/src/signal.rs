@@ -137,6 +137,10 @@ pub enum Detail {
         magic2: u32,
         cmd: u32,
         valid_magic: bool,
+        /// At the syscall's exit: what it returned (`-errno`). Absent at
+        /// entry.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ret: Option<i64>,
     },
     Exec {
         path: String,

@@ -459,6 +459,7 @@ mod tests {
                 magic2: 672274793,
                 cmd: 0x4321fedc,
                 valid_magic: true,
+                ret: None,
             },
         }
     }

@@ -27,7 +27,7 @@ use crate::{
         metrics::Metrics,
     },
     decide::{Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
-    detect::{actor, logind::LogindHandle},
+    detect::{actor, clock, logind::LogindHandle},
     report::{self, BootEnd, BootReport},
     signal::{ShutdownSignal, Source},
 };
@@ -111,10 +111,13 @@ impl Agent {
         // Before the decision, while the actor may still run. Walking the
         // cgroup tree for a process already gone is slow on a big node: not
         // for records that leave no time.
+        let queued_ns = clock::boottime_ns().saturating_sub(s.boot_ns);
+        let t = std::time::Instant::now();
         let hurry = s.forced || matches!(s.source, Source::RebootSyscall | Source::KernelHook);
         if let Some(a) = s.actor.as_mut() {
             actor::enrich_with(a, !hurry);
         }
+        let enriched = t.elapsed();
         if let Some(l) = &self.logind {
             self.decider.set_lock_held(l.lock_held());
         }
@@ -122,6 +125,7 @@ impl Agent {
         let d = self.decider.decide(&s);
         self.metrics.count_detection(&s);
         self.metrics.count_decision(&d);
+        let decided = t.elapsed();
         // On disk before anything acts on it: the machine may die next.
         // Records that change nothing are synced in batches (each tick).
         let durability = if acts(&d.action) {
@@ -133,14 +137,22 @@ impl Agent {
             self.metrics.audit_failures.inc();
             tracing::error!("audit record NOT written: {e:#}");
         }
+        let audited = t.elapsed();
         if self.print {
             let mut v = serde_json::to_value(&s)?;
             v["decision"] = json!(d.action);
             println!("{v}");
         }
-        tracing::info!(source = ?s.source, kind = ?s.kind, forced = s.forced, scope = ?s.scope,
+        let printed = t.elapsed();
+        // Where the time from the kernel's record to stdout goes (the bench
+        // reads these: `cargo xtask bench stdout`).
+        tracing::debug!(target: "lastgasp::timing", queued_us = queued_ns / 1000,
+            enrich_us = enriched.as_micros() as u64, decide_us = (decided - enriched).as_micros() as u64,
+            audit_us = (audited - decided).as_micros() as u64, print_us = (printed - audited).as_micros() as u64,
+            "handled");
+        tracing::info!(source = %s.source, kind = %s.kind, forced = s.forced, scope = %s.scope,
             pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()),
-            action = ?d.action, episode = d.episode.as_ref().map(|e| e.id), "shutdown signal");
+            action = %d.action, episode = d.episode.as_ref().map(|e| e.id), "shutdown signal");
         self.act(Some(&s), &d).await;
         Ok(d)
     }
@@ -185,7 +197,7 @@ impl Agent {
     /// A decision made by time, not by a signal.
     async fn decided(&mut self, d: Decision) {
         self.metrics.count_decision(&d);
-        tracing::warn!(action = ?d.action, episode = d.episode.as_ref().map(|e| e.id), "episode ended without a shutdown");
+        tracing::warn!(action = %d.action, episode = d.episode.as_ref().map(|e| e.id), "episode ended without a shutdown");
         self.act(None, &d).await;
     }
 

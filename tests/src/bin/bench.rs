@@ -497,6 +497,10 @@ fn start_agent(audit_dir: &std::path::Path) -> Result<std::process::Child> {
 /// audit-only) from this process, to the JSON line on the agent's stdout.
 /// Both ends on CLOCK_BOOTTIME: the kernel stamps the record, this process
 /// stamps the line when it reads it. The audit directory is on `base`.
+/// The agent's `lastgasp::timing` fields: ring buffer to the loop (decoding
+/// included), then each step of `Agent::handle`.
+const TIMING_PARTS: [&str; 5] = ["queued", "enrich", "decide", "audit", "print"];
+
 fn syscall_to_stdout(
     rows: &mut Vec<Row>,
     base: &std::path::Path,
@@ -522,7 +526,7 @@ fn syscall_to_stdout(
             "--audit-dir",
         ])
         .arg(&dir)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info,lastgasp::timing=debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -538,7 +542,25 @@ fn syscall_to_stdout(
             break;
         }
     }
-    thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    // The agent's own account of each record: where the time went.
+    let parts = thread::spawn(move || {
+        let mut parts: Vec<(String, Vec<f64>)> = TIMING_PARTS
+            .iter()
+            .map(|p| (p.to_string(), Vec::new()))
+            .collect();
+        for l in err.lines().map_while(Result::ok) {
+            if !l.contains("lastgasp::timing") {
+                continue;
+            }
+            for (name, v) in &mut parts {
+                let key = format!("{name}_us=");
+                if let Some(x) = l.split_whitespace().find_map(|w| w.strip_prefix(&key)) {
+                    v.extend(x.parse::<f64>().ok());
+                }
+            }
+        }
+        parts
+    });
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let me = std::process::id();
     let mut lat_us = Vec::with_capacity(n);
@@ -560,7 +582,9 @@ fn syscall_to_stdout(
             }
             let read_at = boottime_ns();
             let v: serde_json::Value = serde_json::from_str(&line)?;
+            // The syscall's entry (its exit is a second record, with `ret`).
             let ours = v["source"] == "reboot-syscall"
+                && v["detail"]["ret"].is_null()
                 && v["actor"]["pid"].as_u64() == Some(u64::from(me));
             if ours {
                 let at = v["boot_ns"].as_u64().unwrap_or(read_at);
@@ -573,6 +597,21 @@ fn syscall_to_stdout(
     let _ = child.kill();
     child.wait()?;
     std::fs::remove_dir_all(&dir).ok();
+    let parts = parts
+        .join()
+        .map_err(|_| anyhow::anyhow!("the stderr reader panicked"))?;
+    let mut part_rows = Vec::new();
+    for (name, v) in parts {
+        part_rows.push(Row {
+            what: format!("  part: {name} (µs, every record, entry and exit), audit on {on}"),
+            figure: if v.is_empty() {
+                "not reported by the agent".into()
+            } else {
+                distribution(v)
+            },
+            target: "-".into(),
+        });
+    }
     let mut sorted = lat_us.clone();
     sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let p50 = percentile(&sorted, 0.5);
@@ -585,6 +624,7 @@ fn syscall_to_stdout(
             "-".into()
         },
     });
+    rows.extend(part_rows);
     Ok(())
 }
 

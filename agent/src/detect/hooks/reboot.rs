@@ -48,7 +48,7 @@ fn entry(r: &Record) -> Decoded {
     Decoded {
         source: Source::RebootSyscall,
         intent,
-        detail: detail(m1, m2, cmd),
+        detail: detail(m1, m2, cmd, None),
         scope: None,
     }
 }
@@ -69,17 +69,18 @@ fn exit(r: &Record) -> Decoded {
     Decoded {
         source: Source::RebootSyscall,
         intent,
-        detail: detail(m1, m2, cmd),
+        detail: detail(m1, m2, cmd, Some(ret)),
         scope: None,
     }
 }
 
-fn detail(magic1: u32, magic2: u32, cmd: u32) -> Detail {
+fn detail(magic1: u32, magic2: u32, cmd: u32, ret: Option<i64>) -> Detail {
     Detail::Reboot {
         magic1,
         magic2,
         cmd,
         valid_magic: valid_reboot_magic(magic1, magic2),
+        ret,
     }
 }
 
@@ -212,6 +213,11 @@ mod tests {
             Effect::Failed {
                 why: "reboot(2) cmd 0x4321fedc returned -1 EPERM (Operation not permitted)".into()
             }
+        );
+        assert!(
+            matches!(s.detail, Detail::Reboot { ret: Some(-1), .. }),
+            "{:?}",
+            s.detail
         );
         // CAD_ON returning 0 changes nothing.
         r.a = [0xfee1dead, 672274793, 0x89abcdef, 0];
