@@ -117,14 +117,20 @@ impl EbpfDetector {
         crate::node::ensure_tracefs()?;
         let mut report = Vec::new();
 
+        // aya 0.14's `EbpfLoader::new()` parses the kernel's BTF itself, with
+        // no way to take it out: drop that one at once. The programs carry no
+        // CO-RE relocations (the offsets below are the hand-done CO-RE), so
+        // the loader needs none. The file is read once, indexed for the
+        // offsets, and parsed once, after loading, for the fentry hooks: one
+        // parsed BTF alive at a time.
+        let mut loader = EbpfLoader::new();
+        loader.btf(None);
         let data = std::fs::read(KERNEL_BTF).with_context(|| format!("reading {KERNEL_BTF}"));
-        let kernel_btf = match &data {
-            Ok(d) => {
-                Btf::parse(d, Endianness::default()).map_err(|e| format!("no kernel BTF: {e}"))
-            }
-            Err(e) => Err(format!("no kernel BTF: {e:#}")),
-        };
-        let offsets = match data.and_then(|d| TaskOffsets::from_btf_bytes(&d)) {
+        let offsets = match data
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))
+            .and_then(|d| TaskOffsets::from_btf_bytes(d))
+        {
             Ok(o) => Some(o),
             Err(e) => {
                 report.push(HookReport {
@@ -138,8 +144,7 @@ impl EbpfDetector {
             }
         };
         let o = offsets.unwrap_or_default();
-        let mut bpf = EbpfLoader::new()
-            .btf(kernel_btf.as_ref().ok())
+        let mut bpf = loader
             .override_global("NODE_PIDNS_DEV", &node.dev, true)
             .override_global("NODE_PIDNS_INO", &node.ino, true)
             .override_global("NODE_INIT_PID", &node.init_pid, true)
@@ -156,6 +161,12 @@ impl EbpfDetector {
             .override_global("USER_NS_LEVEL_OFF", &o.user_ns_level, true)
             .load(EBPF_OBJ)
             .context("loading the eBPF object")?;
+        let kernel_btf = match data {
+            Ok(d) => {
+                Btf::parse(&d, Endianness::default()).map_err(|e| format!("no kernel BTF: {e}"))
+            }
+            Err(e) => Err(format!("no kernel BTF: {e:#}")),
+        };
 
         let mut tools: HashMap<_, [u8; common::TOOL_NAME_LEN], u32> =
             HashMap::try_from(bpf.map_mut("TOOLS").context("no TOOLS map")?)?;
