@@ -63,10 +63,6 @@ impl NodePidNs {
             init_pid,
         })
     }
-
-    pub fn is_initial(&self) -> bool {
-        self.ino == INIT_PIDNS_INO
-    }
 }
 
 fn find_ns_init(ino: u64) -> Result<Option<u32>> {

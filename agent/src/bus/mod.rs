@@ -7,8 +7,8 @@ use zbus::{
     connection, fdo::DBusProxy, message::Type as MsgType, Connection, MatchRule, MessageStream,
 };
 
-pub mod logind;
-pub mod systemd;
+pub(crate) mod logind;
+pub(crate) mod systemd;
 
 pub use logind::{LogindManagerProxy, LOGIND};
 pub use systemd::{SystemdManagerProxy, SYSTEMD};

@@ -10,10 +10,6 @@ use crate::signal::{Actor, Parent};
 
 const MAX_PARENTS: usize = 8;
 
-pub fn enrich(actor: &mut Actor) {
-    enrich_with(actor, true)
-}
-
 /// `walk_cgroups`: when the process is gone, look its cgroup up by id in
 /// /sys/fs/cgroup (slow on a big node: not on the last gasp's path).
 pub fn enrich_with(actor: &mut Actor, walk_cgroups: bool) {
@@ -193,7 +189,7 @@ mod tests {
             pid: std::process::id(),
             ..Default::default()
         };
-        enrich(&mut a);
+        enrich_with(&mut a, true);
         assert!(a.exe.is_some(), "our own exe must be readable");
         assert!(!a.parents.is_empty(), "a test process has a parent");
     }

@@ -1,9 +1,9 @@
 //! Detectors: each turns what it sees into `ShutdownSignal`s.
-pub mod actor;
+pub(crate) mod actor;
 pub mod clock;
 pub mod ebpf;
 pub mod hooks;
-pub mod host;
-pub mod launch;
+pub(crate) mod host;
+pub(crate) mod launch;
 pub mod logind;
 pub mod systemd;

@@ -2,8 +2,8 @@
 //! graceful termination of the node's pods.
 pub mod graceful;
 pub mod lastgasp;
-pub mod preflight;
-pub mod retry;
+pub(crate) mod preflight;
+pub(crate) mod retry;
 
 use std::time::{Duration, SystemTime};
 

@@ -19,7 +19,7 @@ use crate::{
 };
 
 mod btf;
-pub mod preflight;
+pub(crate) mod preflight;
 
 static EBPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lastgasp.bpf.o"));
 
@@ -257,7 +257,7 @@ impl EbpfDetector {
     }
 
     /// Waits for the next records and returns them decoded (not yet enriched
-    /// from /proc: see `actor::enrich`): the node's first, at most `BATCH`.
+    /// from /proc: see `actor::enrich_with`): the node's first, at most `BATCH`.
     pub async fn next_batch(&mut self) -> Result<Vec<ShutdownSignal>> {
         loop {
             let mut out = Vec::new();

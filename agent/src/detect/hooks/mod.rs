@@ -19,10 +19,10 @@ use lastgasp_common::{self as common, RawEvent};
 
 use crate::signal::{Actor, Detail, Effect, Kind, Parent, Scope, ShutdownSignal, Source};
 
-pub mod exec;
-pub mod kernel;
-pub mod reboot;
-pub mod signal;
+pub(crate) mod exec;
+pub(crate) mod kernel;
+pub(crate) mod reboot;
+pub(crate) mod signal;
 
 /// Every hook: adding one is a line here.
 pub const HOOKS: &[Hook] = &[

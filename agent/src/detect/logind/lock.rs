@@ -40,11 +40,6 @@ impl LogindHandle {
     pub fn lock_held(&self) -> bool {
         *self.held.borrow()
     }
-
-    /// Follows `lock_held`.
-    pub fn watch_lock(&self) -> watch::Receiver<bool> {
-        self.held.clone()
-    }
 }
 
 impl LogindHandle {

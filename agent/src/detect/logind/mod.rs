@@ -37,8 +37,8 @@ use crate::{
 };
 
 pub mod config;
-pub mod lock;
-pub mod preflight;
+pub(crate) mod lock;
+pub(crate) mod preflight;
 
 pub use config::{DelayError, DelayOutcome};
 pub use lock::LogindHandle;
