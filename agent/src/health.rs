@@ -11,7 +11,7 @@ use std::{
 };
 
 /// `/healthz` fails when the loop has not stamped for this long.
-pub const STALL_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(30);
 const NOT_LOOPING: u64 = u64::MAX;
 
 /// Readiness and liveness, shared by the loop and the endpoint.

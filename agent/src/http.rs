@@ -20,11 +20,11 @@ use hyper::{body::Bytes, header, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-pub use crate::health::Health;
+pub(crate) use crate::health::Health;
 
 /// Default ports: the agent's and the controller's.
-pub const AGENT_PORT: u16 = 9850;
-pub const CONTROLLER_PORT: u16 = 9851;
+pub(crate) const AGENT_PORT: u16 = 9850;
+pub(crate) const CONTROLLER_PORT: u16 = 9851;
 
 /// `--metrics-listen`: `ADDR:PORT`, or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl FromStr for Listen {
 
 /// Where to listen: the flag when given; else loopback in standalone mode,
 /// and `$POD_IP` (the downward API) in cluster mode.
-pub fn resolve(
+pub(crate) fn resolve(
     flag: Option<Listen>,
     standalone: bool,
     port: u16,
@@ -74,7 +74,7 @@ pub fn resolve(
 }
 
 /// Binds the listener (so that a bad address fails at start).
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("--metrics-listen {addr}: cannot listen there"))
@@ -94,7 +94,7 @@ const PLAIN: &str = "text/plain; charset=utf-8";
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Serves until the task is dropped. `metrics` renders the registry.
-pub fn serve<F>(
+pub(crate) fn serve<F>(
     listener: TcpListener,
     metrics: F,
     health: Arc<Health>,
@@ -155,7 +155,7 @@ fn route(
 
 /// Binds `listen` (unless off), starts serving, and says where. `required`:
 /// a bind failure is an error; otherwise it is logged and the endpoint is off.
-pub async fn start<F>(
+pub(crate) async fn start<F>(
     listen: Listen,
     required: bool,
     metrics: F,

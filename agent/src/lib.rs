@@ -1,4 +1,5 @@
 //! lastgasp: sees every way a Linux node can shut down, and tells the cluster.
+#![warn(unreachable_pub)]
 pub mod act;
 pub mod agent;
 pub mod bus;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// systemd's time span syntax (`parse_sec`): "5min", "1h 30s", "1.5d", "1M";
 /// a bare number is seconds; "infinity" is `Duration::MAX`.
-pub fn parse_timespan(text: &str) -> Option<Duration> {
+pub(crate) fn parse_timespan(text: &str) -> Option<Duration> {
     const USEC_PER_SEC: u64 = 1_000_000;
     fn unit_usec(unit: &str) -> Option<u64> {
         Some(match unit {
@@ -59,7 +59,7 @@ pub fn parse_timespan(text: &str) -> Option<Duration> {
 }
 
 /// A duration as systemd prints a limit: "infinity" or seconds ("20s").
-pub fn secs(d: Duration) -> String {
+pub(crate) fn secs(d: Duration) -> String {
     if d == Duration::MAX {
         "infinity".into()
     } else {

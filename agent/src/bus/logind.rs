@@ -8,11 +8,11 @@ use zbus::{proxy::CacheProperties, Connection};
 use super::systemd::{self, SystemdManagerProxy};
 
 pub const LOGIND: &str = "org.freedesktop.login1";
-pub const PATH: &str = "/org/freedesktop/login1";
-pub const MANAGER: &str = "org.freedesktop.login1.Manager";
+pub(crate) const PATH: &str = "/org/freedesktop/login1";
+pub(crate) const MANAGER: &str = "org.freedesktop.login1.Manager";
 
 /// One entry of `ListInhibitors`: what, who, why, mode, uid, pid.
-pub type InhibitorEntry = (String, String, String, String, u32, u32);
+pub(crate) type InhibitorEntry = (String, String, String, String, u32, u32);
 
 /// Properties are read afresh each time: logind's InhibitDelayMaxUSec is
 /// "const" on the bus yet changes on reload.
@@ -47,7 +47,7 @@ pub trait LogindManager {
 }
 
 /// logind's manager on `conn`, without a property cache.
-pub async fn manager(conn: &Connection) -> zbus::Result<LogindManagerProxy<'static>> {
+pub(crate) async fn manager(conn: &Connection) -> zbus::Result<LogindManagerProxy<'static>> {
     LogindManagerProxy::builder(conn)
         .cache_properties(CacheProperties::No)
         .build()

@@ -4,7 +4,7 @@ use zbus::{proxy::CacheProperties, Connection, OwnedObjectPath};
 pub const SYSTEMD: &str = "org.freedesktop.systemd1";
 
 /// One entry of `ListJobs`: id, unit, job type, state, job path, unit path.
-pub type Job = (
+pub(crate) type Job = (
     u32,
     String,
     String,
@@ -42,7 +42,7 @@ pub trait SystemdManager {
 }
 
 /// systemd's manager on `conn`, without a property cache.
-pub async fn manager(conn: &Connection) -> zbus::Result<SystemdManagerProxy<'static>> {
+pub(crate) async fn manager(conn: &Connection) -> zbus::Result<SystemdManagerProxy<'static>> {
     SystemdManagerProxy::builder(conn)
         .cache_properties(CacheProperties::No)
         .build()
@@ -50,7 +50,9 @@ pub async fn manager(conn: &Connection) -> zbus::Result<SystemdManagerProxy<'sta
 }
 
 /// systemd's queued start jobs: (id, unit).
-pub async fn start_jobs(systemd: &SystemdManagerProxy<'_>) -> zbus::Result<Vec<(u32, String)>> {
+pub(crate) async fn start_jobs(
+    systemd: &SystemdManagerProxy<'_>,
+) -> zbus::Result<Vec<(u32, String)>> {
     Ok(systemd
         .list_jobs()
         .await?

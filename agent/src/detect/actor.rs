@@ -12,7 +12,7 @@ const MAX_PARENTS: usize = 8;
 
 /// `walk_cgroups`: when the process is gone, look its cgroup up by id in
 /// /sys/fs/cgroup (slow on a big node: not on the last gasp's path).
-pub fn enrich_with(actor: &mut Actor, walk_cgroups: bool) {
+pub(crate) fn enrich_with(actor: &mut Actor, walk_cgroups: bool) {
     let proc = Process::new(actor.pid as i32).ok();
     if actor.exe.is_none() {
         actor.exe = proc
@@ -96,7 +96,7 @@ fn find_cgroup_by_id(root: &Path, id: u64, depth: usize) -> Option<String> {
 /// drivers:
 /// - systemd: `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`
 /// - cgroupfs: `/kubepods/burstable/pod<uid>/<id>`
-pub fn pod_and_container(path: &str) -> (Option<String>, Option<String>) {
+pub(crate) fn pod_and_container(path: &str) -> (Option<String>, Option<String>) {
     if !path.contains("kubepods") {
         return (None, None);
     }

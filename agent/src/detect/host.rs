@@ -15,17 +15,17 @@ use crate::{
 /// afresh for each question (asked rarely: once an episode outlives its
 /// expected end).
 #[derive(Clone, Debug)]
-pub struct HostProbe {
+pub(crate) struct HostProbe {
     bus: Option<String>,
 }
 
 impl HostProbe {
-    pub fn new(bus: Option<String>) -> Self {
+    pub(crate) fn new(bus: Option<String>) -> Self {
         HostProbe { bus }
     }
 
     /// Asks logind and systemd whether a shutdown is under way (`HostAnswer`).
-    pub fn query(args: &DbusArgs) -> HostQuery {
+    pub(crate) fn query(args: &DbusArgs) -> HostQuery {
         let probe = (!args.no_dbus).then(|| HostProbe::new(args.system_bus.clone()));
         Arc::new(move || {
             let probe = probe.clone();
@@ -44,7 +44,7 @@ impl HostProbe {
 
     /// `Some(evidence)` when a shutdown is under way, `None` when neither
     /// logind nor systemd has one, an error when neither could be asked.
-    pub async fn shutdown_under_way(&self) -> Result<Option<String>> {
+    pub(crate) async fn shutdown_under_way(&self) -> Result<Option<String>> {
         let conn = tokio::time::timeout(CALL_TIMEOUT, bus::connect(self.bus.as_deref()))
             .await
             .map_err(|_| anyhow::anyhow!("connecting to the system bus timed out"))??;

@@ -67,7 +67,7 @@ impl DbusArgs {
 /// hooks still see every shutdown); a logind that cannot give the delay the
 /// grace period needs is an error. A connection lost later makes `health`
 /// unready until it is back.
-pub async fn spawn_detectors(
+pub(crate) async fn spawn_detectors(
     args: &DbusArgs,
     tx: mpsc::Sender<ShutdownSignal>,
     health: Arc<Health>,
@@ -116,7 +116,7 @@ pub async fn spawn_detectors(
 }
 
 /// The bus, logind and systemd, as `run` would find them.
-pub async fn preflight(r: &mut Report, args: &DbusArgs) {
+pub(crate) async fn preflight(r: &mut Report, args: &DbusArgs) {
     let address = args
         .system_bus
         .clone()

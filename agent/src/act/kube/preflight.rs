@@ -84,7 +84,7 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str, &str, &str)] = &[
 /// needed and asked about (otherwise it is not granted, and not asked).
 /// Asks the API server, with SelfSubjectAccessReviews, for each of
 /// `PERMISSIONS` (and eviction when `evict`).
-pub async fn preflight(r: &mut Report, client: &kube::Client, url: &str, evict: bool) {
+pub(crate) async fn preflight(r: &mut Report, client: &kube::Client, url: &str, evict: bool) {
     let api: kube::Api<SelfSubjectAccessReview> = kube::Api::all(client.clone());
     r.push(Status::Info, "API server", url.to_string());
     for (verb, group, resource, sub, ns, why) in PERMISSIONS {

@@ -6,7 +6,7 @@ const ATTEMPTS: u32 = 6;
 const FIRST_DELAY: Duration = Duration::from_millis(100);
 const MAX_DELAY: Duration = Duration::from_secs(2);
 
-pub fn retryable(e: &kube::Error) -> bool {
+pub(crate) fn retryable(e: &kube::Error) -> bool {
     match e {
         kube::Error::Api(s) => s.code == 409 || s.code == 429 || s.code >= 500,
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
@@ -14,7 +14,7 @@ pub fn retryable(e: &kube::Error) -> bool {
     }
 }
 
-pub async fn retry<T, F, Fut>(what: &str, mut call: F) -> Result<T, kube::Error>
+pub(crate) async fn retry<T, F, Fut>(what: &str, mut call: F) -> Result<T, kube::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, kube::Error>>,

@@ -12,7 +12,7 @@ const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
 const KIND_TYPE_TAG: u32 = 18;
 
-pub struct Btf<'a> {
+pub(super) struct Btf<'a> {
     types: &'a [u8],
     strings: &'a [u8],
     /// Byte offset in `types` of each type id (id 0 is void).
@@ -25,7 +25,7 @@ fn u32_at(b: &[u8], off: usize) -> Result<u32> {
 }
 
 impl<'a> Btf<'a> {
-    pub fn parse(data: &'a [u8]) -> Result<Self> {
+    pub(super) fn parse(data: &'a [u8]) -> Result<Self> {
         ensure!(
             data.len() >= 24 && data[..2] == [0x9f, 0xeb],
             "not little-endian BTF"
@@ -81,7 +81,7 @@ impl<'a> Btf<'a> {
 
     /// Byte offset of `field` in struct `name`, looking into anonymous
     /// struct/union members (as mm_struct's fields now sit in one).
-    pub fn member_offset(&self, name: &str, field: &str) -> Result<u64> {
+    pub(super) fn member_offset(&self, name: &str, field: &str) -> Result<u64> {
         for id in 1..self.offsets.len() as u32 {
             let (kind, name_off, vlen, _, _) = self.header(id)?;
             if kind == KIND_STRUCT && vlen > 0 && self.name(name_off) == name.as_bytes() {

@@ -27,7 +27,7 @@ fn tracefs_mounted() -> Option<String> {
 }
 
 /// The kernel: tracefs and the hooks' tracepoints, BTF, kprobes.
-pub fn kernel(r: &mut Report) {
+pub(crate) fn kernel(r: &mut Report) {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
     match read("/proc/sys/kernel/osrelease") {
         Ok(rel) => r.push(
@@ -154,7 +154,7 @@ pub fn kernel(r: &mut Report) {
 }
 
 /// The hooks, loaded for real and dropped again (or predicted, `no_load`).
-pub fn hooks(r: &mut Report, no_load: bool, caps: Option<u64>) {
+pub(crate) fn hooks(r: &mut Report, no_load: bool, caps: Option<u64>) {
     let permitted = caps.is_some_and(|c| {
         node::has_cap(c, CAP_SYS_ADMIN)
             || (node::has_cap(c, CAP_BPF) && node::has_cap(c, CAP_PERFMON))
@@ -310,7 +310,7 @@ const CAPS: &[(u32, &str)] = &[
 ];
 
 /// The capabilities loading and attaching need.
-pub fn privileges(r: &mut Report, caps: Option<u64>, paranoid: Option<i32>) {
+pub(crate) fn privileges(r: &mut Report, caps: Option<u64>, paranoid: Option<i32>) {
     let Some(caps) = caps else {
         r.push(
             Status::Fail,

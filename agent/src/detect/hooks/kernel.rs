@@ -12,7 +12,7 @@ use lastgasp_common as common;
 use super::{Attach, Decoded, Hook, HookReport, HookState, Intent, Record};
 use crate::signal::{Detail, Effect, Kind, Scope, Source};
 
-pub const HOOK: Hook = Hook {
+pub(crate) const HOOK: Hook = Hook {
     source: common::SRC_KERNEL,
     attach: Attach::KernelFunctions(&[
         "kernel_power_off",
@@ -51,7 +51,7 @@ fn record(r: &Record) -> Decoded {
 
 /// Arms each function: fentry first, kprobe second; both feature-probed by
 /// trying them. One report line per function.
-pub fn arm(
+pub(crate) fn arm(
     bpf: &mut Ebpf,
     btf: Result<&Btf, &str>,
     functions: &[&str],

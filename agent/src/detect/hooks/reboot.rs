@@ -5,7 +5,7 @@ use lastgasp_common as common;
 use super::{Attach, Decoded, Hook, Intent, Record};
 use crate::signal::{Detail, Effect, Kind, Source};
 
-pub const ENTRY: Hook = Hook {
+pub(crate) const ENTRY: Hook = Hook {
     source: common::SRC_REBOOT,
     attach: Attach::Tracepoint {
         prog: "sys_enter_reboot",
@@ -16,7 +16,7 @@ pub const ENTRY: Hook = Hook {
     decode: entry,
 };
 
-pub const EXIT: Hook = Hook {
+pub(crate) const EXIT: Hook = Hook {
     source: common::SRC_REBOOT_EXIT,
     attach: Attach::Tracepoint {
         prog: "sys_exit_reboot",
@@ -94,16 +94,16 @@ fn errno_text(ret: i64) -> String {
 }
 
 /// The first argument to reboot(2).
-pub const REBOOT_MAGIC1: u32 = 0xfee1_dead;
+pub(crate) const REBOOT_MAGIC1: u32 = 0xfee1_dead;
 /// The second arguments to reboot(2) the kernel accepts.
-pub const REBOOT_MAGIC2: [u32; 4] = [672_274_793, 85_072_278, 369_367_448, 537_993_216];
+pub(crate) const REBOOT_MAGIC2: [u32; 4] = [672_274_793, 85_072_278, 369_367_448, 537_993_216];
 
-pub fn valid_reboot_magic(magic1: u32, magic2: u32) -> bool {
+pub(crate) fn valid_reboot_magic(magic1: u32, magic2: u32) -> bool {
     magic1 == REBOOT_MAGIC1 && REBOOT_MAGIC2.contains(&magic2)
 }
 
 /// Decodes reboot(2) arguments (as the raw u32 values).
-pub fn decode_reboot(magic1: u32, magic2: u32, cmd: u32) -> Intent {
+pub(crate) fn decode_reboot(magic1: u32, magic2: u32, cmd: u32) -> Intent {
     let kind = match cmd {
         0x0123_4567 | 0xa1b2_c3d4 => Kind::Reboot, // RESTART, RESTART2
         0x4321_fedc => Kind::Poweroff,

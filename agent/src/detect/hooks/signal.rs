@@ -5,7 +5,7 @@ use lastgasp_common as common;
 use super::{Attach, Decoded, Hook, Intent, Record};
 use crate::signal::{Detail, Effect, Kind, Scope, Source};
 
-pub const HOOK: Hook = Hook {
+pub(crate) const HOOK: Hook = Hook {
     source: common::SRC_SIGNAL,
     attach: Attach::Tracepoint {
         prog: "signal_generate",
@@ -49,7 +49,7 @@ fn record(r: &Record) -> Decoded {
 const SIGRTMIN: u32 = 34;
 
 /// Decodes a signal sent to PID 1 (kernel signal number), as systemd(1) handles it.
-pub fn decode_signal_to_init(signo: u32) -> Intent {
+pub(crate) fn decode_signal_to_init(signo: u32) -> Intent {
     // The order of systemd's SIGRTMIN+3.. targets and SIGRTMIN+13.. immediate actions.
     fn nth(n: u32) -> Kind {
         match n {
@@ -75,7 +75,7 @@ pub fn decode_signal_to_init(signo: u32) -> Intent {
 
 /// The name of a kernel signal number (the generic Linux numbering of x86, arm, riscv...;
 /// not that of alpha, mips, parisc or sparc).
-pub fn signal_name(signo: u32) -> String {
+pub(crate) fn signal_name(signo: u32) -> String {
     const NAMES: [&str; 31] = [
         "SIGHUP",
         "SIGINT",

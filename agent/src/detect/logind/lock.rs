@@ -11,7 +11,7 @@ const WHO: &str = "lastgasp";
 const WHY: &str = "lastgasp needs time to tell the cluster and drain the node";
 
 /// Takes a `shutdown` delay lock; the fd is the lock.
-pub async fn take_lock(host: &impl Inhibitor) -> zbus::Result<OwnedFd> {
+pub(crate) async fn take_lock(host: &impl Inhibitor) -> zbus::Result<OwnedFd> {
     host.inhibit_shutdown(WHO, WHY).await
 }
 

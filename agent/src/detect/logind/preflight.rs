@@ -17,7 +17,7 @@ use crate::{
 
 /// logind's limit against what lastgasp needs (`want`), the drop-ins in
 /// logind's read order, the locks held now, and a lock taken and closed.
-pub async fn preflight(r: &mut Report, host: &Host, root: &Path, want: Option<Duration>) {
+pub(crate) async fn preflight(r: &mut Report, host: &Host, root: &Path, want: Option<Duration>) {
     let ours = config::dropin_path(root);
     let settings = config::inhibit_delay_settings(root);
     match host.current_inhibit_delay().await {

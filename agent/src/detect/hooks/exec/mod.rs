@@ -17,7 +17,7 @@ use tools::{
     tool_named, Tool,
 };
 
-pub const HOOK: Hook = Hook {
+pub(crate) const HOOK: Hook = Hook {
     source: common::SRC_EXEC,
     attach: Attach::Tracepoint {
         prog: "sched_process_exec",
@@ -70,7 +70,7 @@ fn record(r: &Record) -> Decoded {
 ///
 /// `raw` must be the captured bytes only: NUL padding after them would read
 /// as empty arguments.
-pub fn split_argv(raw: &[u8]) -> Vec<&[u8]> {
+pub(crate) fn split_argv(raw: &[u8]) -> Vec<&[u8]> {
     if raw.is_empty() {
         return Vec::new();
     }
@@ -81,7 +81,7 @@ pub fn split_argv(raw: &[u8]) -> Vec<&[u8]> {
 /// Escapes bytes for display: printable ASCII kept, everything else as \xNN (NUL shown as \0).
 ///
 /// The backslash itself is shown as `\\`, so the text maps back to the bytes.
-pub fn escape_bytes(raw: &[u8]) -> String {
+pub(crate) fn escape_bytes(raw: &[u8]) -> String {
     let mut out = String::with_capacity(raw.len());
     for &b in raw {
         match b {
@@ -99,7 +99,7 @@ pub fn escape_bytes(raw: &[u8]) -> String {
 /// Decodes an exec of a shutdown tool. `path` is the exec'd file (may be just a tail of it),
 /// `argv` the split arguments (argv[0] first), `truncated` true when the capture was cut at
 /// 256 bytes (the last element is then partial), `now` the wall time of the exec (for `+N`).
-pub fn decode_exec(path: &[u8], argv: &[&[u8]], truncated: bool, now: SystemTime) -> Intent {
+pub(crate) fn decode_exec(path: &[u8], argv: &[&[u8]], truncated: bool, now: SystemTime) -> Intent {
     let argv = script_argv(path, argv);
     let exe = tool_named(basename(path));
     let args = argv.get(1..).unwrap_or_default();
@@ -130,7 +130,7 @@ pub fn decode_exec(path: &[u8], argv: &[&[u8]], truncated: bool, now: SystemTime
 /// with `#!/bin/sh`) is exec'd as its interpreter: argv is then
 /// `[interpreter, (its one argument,) script path, the script's arguments...]`
 /// and the exec'd path is the script's. The tool's argv starts at that path.
-pub fn script_argv<'a, 'b>(path: &[u8], argv: &'a [&'b [u8]]) -> &'a [&'b [u8]] {
+pub(crate) fn script_argv<'a, 'b>(path: &[u8], argv: &'a [&'b [u8]]) -> &'a [&'b [u8]] {
     if path.is_empty()
         || argv
             .first()
