@@ -80,6 +80,21 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str, &str, &str)] = &[
     ),
 ];
 
+/// "patch nodes/status", "create coordination.k8s.io/leases".
+fn permission(verb: &str, group: &str, resource: &str, sub: &str) -> String {
+    let group = if group.is_empty() {
+        String::new()
+    } else {
+        format!("{group}/")
+    };
+    let sub = if sub.is_empty() {
+        String::new()
+    } else {
+        format!("/{sub}")
+    };
+    format!("{verb} {group}{resource}{sub}")
+}
+
 /// `evict`: the config says `podRemoval: evict`, so the Eviction API is
 /// needed and asked about (otherwise it is not granted, and not asked).
 /// Asks the API server, with SelfSubjectAccessReviews, for each of
@@ -91,19 +106,7 @@ pub(crate) async fn preflight(r: &mut Report, client: &kube::Client, url: &str, 
         if *sub == "eviction" && !evict {
             continue;
         }
-        let name = format!(
-            "{verb} {}{resource}{}",
-            if group.is_empty() {
-                String::new()
-            } else {
-                format!("{group}/")
-            },
-            if sub.is_empty() {
-                String::new()
-            } else {
-                format!("/{sub}")
-            }
-        );
+        let name = permission(verb, group, resource, sub);
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
@@ -165,5 +168,34 @@ pub(crate) async fn preflight(r: &mut Report, client: &kube::Client, url: &str, 
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_permission_has_its_own_line() {
+        assert_eq!(
+            permission("patch", "", "nodes", "status"),
+            "patch nodes/status"
+        );
+        assert_eq!(
+            permission("create", "coordination.k8s.io", "leases", ""),
+            "create coordination.k8s.io/leases"
+        );
+        let mut names: Vec<_> = PERMISSIONS
+            .iter()
+            .map(|(v, g, r, s, ns, _)| format!("{} {ns}", permission(v, g, r, s)))
+            .collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            n,
+            "two PERMISSIONS lines ask the same: {names:?}"
+        );
     }
 }

@@ -239,7 +239,7 @@ pub(crate) fn hooks(r: &mut Report, no_load: bool, caps: Option<u64>) {
                 format!("the real loader armed and dropped the programs in {ms:.0} ms"),
             );
             for h in &det.report {
-                let required = h.hook == "sys_enter_reboot";
+                let required = Attach::tracepoints().any(|(prog, _, _, req)| prog == h.hook && req);
                 let (status, state) = match &h.state {
                     HookState::Armed => (Status::Ok, "armed".to_string()),
                     HookState::Degraded(why) => (Status::Warn, format!("armed, degraded: {why}")),
@@ -399,5 +399,36 @@ pub(crate) fn privileges(r: &mut Report, caps: Option<u64>, paranoid: Option<i32
             "CAP_SYS_PTRACE",
             "missing: actors of other users are reported without exe",
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_hook_tracepoint_is_predicted_when_not_loading() {
+        let mut r = Report::default();
+        hooks(&mut r, true, None);
+        assert_eq!(r.line("loaded").unwrap().status, Status::Warn, "{r}");
+        for (_, cat, name, _) in Attach::tracepoints() {
+            let l = r
+                .line(name)
+                .unwrap_or_else(|| panic!("{name} missing:\n{r}"));
+            assert!(
+                l.text.starts_with(&format!("tracepoint {cat}/{name}")),
+                "{}",
+                l.text
+            );
+        }
+        assert!(r.line("kernel hooks").is_some(), "{r}");
+    }
+
+    #[test]
+    fn without_bpf_capabilities_nothing_is_loaded() {
+        let mut r = Report::default();
+        hooks(&mut r, false, Some(0));
+        let l = r.line("loaded").unwrap();
+        assert!(l.text.contains("no CAP_BPF+CAP_PERFMON"), "{}", l.text);
     }
 }
