@@ -444,12 +444,7 @@ impl Decider {
             confirm(self.current.as_mut().unwrap(), s, authority);
             return Action::Join;
         }
-        // The kernel is already shutting down, or a caller that can do it
-        // skips the service stop jobs: no time.
-        let no_time = s.forced
-            || matches!(s.source, Source::RebootSyscall | Source::KernelHook)
-            || is_pid1_shutdown(s);
-        if no_time {
+        if leaves_no_time(s) {
             return match path {
                 Some(Path::Immediate) => {
                     confirm(self.current.as_mut().unwrap(), s, authority);
@@ -663,6 +658,15 @@ fn confirms_as_host(s: &ShutdownSignal) -> bool {
         Source::Logind | Source::Systemd | Source::KernelHook
     ) || is_pid1_shutdown(s)
         || (s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.ns_pid == 1))
+}
+
+/// The kernel is already shutting down, or a caller that can do it skips
+/// the service stop jobs: no time. (The hooks say what the caller asked,
+/// `forced`; this is the one place that says what it leaves.)
+pub fn leaves_no_time(s: &ShutdownSignal) -> bool {
+    s.forced
+        || matches!(s.source, Source::RebootSyscall | Source::KernelHook)
+        || is_pid1_shutdown(s)
 }
 
 /// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services

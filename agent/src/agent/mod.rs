@@ -29,7 +29,7 @@ use crate::{
     decide::{Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
     detect::{actor, clock, logind::LogindHandle},
     report::{self, BootEnd, BootReport},
-    signal::{ShutdownSignal, Source},
+    signal::ShutdownSignal,
 };
 
 mod run;
@@ -108,12 +108,12 @@ impl Agent {
     }
 
     pub async fn handle(&mut self, mut s: ShutdownSignal) -> Result<Decision> {
+        let queued_ns = clock::boottime_ns().saturating_sub(s.boot_ns);
+        let t = std::time::Instant::now();
         // Before the decision, while the actor may still run. Walking the
         // cgroup tree for a process already gone is slow on a big node: not
         // for records that leave no time.
-        let queued_ns = clock::boottime_ns().saturating_sub(s.boot_ns);
-        let t = std::time::Instant::now();
-        let hurry = s.forced || matches!(s.source, Source::RebootSyscall | Source::KernelHook);
+        let hurry = crate::decide::leaves_no_time(&s);
         if let Some(a) = s.actor.as_mut() {
             actor::enrich_with(a, !hurry);
         }
