@@ -1,3 +1,5 @@
 //! Shared helpers for the integration tests and benchmarks.
 pub mod bus;
+pub mod controlplane;
+pub mod nodesim;
 pub mod support;

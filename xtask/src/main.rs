@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod image;
+mod k8s;
 mod setup;
 mod test;
 mod vm;

@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::{
     build::{build, cargo, ebpf_object, run, target_dir},
-    image, setup, vm,
+    image, k8s, setup, vm,
 };
 
 pub fn test(root: &Path, args: &[String]) -> Result<()> {
@@ -14,6 +14,8 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
     setup::ensure_debs(&[("dbus-daemon", "dbus-daemon"), ("dbus-send", "dbus-bin")])?;
     // The manifest tests render deploy/ with helm and kustomize.
     let manifest_tools = setup::ensure_manifest_tools()?;
+    // The cluster tests also run against a real control plane.
+    let control_plane = k8s::ensure(root)?;
     let bin = build(root, false)?;
     let obj = ebpf_object(root);
     let mut cmd = cargo();
@@ -24,6 +26,7 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
         .env("LASTGASP_HELM", &manifest_tools.helm)
         .env("LASTGASP_KUSTOMIZE", &manifest_tools.kustomize)
         .args(args);
+    k8s::env(&mut cmd, &control_plane);
     // eBPF tests share the kernel's hooks: one at a time.
     if !args.iter().any(|a| a == "--") {
         cmd.args(["--", "--test-threads=1"]);

@@ -1,0 +1,407 @@
+//! A real Kubernetes control plane on loopback: etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler v1.32.13, with default
+//! controller flags. Certificates, tokens and kubeconfigs are made here;
+//! `cargo xtask test` provides the binaries (LASTGASP_K8S_BIN, LASTGASP_ETCD).
+//!
+//! One control plane per test binary ([`shared`]); its processes die with
+//! the test process (PR_SET_PDEATHSIG from a thread that never exits).
+use std::{
+    fs,
+    io::Write,
+    net::TcpListener,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{mpsc, OnceLock},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+pub const ADMIN_TOKEN: &str = "lastgasp-test-admin-token";
+
+/// Where the binaries are, or why they are not here.
+pub fn binaries() -> Result<(PathBuf, PathBuf), String> {
+    let bin = std::env::var_os("LASTGASP_K8S_BIN").map(PathBuf::from);
+    let etcd = std::env::var_os("LASTGASP_ETCD").map(PathBuf::from);
+    match (bin, etcd) {
+        (Some(b), Some(e)) if b.join("kube-apiserver").is_file() && e.is_file() => Ok((b, e)),
+        (Some(b), Some(e)) => Err(format!(
+            "no kube-apiserver in {} or no etcd at {}",
+            b.display(),
+            e.display()
+        )),
+        _ => Err(
+            "LASTGASP_K8S_BIN and LASTGASP_ETCD are not set (`cargo xtask test` sets them \
+                  when the v1.32.13 binaries are on this machine)"
+                .into(),
+        ),
+    }
+}
+
+/// The shared control plane of this test binary, started on first use;
+/// `None` (with SKIPPED printed for `test`) when the binaries are not here.
+/// A control plane that fails to start is a failure, not a skip.
+pub fn shared(test: &str) -> Option<&'static ControlPlane> {
+    static CP: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+    if let Err(why) = binaries() {
+        println!("SKIPPED {test}: the real control plane: {why}");
+        return None;
+    }
+    let cp = CP.get_or_init(|| {
+        // The processes are started from a thread that lives as long as the
+        // process, so that PR_SET_PDEATHSIG fires only when the test process ends.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(ControlPlane::start().map_err(|e| format!("{e:#}")));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err("the start thread died".into()))
+    });
+    match cp {
+        Ok(cp) => Some(cp),
+        Err(e) => panic!("the real control plane did not start: {e}"),
+    }
+}
+
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub url: String,
+    pub ca_pem: String,
+    ca_der: Vec<u8>,
+    pub port: u16,
+    procs: std::sync::Mutex<Vec<(String, Child)>>,
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("binding a free loopback port")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn new_ca(cn: &str) -> Result<(String, Vec<u8>, Issuer<'static, KeyPair>)> {
+    let mut p = CertificateParams::new(Vec::<String>::new())?;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, cn);
+    p.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+    ];
+    let key = KeyPair::generate()?;
+    let cert = p.self_signed(&key)?;
+    Ok((cert.pem(), cert.der().to_vec(), Issuer::new(p, key)))
+}
+
+fn leaf(
+    issuer: &Issuer<'static, KeyPair>,
+    cn: &str,
+    sans: &[&str],
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<(String, String)> {
+    let mut p = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    p.distinguished_name.push(DnType::CommonName, cn);
+    p.extended_key_usages = vec![usage];
+    p.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate()?;
+    let cert = p.signed_by(&key, issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+impl ControlPlane {
+    pub fn start() -> Result<ControlPlane> {
+        let (bin, etcd) = binaries().map_err(anyhow::Error::msg)?;
+        let dir = std::env::temp_dir().join(format!("lastgasp-cp-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir)?;
+        let w = |name: &str, body: &str| -> Result<PathBuf> {
+            let p = dir.join(name);
+            fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
+            Ok(p)
+        };
+        let (ca_pem, ca_der, ca) = new_ca("lastgasp-test-ca")?;
+        let (fp_ca_pem, _, fp_ca) = new_ca("lastgasp-test-front-proxy-ca")?;
+        let (srv, srv_key) = leaf(
+            &ca,
+            "kube-apiserver",
+            &["127.0.0.1", "localhost"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        let (fp, fp_key) = leaf(
+            &fp_ca,
+            "front-proxy-client",
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        let sa = KeyPair::generate()?;
+        let ca_file = w("ca.crt", &ca_pem)?;
+        let ca_key_file = w("ca.key", &ca.key().serialize_pem())?;
+        let fp_ca_file = w("front-proxy-ca.crt", &fp_ca_pem)?;
+        let srv_file = w("apiserver.crt", &srv)?;
+        let srv_key_file = w("apiserver.key", &srv_key)?;
+        let fp_file = w("front-proxy-client.crt", &fp)?;
+        let fp_key_file = w("front-proxy-client.key", &fp_key)?;
+        let sa_key = w("sa.key", &sa.serialize_pem())?;
+        let sa_pub = w("sa.pub", &sa.public_key_pem())?;
+        let tokens = w(
+            "tokens.csv",
+            &format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
+        )?;
+
+        let mut cp = ControlPlane {
+            url: String::new(),
+            ca_pem,
+            ca_der,
+            port: 0,
+            procs: Default::default(),
+            dir: dir.clone(),
+        };
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+
+        let etcd_port = free_port()?;
+        let peer_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        cp.spawn(
+            "etcd",
+            Command::new(&etcd).args([
+                "--name",
+                "default",
+                "--data-dir",
+                &path(&dir.join("etcd")),
+                "--listen-client-urls",
+                &etcd_url,
+                "--advertise-client-urls",
+                &etcd_url,
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+                "--initial-cluster",
+                &format!("default={peer_url}"),
+            ]),
+        )?;
+
+        let port = free_port()?;
+        cp.port = port;
+        cp.url = format!("https://127.0.0.1:{port}");
+        cp.spawn(
+            "kube-apiserver",
+            Command::new(bin.join("kube-apiserver")).args([
+                "--etcd-servers",
+                &etcd_url,
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--secure-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &path(&srv_file),
+                "--tls-private-key-file",
+                &path(&srv_key_file),
+                "--client-ca-file",
+                &path(&ca_file),
+                "--token-auth-file",
+                &path(&tokens),
+                "--authorization-mode",
+                "Node,RBAC",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file",
+                &path(&sa_pub),
+                "--service-account-signing-key-file",
+                &path(&sa_key),
+                "--service-cluster-ip-range",
+                "10.0.0.0/24",
+                "--endpoint-reconciler-type",
+                "none",
+                "--requestheader-client-ca-file",
+                &path(&fp_ca_file),
+                "--requestheader-allowed-names",
+                "front-proxy-client",
+                "--requestheader-username-headers",
+                "X-Remote-User",
+                "--requestheader-group-headers",
+                "X-Remote-Group",
+                "--requestheader-extra-headers-prefix",
+                "X-Remote-Extra-",
+                "--proxy-client-cert-file",
+                &path(&fp_file),
+                "--proxy-client-key-file",
+                &path(&fp_key_file),
+                "--allow-privileged=true",
+                "--profiling=false",
+            ]),
+        )?;
+        let kubeconfig = cp.write_kubeconfig("admin.kubeconfig", ADMIN_TOKEN)?;
+        cp.wait_ready(Duration::from_secs(90))?;
+
+        let kc = path(&kubeconfig);
+        let kcm_port = free_port()?;
+        cp.spawn(
+            "kube-controller-manager",
+            Command::new(bin.join("kube-controller-manager")).args([
+                "--kubeconfig",
+                &kc,
+                "--authentication-kubeconfig",
+                &kc,
+                "--authorization-kubeconfig",
+                &kc,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &kcm_port.to_string(),
+                "--controllers",
+                "*",
+                "--use-service-account-credentials=false",
+                "--service-account-private-key-file",
+                &path(&sa_key),
+                "--root-ca-file",
+                &path(&ca_file),
+                "--cluster-signing-cert-file",
+                &path(&ca_file),
+                "--cluster-signing-key-file",
+                &path(&ca_key_file),
+                "--leader-elect=false",
+            ]),
+        )?;
+        let sched_port = free_port()?;
+        cp.spawn(
+            "kube-scheduler",
+            Command::new(bin.join("kube-scheduler")).args([
+                "--kubeconfig",
+                &kc,
+                "--authentication-kubeconfig",
+                &kc,
+                "--authorization-kubeconfig",
+                &kc,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &sched_port.to_string(),
+                "--leader-elect=false",
+            ]),
+        )?;
+        eprintln!("control plane: {} (logs in {})", cp.url, dir.display());
+        Ok(cp)
+    }
+
+    /// Starts `name`, its output in `<dir>/<name>.log`; it dies with the test process.
+    fn spawn(&self, name: &str, cmd: &mut Command) -> Result<()> {
+        let log = fs::File::create(self.dir.join(format!("{name}.log")))?;
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {name} ({cmd:?})"))?;
+        self.procs.lock().unwrap().push((name.into(), child));
+        Ok(())
+    }
+
+    /// Which of the processes has exited, with the end of its log.
+    fn dead(&self) -> Option<String> {
+        let mut procs = self.procs.lock().unwrap();
+        for (name, child) in procs.iter_mut() {
+            if let Ok(Some(st)) = child.try_wait() {
+                let log =
+                    fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Some(format!("{name} exited ({st}):\n{}", tail.join("\n")));
+            }
+        }
+        None
+    }
+
+    fn wait_ready(&self, within: Duration) -> Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(d) = self.dead() {
+                bail!("{d}");
+            }
+            let ok = rt.block_on(async {
+                let mut c = self.config(ADMIN_TOKEN);
+                c.connect_timeout = Some(Duration::from_secs(2));
+                c.read_timeout = Some(Duration::from_secs(2));
+                let Ok(client) = kube::Client::try_from(c) else {
+                    return false;
+                };
+                let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+                client.request_text(req).await.is_ok_and(|t| t == "ok")
+            });
+            if ok {
+                return Ok(());
+            }
+            if t0.elapsed() > within {
+                bail!(
+                    "kube-apiserver not ready within {within:?}:\n{}",
+                    self.log_tail("kube-apiserver", 15)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// A kubeconfig for `token`, in the control plane's directory.
+    pub fn write_kubeconfig(&self, name: &str, token: &str) -> Result<PathBuf> {
+        let p = self.dir.join(name);
+        let mut f = fs::File::create(&p)?;
+        write!(
+            f,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: u\ncurrent-context: test\n",
+            self.url,
+            self.dir.join("ca.crt").display()
+        )?;
+        Ok(p)
+    }
+
+    /// A kube-rs configuration for `token` (the admin's by default).
+    pub fn config(&self, token: &str) -> kube::Config {
+        let mut c = kube::Config::new(self.url.parse().expect("url"));
+        c.root_cert = Some(vec![self.ca_der.clone()]);
+        c.auth_info.token = Some(token.to_string().into());
+        c
+    }
+
+    pub fn client(&self, token: &str) -> kube::Client {
+        kube::Client::try_from(self.config(token)).expect("kube client for the control plane")
+    }
+
+    pub fn admin(&self) -> kube::Client {
+        self.client(ADMIN_TOKEN)
+    }
+
+    /// The end of a process's log, for a failing test's message.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        let log = fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let mut procs = self.procs.lock().unwrap();
+        for (_, child) in procs.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
