@@ -1163,7 +1163,9 @@ mod agent_flow {
         ControllerConfig {
             policy: Policy::AlsoReboots,
             reboot_timeout: Duration::from_secs(1),
-            max_taints_per_hour: 3,
+            gone_when: lastgasp::controller::GoneWhen::NotReady,
+            lease_margin: Duration::from_secs(2),
+            max_fences_per_minute: 0,
             lease_namespace: "kube-system".into(),
             lease_name: "lastgasp-controller".into(),
             identity: id.into(),
@@ -1301,7 +1303,7 @@ mod agent_flow {
             .iter()
             .any(|e| e.reason.as_deref() == Some("OutOfServiceTaintRemoved")));
         let kinds: Vec<_> = a.actions.iter().map(|(_, v)| v.kind()).collect();
-        assert_eq!(kinds, vec!["Taint", "Untaint", "Taint"]);
+        assert_eq!(kinds, vec!["Fence", "Untaint", "Fence"]);
         assert!(b.actions.is_empty());
     }
 }

@@ -1305,7 +1305,9 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
     let cfg = |id: &str| ControllerConfig {
         policy: Policy::AlsoReboots,
         reboot_timeout: Duration::from_millis(300),
-        max_taints_per_hour: 3,
+        gone_when: lastgasp::controller::GoneWhen::NotReady,
+        lease_margin: Duration::from_secs(2),
+        max_fences_per_minute: 0,
         lease_namespace: flag(&args, "--lease-namespace").unwrap_or("kube-system".into()),
         lease_name: flag(&args, "--lease-name").unwrap_or("lastgasp-controller".into()),
         identity: id.into(),
@@ -1352,7 +1354,7 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
         a.tick().await.unwrap();
     }
     let kinds: Vec<&str> = a.actions.iter().map(|(_, v)| v.kind()).collect();
-    assert_eq!(kinds, ["Taint", "Untaint", "Taint", "Untaint"]);
+    assert_eq!(kinds, ["Fence", "Untaint", "Fence", "Untaint"]);
 
     let requests = double.requests();
     assert!(

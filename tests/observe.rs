@@ -733,7 +733,9 @@ async fn controller_counts_its_lease_and_actions() {
     let cfg = |id: &str| ControllerConfig {
         policy: Policy::PoweroffOnly,
         reboot_timeout: Duration::from_secs(600),
-        max_taints_per_hour: 3,
+        gone_when: lastgasp::controller::GoneWhen::NotReady,
+        lease_margin: Duration::from_secs(2),
+        max_fences_per_minute: 0,
         lease_namespace: "kube-system".into(),
         lease_name: "lastgasp-controller".into(),
         identity: id.into(),

@@ -1,15 +1,21 @@
 //! `lastgasp controller`: completes the non-graceful shutdown procedure
 //! (KEP-2268) by itself. One active replica, elected through a Lease.
 //!
-//! A node whose agent recorded a power-off or halt, and which then goes
-//! NotReady/Unknown, is really down: it gets
-//! `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, so that its
-//! StatefulSet pods and volumes move on. A reboot is never tainted, unless it
-//! has not come back after a configured time. Once the node is Ready again,
-//! the taint goes (the docs leave that to a human). Flapping nodes are
-//! tainted at most `max_taints_per_hour` times an hour.
+//! A node is gone when two things hold: its agent's record of a power-off
+//! or halt is current (this boot, newer than its last Ready, neither
+//! abandoned nor back), and its kubelet has gone silent: the node's Lease
+//! in `kube-node-lease` has not been written for longer than its renew
+//! interval plus a margin, both times on the API server's clock. Then the
+//! controller fences it and recovers at once: the
+//! `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` taint first,
+//! then, once the API server has it, a grace-0 delete of the pods bound to
+//! the node (what the pod garbage collector does after NotReady, without
+//! its 50 s + 20 s wait). A reboot is never fenced unless the policy says
+//! so. The taint goes once the node is Ready again on a new boot, checked on
+//! a live read. `--gone-when not-ready` keeps the older, slower rule: taint
+//! only, once Ready is not True.
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     time::{Duration, SystemTime},
 };
 
@@ -17,13 +23,13 @@ use anyhow::Result;
 use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
-        core::v1::{Node, NodeCondition, ObjectReference, Taint},
+        core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint},
     },
     apimachinery::pkg::apis::meta::v1::{MicroTime, Time},
     jiff::Timestamp,
 };
 use kube::{
-    api::{Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions},
     runtime::{
         events::{Event, EventType, Recorder, Reporter},
         reflector, watcher,
@@ -47,6 +53,20 @@ pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
 pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
 /// Marks a taint as ours, so that only ours is ever removed.
 pub const TAINTED_BY_ANNOTATION: &str = "lastgasp.dev/out-of-service-by";
+/// The boot id the node was fenced in: the taint goes only on another boot.
+pub const FENCED_BOOT_ANNOTATION: &str = "lastgasp.dev/out-of-service-boot";
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+/// When a node with a current record counts as gone.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum GoneWhen {
+    /// Its kubelet's Lease is silent (server clock): taint, then delete its pods.
+    LeaseSilent,
+    /// Its Ready condition is not True (the node lifecycle controller's
+    /// 50 s): taint only.
+    NotReady,
+}
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -61,7 +81,11 @@ pub enum Policy {
 pub struct ControllerConfig {
     pub policy: Policy,
     pub reboot_timeout: Duration,
-    pub max_taints_per_hour: usize,
+    pub gone_when: GoneWhen,
+    /// Added to the Lease's renew interval before a node counts as silent.
+    pub lease_margin: Duration,
+    /// Fences across the cluster per minute; 0: no limit.
+    pub max_fences_per_minute: usize,
     pub lease_namespace: String,
     pub lease_name: String,
     pub identity: String,
@@ -161,11 +185,20 @@ fn has_out_of_service(node: &Node) -> bool {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    Taint {
+    /// Taint the node; with `recover`, then delete its pods with grace 0.
+    Fence {
+        why: String,
+        recover: bool,
+    },
+    /// A current record: gone if its Lease is silent (a live read decides).
+    Candidate {
         why: String,
     },
     Untaint,
-    /// Would taint, but the node flaps too often.
+    /// Ours, Ready again, but on the boot it was fenced in: it never went
+    /// down. The taint stays for a human (its volumes may have been detached).
+    BackOnSameBoot,
+    /// Would fence, but the cluster-wide limit is reached.
     RateLimited,
     Nothing,
 }
@@ -174,11 +207,84 @@ impl Verdict {
     /// The variant's name, without its reason.
     pub fn kind(&self) -> &'static str {
         match self {
-            Verdict::Taint { .. } => "Taint",
+            Verdict::Fence { .. } => "Fence",
+            Verdict::Candidate { .. } => "Candidate",
             Verdict::Untaint => "Untaint",
+            Verdict::BackOnSameBoot => "BackOnSameBoot",
             Verdict::RateLimited => "RateLimited",
             Verdict::Nothing => "Nothing",
         }
+    }
+}
+
+/// Whether a node's kubelet still writes its Lease, on the API server's clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Not written for this long (counted so that it can only be late).
+    Silent(Duration),
+    /// Written this long ago: within its renew interval plus the margin.
+    Renewing(Duration),
+    /// Written after the controller first saw the record: the node lived on.
+    Contradicted,
+    /// No answer either way (no Lease, no server time): never fenced on.
+    Unknown(String),
+}
+
+fn boot_id(node: &Node) -> Option<&str> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str())
+        .filter(|b| !b.is_empty())
+}
+
+/// The Lease's liveness at `server_now` (a response's `Date`, whole
+/// seconds, so up to 1 s early). The last write is the newest
+/// `managedFields` time: the API server stamps it, in whole seconds (up to
+/// 1 s early), so a renewal's age is at least `server_now - last - 1 s`; a
+/// node is silent only when that exceeds the renew interval (a quarter of
+/// `leaseDurationSeconds`, as the kubelet renews) plus `margin`. The
+/// kubelet's own `renewTime` is its clock, not the server's, and is not
+/// used. `record_seen` is the server time at which the controller first
+/// read the Lease for this record: a write 2 s or more after it contradicts
+/// the record.
+pub fn liveness(
+    lease: &Lease,
+    server_now: SystemTime,
+    record_seen: SystemTime,
+    margin: Duration,
+) -> Liveness {
+    let Some(last) = lease
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.time.as_ref())
+        .map(|t| SystemTime::from(t.0))
+        .max()
+    else {
+        return Liveness::Unknown("the Lease carries no server time (managedFields)".into());
+    };
+    let Some(dur) = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .filter(|d| *d > 0)
+    else {
+        return Liveness::Unknown("the Lease has no leaseDurationSeconds".into());
+    };
+    if last >= record_seen + Duration::from_secs(2) {
+        return Liveness::Contradicted;
+    }
+    let age = server_now
+        .duration_since(last)
+        .unwrap_or_default()
+        .saturating_sub(Duration::from_secs(1));
+    let interval = Duration::from_secs(dur as u64) / 4;
+    if age > interval + margin {
+        Liveness::Silent(age)
+    } else {
+        Liveness::Renewing(age)
     }
 }
 
@@ -190,29 +296,30 @@ pub fn ready_transition(node: &Node) -> Option<SystemTime> {
         .map(|t| SystemTime::from(t.0))
 }
 
-/// The pure rule, for one node at time `now`. `recent` is how many times
-/// this node was tainted in the last hour; `ready_since`, when the
+/// The pure rule, for one node at time `now`; `ready_since`, when the
 /// controller last saw its Ready turn True. Only a current record counts:
 /// of the node's present boot, newer than its last Ready, neither
-/// abandoned nor back.
+/// abandoned nor back. With `GoneWhen::LeaseSilent` it answers `Candidate`,
+/// and the Lease decides ([`liveness`]).
 pub fn judge(
     node: &Node,
     cfg: &ControllerConfig,
     now: SystemTime,
-    recent: usize,
     ready_since: Option<SystemTime>,
 ) -> Verdict {
     let tainted = has_out_of_service(node);
     let ours = node.annotations().contains_key(TAINTED_BY_ANNOTATION);
     let status = ready(node).unwrap_or_else(|| "Unknown".into());
-    if status == "True" {
-        return if tainted && ours {
-            Verdict::Untaint
-        } else {
-            Verdict::Nothing
+    if tainted {
+        if !(ours && status == "True") {
+            return Verdict::Nothing;
+        }
+        return match node.annotations().get(FENCED_BOOT_ANNOTATION) {
+            Some(b) if Some(b.as_str()) == boot_id(node) => Verdict::BackOnSameBoot,
+            _ => Verdict::Untaint,
         };
     }
-    if tainted || cfg.policy == Policy::Off {
+    if cfg.policy == Policy::Off || (cfg.gone_when == GoneWhen::NotReady && status == "True") {
         return Verdict::Nothing;
     }
     let Some(rec) = parse_record(node) else {
@@ -224,7 +331,7 @@ pub fn judge(
     }
     let why = match rec.kind {
         Kind::Poweroff | Kind::Halt => format!(
-            "{} recorded at {}; node {status}",
+            "{} recorded at {}",
             rec.kind,
             humantime::format_rfc3339_seconds(rec.at)
         ),
@@ -236,17 +343,20 @@ pub fn judge(
                 return Verdict::Nothing;
             }
             format!(
-                "{} recorded {}s ago never came back; node {status}",
+                "{} recorded {}s ago never came back",
                 rec.kind,
                 waited.as_secs()
             )
         }
         _ => return Verdict::Nothing,
     };
-    if recent >= cfg.max_taints_per_hour {
-        return Verdict::RateLimited;
+    match cfg.gone_when {
+        GoneWhen::NotReady => Verdict::Fence {
+            why: format!("{why}; node {status}"),
+            recover: false,
+        },
+        GoneWhen::LeaseSilent => Verdict::Candidate { why },
     }
-    Verdict::Taint { why }
 }
 
 /// Leader election over a coordination.k8s.io Lease: take it when free or
@@ -347,18 +457,51 @@ pub async fn try_lead(
 
 pub struct Controller {
     cfg: ControllerConfig,
+    client: Client,
     nodes: Api<Node>,
     leases: Api<Lease>,
     store: reflector::Store<Node>,
     recorder: Recorder,
-    /// Per node, when it was last tainted (the last hour).
-    history: BTreeMap<String, VecDeque<SystemTime>>,
+    /// Fences in the last minute, across the cluster.
+    fences: VecDeque<SystemTime>,
+    /// Nodes refused by the limit (one Warning each until fenced).
+    refused: BTreeSet<String>,
     /// Per node, when its Ready last turned True (as last seen True).
     ready_since: BTreeMap<String, SystemTime>,
+    /// Per node: the record (raw) and the server time the controller first
+    /// read the node's Lease for it.
+    record_seen: BTreeMap<String, (String, SystemTime)>,
+    /// Fenced nodes whose pods are not all deleted yet.
+    unrecovered: BTreeSet<String>,
     lease_seen: LeaseSeen,
     pub actions: Vec<(String, Verdict)>,
     /// Lease held, actions by kind, failed passes (served by `lastgasp controller`).
     pub metrics: ControllerMetrics,
+}
+
+/// A GET whose answer also says the API server's time (its `Date` header).
+async fn get_with_date<K: serde::de::DeserializeOwned>(
+    client: &Client,
+    path: &str,
+) -> Result<(Option<K>, SystemTime)> {
+    use http_body_util::BodyExt;
+    let req = ::http::Request::get(path).body(kube::client::Body::empty())?;
+    let resp = client.send(req).await?;
+    let date = resp
+        .headers()
+        .get(::http::header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .and_then(|d| httpdate::parse_http_date(d).ok())
+        .ok_or_else(|| anyhow::anyhow!("the API server's answer has no Date header"))?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    if status == ::http::StatusCode::NOT_FOUND {
+        return Ok((None, date));
+    }
+    if !status.is_success() {
+        anyhow::bail!("GET {path}: {status}: {}", String::from_utf8_lossy(&body));
+    }
+    Ok((Some(serde_json::from_slice(&body)?), date))
 }
 
 impl Controller {
@@ -376,11 +519,15 @@ impl Controller {
         Ok(Controller {
             leases: Api::namespaced(client.clone(), &cfg.lease_namespace),
             nodes: Api::all(client.clone()),
-            recorder: Recorder::new(client, reporter),
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
             store,
             cfg,
-            history: BTreeMap::new(),
+            fences: VecDeque::new(),
+            refused: BTreeSet::new(),
             ready_since: BTreeMap::new(),
+            record_seen: BTreeMap::new(),
+            unrecovered: BTreeSet::new(),
             lease_seen: LeaseSeen::default(),
             actions: Vec::new(),
             metrics: ControllerMetrics::default(),
@@ -406,75 +553,236 @@ impl Controller {
         }
         let nodes = self.store.state();
         self.metrics.nodes.set(nodes.len() as i64);
+        while self
+            .fences
+            .front()
+            .is_some_and(|t| now.duration_since(*t).unwrap_or_default() > Duration::from_secs(60))
+        {
+            self.fences.pop_front();
+        }
+        let mut fenced = 0;
         for node in nodes {
             let name = node.name_any();
-            let hist = self.history.entry(name.clone()).or_default();
-            while hist.front().is_some_and(|t| {
-                now.duration_since(*t).unwrap_or_default() > Duration::from_secs(3600)
-            }) {
-                hist.pop_front();
+            if has_out_of_service(&node) && node.annotations().contains_key(TAINTED_BY_ANNOTATION) {
+                fenced += 1;
             }
             if let Some(t) = ready_transition(&node) {
                 self.ready_since.insert(name.clone(), t);
             }
             let ready_since = self.ready_since.get(&name).copied();
-            let verdict = judge(&node, &self.cfg, now, hist.len(), ready_since);
-            // One node's failure never stops the pass for the others.
-            if let Err(e) = self.act(&node, &name, &verdict, now).await {
-                self.metrics.pass_errors.inc();
-                tracing::warn!(node = %name, ?verdict, "controller action failed: {e:#}");
-                continue;
+            let mut verdict = judge(&node, &self.cfg, now, ready_since);
+            if !matches!(verdict, Verdict::Candidate { .. }) {
+                self.record_seen.remove(&name);
             }
-            if verdict == Verdict::Nothing {
+            // One node's failure never stops the pass for the others.
+            if let Verdict::Candidate { why } = verdict.clone() {
+                match self.lease_verdict(&node, &name, why).await {
+                    Ok(v) => verdict = v,
+                    Err(e) => {
+                        self.metrics.pass_errors.inc();
+                        tracing::warn!(node = %name, "reading the node's Lease: {e:#}");
+                        continue;
+                    }
+                }
+            }
+            match self.act(&node, &name, &verdict, now).await {
+                Ok(done) => verdict = done,
+                Err(e) => {
+                    self.metrics.pass_errors.inc();
+                    tracing::warn!(node = %name, verdict = verdict.kind(), "controller action failed: {e:#}");
+                    continue;
+                }
+            }
+            if self.unrecovered.contains(&name) && has_out_of_service(&node) {
+                if let Err(e) = self.recover(&name).await {
+                    tracing::warn!(node = %name, "deleting the fenced node's pods: {e:#}");
+                }
+            }
+            if matches!(verdict, Verdict::Nothing | Verdict::Candidate { .. }) {
                 continue;
             }
             tracing::info!(node = %name, ?verdict, "controller action");
             self.actions.push((name, verdict));
         }
+        self.metrics.fenced.set(fenced);
         Ok(true)
     }
 
+    /// A live read of the node's Lease, judged on the server's clock.
+    async fn lease_verdict(&mut self, node: &Node, name: &str, why: String) -> Result<Verdict> {
+        let path =
+            format!("/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases/{name}");
+        let (lease, date) = get_with_date::<Lease>(&self.client, &path).await?;
+        let raw = node
+            .annotations()
+            .get(RECORD_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        let seen = match self.record_seen.get(name) {
+            Some((r, t)) if *r == raw => *t,
+            _ => {
+                self.record_seen.insert(name.to_string(), (raw, date));
+                date
+            }
+        };
+        let live = match &lease {
+            Some(l) => liveness(l, date, seen, self.cfg.lease_margin),
+            None => Liveness::Unknown(format!("no Lease {NODE_LEASE_NAMESPACE}/{name}")),
+        };
+        tracing::debug!(node = %name, ?live, "a current record; the node's Lease");
+        Ok(match live {
+            Liveness::Silent(age) => Verdict::Fence {
+                why: format!(
+                    "{why}; its kubelet's Lease unwritten for over {}s (API server's clock)",
+                    age.as_secs()
+                ),
+                recover: true,
+            },
+            Liveness::Contradicted => {
+                if self.refused.insert(format!("contradicted/{name}")) {
+                    tracing::warn!(node = %name, "its Lease was renewed after its shutdown record: not fenced on that record");
+                    self.event(
+                        name,
+                        EventType::Warning,
+                        "ShutdownRecordContradicted",
+                        format!("{why}, but the node renewed its Lease afterwards: not fenced"),
+                    )
+                    .await;
+                }
+                Verdict::Nothing
+            }
+            Liveness::Unknown(reason) => {
+                tracing::warn!(node = %name, "not fenced: {reason}");
+                Verdict::Nothing
+            }
+            Liveness::Renewing(_) => Verdict::Nothing,
+        })
+    }
+
+    /// Carries out `verdict`; answers what was done (`RateLimited` for a
+    /// fence the limit refused).
     async fn act(
         &mut self,
         node: &Node,
         name: &str,
         verdict: &Verdict,
         now: SystemTime,
-    ) -> Result<()> {
+    ) -> Result<Verdict> {
         let name = name.to_string();
-        {
-            match verdict {
-                Verdict::Taint { why } => {
-                    self.set_taint(node, true).await?;
-                    self.metrics.count_action("taint-added");
-                    self.history.entry(name.clone()).or_default().push_back(now);
+        match verdict {
+            Verdict::Fence { why, recover } => {
+                let limit = self.cfg.max_fences_per_minute;
+                if limit > 0 && self.fences.len() >= limit {
+                    self.metrics.count_action("refused-rate-limit");
+                    if self.refused.insert(name.clone()) {
+                        tracing::warn!(node = %name, "not fenced yet: {limit} fences in the last minute (--max-fences-per-minute)");
+                        self.event(
+                            &name,
+                            EventType::Warning,
+                            "OutOfServiceRateLimited",
+                            format!("{why}; not fenced yet: {limit} fences in the last minute across the cluster"),
+                        )
+                        .await;
+                    }
+                    return Ok(Verdict::RateLimited);
+                }
+                self.set_taint(node, true).await?;
+                self.refused.remove(&name);
+                self.fences.push_back(now);
+                self.metrics.count_action("taint-added");
+                self.event(
+                    &name,
+                    EventType::Warning,
+                    "OutOfServiceTaintAdded",
+                    why.clone(),
+                )
+                .await;
+                if *recover {
+                    // The API server has the taint: the replacements cannot
+                    // land on this node, and its volumes may detach.
+                    self.unrecovered.insert(name.clone());
+                    self.recover(&name).await?;
+                }
+            }
+            Verdict::Untaint => {
+                // The cache said Ready on a new boot; a live read must agree.
+                let live = self.nodes.get(&name).await?;
+                if judge(&live, &self.cfg, now, None) != Verdict::Untaint {
+                    return Ok(Verdict::Nothing);
+                }
+                self.set_taint(&live, false).await?;
+                self.unrecovered.remove(&name);
+                self.metrics.count_action("taint-removed");
+                self.event(
+                    &name,
+                    EventType::Normal,
+                    "OutOfServiceTaintRemoved",
+                    format!(
+                        "node is Ready again on boot {}",
+                        boot_id(&live).unwrap_or("?")
+                    ),
+                )
+                .await;
+            }
+            Verdict::BackOnSameBoot => {
+                if !self.refused.insert(format!("same-boot/{name}")) {
+                    return Ok(Verdict::Nothing);
+                }
+                {
+                    self.metrics.count_action("kept-same-boot");
+                    tracing::warn!(node = %name, "Ready again on the boot it was fenced in: it never went down; the out-of-service taint stays for a human");
                     self.event(
                         &name,
                         EventType::Warning,
-                        "OutOfServiceTaintAdded",
-                        why.clone(),
+                        "OutOfServiceKept",
+                        "Ready again on the boot it was fenced in: it did not go down. Check its workloads and storage, then remove the taint by hand".into(),
                     )
                     .await;
                 }
-                Verdict::Untaint => {
-                    self.set_taint(node, false).await?;
-                    self.metrics.count_action("taint-removed");
-                    self.event(
-                        &name,
-                        EventType::Normal,
-                        "OutOfServiceTaintRemoved",
-                        "node is Ready again".into(),
-                    )
-                    .await;
+            }
+            Verdict::RateLimited | Verdict::Nothing | Verdict::Candidate { .. } => {}
+        }
+        Ok(verdict.clone())
+    }
+
+    /// Deletes the pods bound to a fenced node with grace 0, as the pod
+    /// garbage collector would once the node is NotReady.
+    async fn recover(&mut self, name: &str) -> Result<()> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let lp = ListParams::default().fields(&format!("spec.nodeName={name}"));
+        let mut failed = 0;
+        let mut deleted = 0;
+        for pod in pods.list(&lp).await? {
+            let ns = pod.namespace().unwrap_or_default();
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: pod.uid(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .delete(&pod.name_any(), &dp)
+                .await
+            {
+                Ok(_) => deleted += 1,
+                // Gone already, or replaced by a pod of the same name.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(node = %name, pod = %pod.name_any(), "grace-0 delete: {e}");
                 }
-                Verdict::RateLimited => {
-                    self.metrics.count_action("skipped-flap-limit");
-                    tracing::warn!(node = %name, "not tainting: the node flaps more than the configured rate");
-                }
-                Verdict::Nothing => {}
             }
         }
-        Ok(())
+        self.metrics.pods_deleted.inc_by(deleted);
+        if failed == 0 {
+            self.unrecovered.remove(name);
+            tracing::info!(node = %name, deleted, "the fenced node's pods deleted with grace 0");
+            Ok(())
+        } else {
+            anyhow::bail!("{failed} of the node's pods could not be deleted (retried next pass)")
+        }
     }
 
     async fn set_taint(&self, node: &Node, present: bool) -> Result<()> {
@@ -492,13 +800,14 @@ impl Controller {
                 time_added: Some(Time(Timestamp::now())),
             });
         }
-        let marker = if present {
-            json!(self.cfg.identity)
+        let (marker, boot) = if present {
+            (json!(self.cfg.identity), json!(boot_id(node)))
         } else {
-            serde_json::Value::Null
+            (serde_json::Value::Null, serde_json::Value::Null)
         };
         let patch = json!({
-            "metadata": { "resourceVersion": node.resource_version(), "annotations": { TAINTED_BY_ANNOTATION: marker } },
+            "metadata": { "resourceVersion": node.resource_version(), "annotations": {
+                TAINTED_BY_ANNOTATION: marker, FENCED_BOOT_ANNOTATION: boot } },
             "spec": { "taints": taints },
         });
         self.nodes
@@ -544,8 +853,23 @@ pub struct ControllerArgs {
     /// With `also-reboots`: how long a reboot may stay down before the taint.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m", env = "LASTGASP_REBOOT_TIMEOUT")]
     pub reboot_timeout: std::time::Duration,
-    #[arg(long, default_value_t = 3, env = "LASTGASP_MAX_TAINTS_PER_HOUR")]
-    pub max_taints_per_hour: usize,
+    /// When a node with a current record is gone: `lease-silent` (its
+    /// kubelet's Lease unwritten past its renew interval + the margin; then
+    /// taint and delete its pods) or `not-ready` (taint once Ready is not True).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "lease-silent",
+        env = "LASTGASP_GONE_WHEN"
+    )]
+    pub gone_when: GoneWhen,
+    /// Added to the kubelet's Lease renew interval (10 s by default) before a node counts as silent.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s", env = "LASTGASP_LEASE_MARGIN")]
+    pub lease_margin: std::time::Duration,
+    /// Fences across the cluster per minute; 0: no limit. A refused fence
+    /// raises a Warning Event and is retried.
+    #[arg(long, default_value_t = 0, env = "LASTGASP_MAX_FENCES_PER_MINUTE")]
+    pub max_fences_per_minute: usize,
     #[arg(long, default_value = "kube-system", env = "LASTGASP_LEASE_NAMESPACE")]
     pub lease_namespace: String,
     #[arg(
@@ -557,7 +881,7 @@ pub struct ControllerArgs {
     /// This replica's name in the Lease (default: $POD_NAME).
     #[arg(long, env = "LASTGASP_IDENTITY")]
     pub identity: Option<String>,
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s", env = "LASTGASP_INTERVAL")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s", env = "LASTGASP_INTERVAL")]
     pub interval: std::time::Duration,
     /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off`
     /// (default: $POD_IP:9851).
@@ -574,7 +898,9 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
     let cfg = ControllerConfig {
         policy: args.policy,
         reboot_timeout: args.reboot_timeout,
-        max_taints_per_hour: args.max_taints_per_hour,
+        gone_when: args.gone_when,
+        lease_margin: args.lease_margin,
+        max_fences_per_minute: args.max_fences_per_minute,
         lease_namespace: args.lease_namespace,
         lease_name: args.lease_name,
         identity,
@@ -619,7 +945,9 @@ mod tests {
         ControllerConfig {
             policy,
             reboot_timeout: Duration::from_secs(600),
-            max_taints_per_hour: 3,
+            gone_when: GoneWhen::NotReady,
+            lease_margin: Duration::from_secs(2),
+            max_fences_per_minute: 0,
             lease_namespace: "kube-system".into(),
             lease_name: "lastgasp-controller".into(),
             identity: "a".into(),
@@ -677,8 +1005,10 @@ mod tests {
 
     fn short(v: Verdict) -> &'static str {
         match v {
-            Verdict::Taint { .. } => "taint",
+            Verdict::Fence { .. } => "taint",
+            Verdict::Candidate { .. } => "candidate",
             Verdict::Untaint => "untaint",
+            Verdict::BackOnSameBoot => "kept",
             Verdict::RateLimited => "limited",
             Verdict::Nothing => "-",
         }
@@ -754,14 +1084,6 @@ mod tests {
                 "untaint",
             ),
             (
-                "flapping",
-                node("False", Some("poweroff"), 0, false),
-                &p,
-                10,
-                3,
-                "limited",
-            ),
-            (
                 "policy off",
                 node("False", Some("poweroff"), 0, false),
                 &cfg(Policy::Off),
@@ -778,8 +1100,8 @@ mod tests {
                 "-",
             ),
         ];
-        for (name, n, c, now, recent, want) in cases {
-            assert_eq!(short(judge(&n, c, t(now), recent, None)), want, "{name}");
+        for (name, n, c, now, _recent, want) in cases {
+            assert_eq!(short(judge(&n, c, t(now), None)), want, "{name}");
         }
     }
 
@@ -829,12 +1151,12 @@ mod tests {
             ),
         ];
         for (name, n, ready_since, want) in cases {
-            assert_eq!(short(judge(&n, &p, t(300), 0, ready_since)), want, "{name}");
+            assert_eq!(short(judge(&n, &p, t(300), ready_since)), want, "{name}");
         }
         let mut no_boot = down();
         no_boot.status.as_mut().unwrap().node_info = None;
         assert_eq!(
-            short(judge(&no_boot, &p, t(300), 0, None)),
+            short(judge(&no_boot, &p, t(300), None)),
             "-",
             "the Node reports no bootID"
         );
@@ -868,8 +1190,136 @@ mod tests {
             .unwrap()
             .insert(RECORD_ANNOTATION.into(), rec.to_string());
         assert_eq!(
-            judge(&n, &cfg(Policy::PoweroffOnly), t(10), 0, None),
+            judge(&n, &cfg(Policy::PoweroffOnly), t(10), None),
             Verdict::Nothing
         );
+    }
+
+    /// With the Lease rule a current record makes a candidate whatever
+    /// Ready says (the lifecycle controller takes 50 s to change it); the
+    /// taint goes only on a new boot.
+    #[test]
+    fn the_lease_rule() {
+        let mut c = cfg(Policy::PoweroffOnly);
+        c.gone_when = GoneWhen::LeaseSilent;
+        let ready = node("True", Some("poweroff"), 0, false);
+        assert_eq!(short(judge(&ready, &c, t(10), None)), "candidate");
+        let unknown = node("Unknown", Some("poweroff"), 0, false);
+        assert_eq!(short(judge(&unknown, &c, t(10), None)), "candidate");
+        let reboot = node("True", Some("reboot"), 0, false);
+        assert_eq!(
+            short(judge(&reboot, &c, t(10_000), None)),
+            "-",
+            "a reboot is not fenced"
+        );
+        let none = node("True", None, 0, false);
+        assert_eq!(
+            short(judge(&none, &c, t(10), None)),
+            "-",
+            "no record: nothing"
+        );
+        // Fenced in boot b1 and Ready again.
+        let mut same = node("True", Some("poweroff"), 0, true);
+        same.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(FENCED_BOOT_ANNOTATION.into(), "b1".into());
+        assert_eq!(short(judge(&same, &c, t(10), None)), "kept");
+        let mut new_boot = same.clone();
+        new_boot
+            .status
+            .as_mut()
+            .unwrap()
+            .node_info
+            .as_mut()
+            .unwrap()
+            .boot_id = "b2".into();
+        assert_eq!(short(judge(&new_boot, &c, t(10), None)), "untaint");
+        let mut still_down = same.clone();
+        still_down
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "Unknown".into();
+        assert_eq!(short(judge(&still_down, &c, t(10), None)), "-");
+    }
+
+    fn lease(written: u64, dur: Option<i32>) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.managed_fields = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+                manager: Some("kubelet".into()),
+                time: Some(Time(Timestamp::try_from(t(written)).unwrap())),
+                ..Default::default()
+            },
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+                manager: Some("other".into()),
+                time: Some(Time(Timestamp::try_from(t(0)).unwrap())),
+                ..Default::default()
+            },
+        ]);
+        l.spec = Some(LeaseSpec {
+            lease_duration_seconds: dur,
+            ..Default::default()
+        });
+        l
+    }
+
+    /// Silence is counted on the server's clock so that it can only be late:
+    /// both stamps are whole seconds, so a second is taken off the age.
+    #[test]
+    fn a_lease_is_silent_only_past_its_interval_and_margin() {
+        let m = Duration::from_secs(2);
+        let seen = t(100);
+        // Written at 100, duration 40: renew interval 10 s, + 2 s margin.
+        let l = lease(100, Some(40));
+        assert_eq!(
+            liveness(&l, t(110), seen, m),
+            Liveness::Renewing(Duration::from_secs(9))
+        );
+        assert_eq!(
+            liveness(&l, t(113), seen, m),
+            Liveness::Renewing(Duration::from_secs(12))
+        );
+        assert_eq!(
+            liveness(&l, t(114), seen, m),
+            Liveness::Silent(Duration::from_secs(13))
+        );
+        // The newest write of any manager counts.
+        let mut older_first = lease(100, Some(40));
+        older_first
+            .metadata
+            .managed_fields
+            .as_mut()
+            .unwrap()
+            .reverse();
+        assert_eq!(
+            liveness(&older_first, t(110), seen, m),
+            Liveness::Renewing(Duration::from_secs(9))
+        );
+        // Written 2 s or more after the controller first saw the record.
+        assert_eq!(
+            liveness(&lease(102, Some(40)), t(130), seen, m),
+            Liveness::Contradicted
+        );
+        assert!(matches!(
+            liveness(&lease(101, Some(40)), t(130), seen, m),
+            Liveness::Silent(_)
+        ));
+        // No duration, no server time: never silent.
+        assert!(matches!(
+            liveness(&lease(100, None), t(200), seen, m),
+            Liveness::Unknown(_)
+        ));
+        let mut bare = lease(100, Some(40));
+        bare.metadata.managed_fields = None;
+        assert!(matches!(
+            liveness(&bare, t(200), seen, m),
+            Liveness::Unknown(_)
+        ));
     }
 }

@@ -2,4 +2,5 @@
 pub mod bus;
 pub mod controlplane;
 pub mod nodesim;
+pub mod recovery;
 pub mod support;

@@ -136,6 +136,14 @@ impl Sim {
         Ok(boot_id)
     }
 
+    /// When the node's last heartbeat (Lease and status) was answered.
+    pub fn last_beat(&self, name: &str) -> Option<Instant> {
+        let nodes = self.nodes.lock().unwrap();
+        let beat = nodes.get(name)?.last_beat.clone();
+        let t = *beat.lock().unwrap();
+        Some(t)
+    }
+
     pub fn boot_id(&self, name: &str) -> Option<String> {
         self.nodes
             .lock()

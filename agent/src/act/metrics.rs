@@ -209,6 +209,8 @@ pub struct ControllerMetrics {
     pub actions: Family<Labels, Counter>,
     pub pass_errors: Counter,
     pub nodes: Gauge,
+    pub fenced: Gauge,
+    pub pods_deleted: Counter,
 }
 
 impl Default for ControllerMetrics {
@@ -223,7 +225,7 @@ impl Default for ControllerMetrics {
         let actions = Family::<Labels, Counter>::default();
         r.register(
             "lastgasp_controller_actions",
-            "out-of-service taint actions: taint-added, taint-removed, skipped-flap-limit",
+            "out-of-service taint actions: taint-added, taint-removed, refused-rate-limit, kept-same-boot",
             actions.clone(),
         );
         let pass_errors = Counter::default();
@@ -238,12 +240,26 @@ impl Default for ControllerMetrics {
             "Nodes in the controller's watch at its last pass",
             nodes.clone(),
         );
+        let fenced = Gauge::default();
+        r.register(
+            "lastgasp_controller_fenced_nodes",
+            "Nodes that carry this controller's out-of-service taint (a node that never returns stays here)",
+            fenced.clone(),
+        );
+        let pods_deleted = Counter::default();
+        r.register(
+            "lastgasp_controller_pods_deleted",
+            "Pods of fenced nodes deleted with grace 0",
+            pods_deleted.clone(),
+        );
         ControllerMetrics {
             registry: Arc::new(r),
             lease_held,
             actions,
             pass_errors,
             nodes,
+            fenced,
+            pods_deleted,
         }
     }
 }

@@ -1,0 +1,233 @@
+//! The recovery scenario on the real control plane (issue 17): a one-replica
+//! StatefulSet with a ReadWriteOnce CSI volume on node A of three simulated
+//! nodes; A sends the agent's own last gasp (the library's `LastGasp`, the
+//! code the agent runs, with the record the agent writes), then powers off
+//! at a random point of its heartbeat cycle. Used by tests/controlplane.rs
+//! and `cargo xtask bench recovery`.
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Node;
+use kube::{api::DeleteParams, Api, Client};
+use lastgasp::{
+    act::kube::lastgasp::LastGasp,
+    controller::{Controller, ControllerConfig, GoneWhen, Policy},
+    decide::Decider,
+    signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+};
+use serde_json::json;
+
+use crate::nodesim::{self, Sim};
+
+/// Which cluster side runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    /// No lastgasp controller.
+    Nothing,
+    /// `--gone-when not-ready`: the rule before issue 17.
+    NotReady,
+    /// `--gone-when lease-silent`: the evidence rule.
+    LeaseSilent,
+}
+
+impl Arm {
+    pub fn label(self) -> &'static str {
+        match self {
+            Arm::Nothing => "(a) no lastgasp controller",
+            Arm::NotReady => "(b) record + NotReady (old rule)",
+            Arm::LeaseSilent => "(c) record + Lease silent (evidence rule)",
+        }
+    }
+}
+
+pub fn controller_config(gone_when: GoneWhen, id: &str) -> ControllerConfig {
+    ControllerConfig {
+        policy: Policy::PoweroffOnly,
+        reboot_timeout: Duration::from_secs(600),
+        gone_when,
+        lease_margin: Duration::from_secs(2),
+        max_fences_per_minute: 0,
+        lease_namespace: "kube-system".into(),
+        lease_name: format!("lastgasp-controller-{id}"),
+        identity: id.into(),
+        lease_duration: Duration::from_secs(15),
+    }
+}
+
+/// Runs the controller's passes every second in a task (what `lastgasp
+/// controller` does, default interval).
+pub async fn spawn_controller(
+    client: Client,
+    cfg: ControllerConfig,
+) -> Result<tokio::task::JoinHandle<Controller>> {
+    let mut c = Controller::start(client, cfg).await?;
+    Ok(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if let Err(e) = c.tick().await {
+                eprintln!("controller pass: {e:#}");
+            }
+        }
+    }))
+}
+
+/// The agent's last gasp for a forced power-off of `node` in `boot_id`:
+/// the condition, taint and record patches, as the agent sends them.
+pub async fn last_gasp(client: &Client, node: &str, boot_id: &str) -> Result<Duration> {
+    let lg = LastGasp::start(client.clone(), client.clone(), node).await?;
+    let sig = ShutdownSignal {
+        source: Source::RebootSyscall,
+        kind: Kind::Poweroff,
+        forced: true,
+        bypasses_logind: true,
+        scope: Scope::Node,
+        effect: Effect::Now,
+        actor: None,
+        sender: None,
+        at: SystemTime::now(),
+        boot_ns: 0,
+        deadline: None,
+        detail: Detail::Reboot {
+            magic1: 0xfee1_dead,
+            magic2: 672_274_793,
+            cmd: 0x4321_fedc,
+            valid_magic: true,
+            ret: None,
+        },
+    };
+    let ep = Decider::new()
+        .decide(&sig)
+        .episode
+        .context("a forced power-off opens an episode")?;
+    let record = json!({
+        "boot_id": boot_id,
+        "at": humantime::format_rfc3339_nanos(sig.at).to_string(),
+        "episode": ep,
+        "signal": sig,
+    });
+    let (status, spec) = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
+    let sent = lg.send(&status, &spec).await?;
+    Ok(sent.status_done.max(sent.spec_done))
+}
+
+pub struct Scenario {
+    pub sim: Sim,
+    pub client: Client,
+    pub ns: String,
+    pub nodes: [String; 3],
+}
+
+pub const APP: &str = "web";
+
+impl Scenario {
+    /// Three nodes `<tag>-a/b/c`, the app Running on `<tag>-a`.
+    pub async fn start(client: Client, tag: &str) -> Result<Scenario> {
+        let sim = Sim::start(client.clone()).await?;
+        let nodes = [format!("{tag}-a"), format!("{tag}-b"), format!("{tag}-c")];
+        for n in &nodes {
+            sim.add_node(n).await?;
+        }
+        nodesim::namespace(&client, tag).await?;
+        nodesim::stateful_app(&client, tag, APP, &nodes[0]).await?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(n) = nodesim::running_on(&client, tag, APP).await? {
+                anyhow::ensure!(n == nodes[0], "the app started on {n}, not {}", nodes[0]);
+                break;
+            }
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(120),
+                "the app was not Running on {} within 120 s",
+                nodes[0]
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Scenario {
+            sim,
+            client,
+            ns: tag.to_string(),
+            nodes,
+        })
+    }
+
+    pub fn a(&self) -> &str {
+        &self.nodes[0]
+    }
+
+    /// Waits up to `within` after `off` for the app Running on another node
+    /// and node A's VolumeAttachment gone: the time of each, if seen.
+    pub async fn watch_recovery(
+        &self,
+        off: SystemTime,
+        within: Duration,
+    ) -> Result<(Option<Duration>, Option<Duration>)> {
+        let (mut running, mut detached) = (None, None);
+        loop {
+            let since = SystemTime::now().duration_since(off).unwrap_or_default();
+            if running.is_none() {
+                if let Some(n) = nodesim::running_on(&self.client, &self.ns, APP).await? {
+                    if n != self.a() {
+                        running = Some(since);
+                    }
+                }
+            }
+            if detached.is_none()
+                && !nodesim::attached_to(&self.client, &self.ns, APP, self.a()).await?
+            {
+                detached = Some(since);
+            }
+            if (running.is_some() && detached.is_some()) || since > within {
+                return Ok((running, detached));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Removes the scenario's nodes, so that dead ones do not pile up.
+    pub async fn remove_nodes(&self) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for n in &self.nodes {
+            self.sim.power_off(n);
+            let _ = nodes.delete(n, &DeleteParams::default()).await;
+        }
+    }
+}
+
+/// One run of one arm: (power-off → app Running elsewhere, → node A's
+/// VolumeAttachment gone), each `None` when not within `within`.
+pub async fn run_once(
+    client: Client,
+    arm: Arm,
+    tag: &str,
+    within: Duration,
+) -> Result<(Option<Duration>, Option<Duration>)> {
+    let scn = Scenario::start(client.clone(), tag).await?;
+    let controller = match arm {
+        Arm::Nothing => None,
+        Arm::NotReady => Some(
+            spawn_controller(client.clone(), controller_config(GoneWhen::NotReady, tag)).await?,
+        ),
+        Arm::LeaseSilent => Some(
+            spawn_controller(
+                client.clone(),
+                controller_config(GoneWhen::LeaseSilent, tag),
+            )
+            .await?,
+        ),
+    };
+    let boot = scn.sim.boot_id(scn.a()).context("node A's boot")?;
+    // The power-off falls at a random point of A's heartbeat cycle; its
+    // last gasp goes out just before.
+    let phase = nodesim::random_below(1000) as f64 / 1000.0;
+    let last = scn.sim.last_beat(scn.a()).context("node A's heartbeat")?;
+    tokio::time::sleep_until((last + nodesim::HEARTBEAT.mul_f64(phase)).into()).await;
+    last_gasp(&client, scn.a(), &boot).await?;
+    let off = scn.sim.power_off(scn.a());
+    let r = scn.watch_recovery(off, within).await;
+    if let Some(c) = controller {
+        c.abort();
+    }
+    scn.remove_nodes().await;
+    r
+}
