@@ -1181,6 +1181,21 @@ mod agent_flow {
             .unwrap();
     }
 
+    /// The node is on another boot (it came back).
+    fn set_boot(s: &Setup, boot: &str) {
+        s.double
+            .modify::<Node, _>("", NODE, |n| {
+                n.status
+                    .as_mut()
+                    .unwrap()
+                    .node_info
+                    .as_mut()
+                    .unwrap()
+                    .boot_id = boot.into()
+            })
+            .unwrap();
+    }
+
     /// A current record: of the boot the Node reports.
     fn set_record(s: &Setup, kind: &str) {
         set_record_on(s, NODE, kind);
@@ -1282,7 +1297,14 @@ mod agent_flow {
         set_ready(&s, "True");
         settle().await;
         a.tick().await.unwrap();
-        assert!(!out_of_service(&s), "Ready again: untainted");
+        assert!(
+            out_of_service(&s),
+            "Ready again on the same boot: it never went down, the taint stays"
+        );
+        set_boot(&s, "boot-y");
+        settle().await;
+        a.tick().await.unwrap();
+        assert!(!out_of_service(&s), "Ready again on a new boot: untainted");
 
         set_record(&s, "reboot");
         set_ready(&s, "False");
@@ -1303,7 +1325,7 @@ mod agent_flow {
             .iter()
             .any(|e| e.reason.as_deref() == Some("OutOfServiceTaintRemoved")));
         let kinds: Vec<_> = a.actions.iter().map(|(_, v)| v.kind()).collect();
-        assert_eq!(kinds, vec!["Fence", "Untaint", "Fence"]);
+        assert_eq!(kinds, vec!["Fence", "BackOnSameBoot", "Untaint", "Fence"]);
         assert!(b.actions.is_empty());
     }
 }

@@ -1325,14 +1325,14 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
         .unwrap();
     assert!(a.tick().await.unwrap(), "a creates the Lease");
     assert!(!b.tick().await.unwrap(), "b reads it and stands by");
-    let set = |ready: &str, kind: &str| {
-        let rec = json!({"boot_id": "boot-x", "signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
+    let set = |ready: &str, kind: &str, boot: &str, node_boot: &str| {
+        let rec = json!({"boot_id": boot, "signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
         double
             .modify::<Node, _>("", NODE, |n| {
                 let st = n.status.as_mut().unwrap();
                 st.conditions.as_mut().unwrap()[0].status = ready.into();
                 st.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
-                    boot_id: "boot-x".into(),
+                    boot_id: node_boot.into(),
                     ..Default::default()
                 });
                 n.metadata
@@ -1345,16 +1345,58 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
     let settle = || tokio::time::sleep(Duration::from_millis(200));
     // Powered off and NotReady: taint; Ready: untaint; again: a repeated
     // Event (PATCH).
-    for _ in 0..2 {
-        set("Unknown", "poweroff");
+    for (down, back) in [("boot-1", "boot-2"), ("boot-2", "boot-3")] {
+        set("Unknown", "poweroff", down, down);
         settle().await;
         a.tick().await.unwrap();
-        set("True", "poweroff");
+        set("True", "poweroff", down, back);
         settle().await;
         a.tick().await.unwrap();
     }
     let kinds: Vec<&str> = a.actions.iter().map(|(_, v)| v.kind()).collect();
     assert_eq!(kinds, ["Fence", "Untaint", "Fence", "Untaint"]);
+
+    // The default rule: a current record and a silent Lease (written a
+    // minute ago on the server's clock): a live Lease read, the taint, then
+    // the node's pods deleted with grace 0.
+    let mut c = Controller::start(
+        double.client_without_retry().await,
+        ControllerConfig {
+            gone_when: lastgasp::controller::GoneWhen::LeaseSilent,
+            ..cfg("a")
+        },
+    )
+    .await
+    .unwrap();
+    let minute_ago =
+        humantime::format_rfc3339_seconds(SystemTime::now() - Duration::from_secs(60)).to_string();
+    double
+        .create_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-node-lease"}}))
+        .unwrap();
+    double
+        .create_value(json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": NODE, "namespace": "kube-node-lease",
+                "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "coordination.k8s.io/v1", "time": minute_ago}]},
+            "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40, "renewTime": "2001-01-01T00:00:00.000000Z"}
+        }))
+        .unwrap();
+    double
+        .create_value(pod("default", "stateful-0", 0, json!({})))
+        .unwrap();
+    // A record newer than the last Ready the controller saw (it starts fresh).
+    set("True", "poweroff", "boot-4", "boot-4");
+    settle().await;
+    c.tick().await.unwrap();
+    let kinds: Vec<&str> = c.actions.iter().map(|(_, v)| v.kind()).collect();
+    assert_eq!(kinds, ["Fence"]);
+    assert!(
+        double
+            .list::<k8s_openapi::api::core::v1::Pod>("default")
+            .iter()
+            .all(|p| p.metadata.name.as_deref() != Some("stateful-0")),
+        "the fenced node's pod is deleted"
+    );
 
     let requests = double.requests();
     assert!(

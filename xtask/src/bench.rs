@@ -1,10 +1,13 @@
 //! `cargo xtask bench`: the release agent and the bench binary, then the
-//! bench's table (`flood`, `stdout`, `--quick` select and shorten).
+//! bench's table (`flood`, `stdout`, `recovery`, `--quick` select and shorten).
 use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::build::{build, cargo, ebpf_object, run, target_dir};
+use crate::{
+    build::{build, cargo, ebpf_object, run, target_dir},
+    k8s,
+};
 
 pub fn bench(root: &Path, args: &[String]) -> Result<()> {
     let bin = build(root, true)?;
@@ -38,6 +41,13 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
         .env("LASTGASP_EBPF_OBJ", ebpf_object(root))
         .env("LASTGASP_BIN", &bin)
         .args(args);
+    if args.iter().any(|a| a == "recovery") {
+        let cp = k8s::ensure(root)?;
+        if cp.is_none() {
+            bail!("`bench recovery` needs the Kubernetes v1.32.13 binaries (see above)");
+        }
+        k8s::env(&mut cmd, &cp);
+    }
     run(&mut cmd)?;
     Ok(())
 }
