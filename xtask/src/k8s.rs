@@ -35,11 +35,18 @@ const BINARIES: &[(&str, &str, &str)] = &[
 ];
 
 /// Where the compressed binaries are: `LASTGASP_K8S_TOOLS`, else the
-/// workplace's `../shared/tools/kubernetes-v1.32.13` beside the checkout.
+/// workplace's `shared/tools/kubernetes-v1.32.13` beside the checkout or
+/// beside one of its parents (a CI checkout may sit deeper).
 fn tools_dir(root: &Path) -> PathBuf {
-    env::var_os("LASTGASP_K8S_TOOLS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("../shared/tools/kubernetes-v1.32.13"))
+    if let Some(dir) = env::var_os("LASTGASP_K8S_TOOLS") {
+        return PathBuf::from(dir);
+    }
+    let rel = format!("shared/tools/kubernetes-{VERSION}");
+    root.ancestors()
+        .skip(1)
+        .map(|a| a.join(&rel))
+        .find(|d| d.join("kube-apiserver.xz").is_file())
+        .unwrap_or_else(|| root.join("..").join(&rel))
 }
 
 pub struct ControlPlane {
