@@ -414,11 +414,17 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
         .unwrap()
         .contains_key(RECORD_ANNOTATION));
     let events: Vec<Event> = s.double.list("default");
+    let notes: Vec<&str> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("NodeShutdown"))
+        .filter_map(|e| e.note.as_deref())
+        .collect();
+    // Two Events under one action: the end's text is not folded into the
+    // start's series (kube's Recorder keys without the note).
     assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("NodeShutdown")),
-        "{events:?}"
+        notes.iter().any(|n| n.contains("detected shutdown event"))
+            && notes.iter().any(|n| n.contains("graceful shutdown done")),
+        "{notes:?}"
     );
 
     // The kubelet-compatible state file and gauges.
@@ -825,11 +831,13 @@ mod agent_flow {
             Metrics::default(),
             false,
         );
-        let report = next
+        let after = next
             .after_boot("boot-2")
             .await
             .unwrap()
             .expect("a previous boot");
+        after.delivery.expect("cluster mode").await.unwrap();
+        let report = after.report;
         assert_eq!(report.boot_id, "boot-1");
         assert_eq!(report.end, lastgasp::report::BootEnd::Forced);
         assert!(report.undelivered);
@@ -886,11 +894,58 @@ mod agent_flow {
             Metrics::default(),
             false,
         );
-        let r = third.after_boot("boot-3").await.unwrap().unwrap();
+        let r = third.after_boot("boot-3").await.unwrap().unwrap().report;
         assert_eq!(
             (r.boot_id.as_str(), r.end),
             ("boot-2", lastgasp::report::BootEnd::Unannounced)
         );
+    }
+
+    /// With the API server hanging at start, telling the cluster how the
+    /// previous boot ended runs beside the loop: `after_boot` returns while
+    /// that delivery still waits, and the next shutdown is audited and its
+    /// last gasp sent at once.
+    #[tokio::test]
+    async fn the_previous_boot_report_does_not_hold_up_the_next_shutdown() {
+        let s = setup("bootdown", vec![]).await;
+        let c = cluster(&s).await;
+        AuditLog::open(&s.dir, "boot-1")
+            .unwrap()
+            .agent_start()
+            .unwrap();
+        let hang = s
+            .double
+            .inject(Fault::latency(Duration::from_secs(600)).method("POST"));
+        let mut agent = Agent::new(
+            AuditLog::open(&s.dir, "boot-2").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        );
+        let after = agent.after_boot("boot-2").await.unwrap().expect("boot-1");
+        assert_eq!(after.report.end, lastgasp::report::BootEnd::Unannounced);
+        let delivery = after.delivery.expect("cluster mode delivers");
+        let d = agent.handle(forced_exec()).await.unwrap();
+        assert!(matches!(d.action, Action::Immediate { escalated: false }));
+        assert!(
+            !delivery.is_finished(),
+            "the PreviousBoot Event is still waiting on the hung POST"
+        );
+        let recs = records(&s.dir);
+        assert!(
+            recs.iter().any(|r| r.boot_id == "boot-2"
+                && matches!(
+                    &r.entry,
+                    Entry::Outcome {
+                        outcome: Outcome::LastGaspDelivered { .. },
+                        ..
+                    }
+                )),
+            "boot-2's shutdown was audited and its last gasp delivered: {recs:#?}"
+        );
+        delivery.abort();
+        s.double.remove_fault(hang);
     }
 
     /// PATCH/POST/DELETE requests the double answered since `from`.

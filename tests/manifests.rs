@@ -39,36 +39,14 @@ use lastgasp::{
     signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
 use lastgasp_apidouble::{ApiDouble, Fault, RequestRecord};
-use lastgasp_tests::support::warm_clients;
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use lastgasp_tests::{
+    render::{helm, kustomize, kustomize_dir, render_helm, render_kustomize_dir, repo, split_yaml},
+    support::warm_clients,
+};
+use serde::{de::DeserializeOwned, Serialize};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- sources
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn kustomize_dir() -> PathBuf {
-    repo().join("deploy/kustomize")
-}
-
-fn chart_dir() -> PathBuf {
-    repo().join("deploy/helm/lastgasp")
-}
-
-/// Multi-document YAML into JSON values (empty documents dropped).
-fn split_yaml(text: &str) -> Vec<Value> {
-    serde_norway::Deserializer::from_str(text)
-        .map(|doc| {
-            Value::deserialize(doc).unwrap_or_else(|e| panic!("unparsable YAML: {e}\n{text}"))
-        })
-        .filter(|v| !v.is_null())
-        .collect()
-}
 
 /// The kustomize base as written: `resources:` of kustomization.yaml, in
 /// order. They are plain manifests (no patches, no generators), so this is
@@ -96,43 +74,8 @@ fn source_objects() -> Vec<Value> {
 
 /// A renderer: `LASTGASP_HELM` / `LASTGASP_KUSTOMIZE` (set by `cargo xtask
 /// test`), else the copy `cargo xtask test` cached under ~/.cache/lastgasp/tools, else None.
-fn tool(var: &str, cached: &str) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os(var) {
-        return Some(PathBuf::from(p));
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
-        });
-    let p = cache.join("lastgasp/tools").join(cached);
-    p.is_file().then_some(p)
-}
-
-fn helm() -> Option<PathBuf> {
-    tool("LASTGASP_HELM", "helm-3.17.3/helm")
-}
-
-fn kustomize() -> Option<PathBuf> {
-    tool("LASTGASP_KUSTOMIZE", "kustomize-4.5.4/kustomize")
-}
-
-fn run_tool(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn render_kustomize(bin: &Path) -> Vec<Value> {
     render_kustomize_dir(bin, &kustomize_dir())
-}
-
-fn render_kustomize_dir(bin: &Path, dir: &Path) -> Vec<Value> {
-    split_yaml(&run_tool(Command::new(bin).arg("build").arg(dir)))
 }
 
 /// The objects of `podRemoval: evict`: the overlay that adds the kustomize
@@ -147,27 +90,6 @@ fn evict_objects(test: &str) -> Option<BTreeMap<Key, Value>> {
         "kustomize build deploy/overlays/evict",
         &render_kustomize_dir(&k, &repo().join("deploy/overlays/evict")),
     ))
-}
-
-/// `helm template` with the chart's defaults, or with `--set` values.
-fn render_helm(bin: &Path, set: &[&str]) -> Vec<Value> {
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let home = std::env::temp_dir().join(format!("lastgasp-helm-home-{}-{n}", std::process::id()));
-    let mut cmd = Command::new(bin);
-    cmd.args(["template", "lastgasp"])
-        .arg(chart_dir())
-        .args(["--namespace", "lastgasp"])
-        // Helm wants writable config/cache dirs; keep them out of $HOME.
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"));
-    for s in set {
-        cmd.args(["--set", s]);
-    }
-    let out = run_tool(&mut cmd);
-    std::fs::remove_dir_all(&home).ok();
-    split_yaml(&out)
 }
 
 // ------------------------------------------------ strict typed parsing
@@ -1242,7 +1164,7 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
         Metrics::default(),
         false,
     );
-    let report = agent.after_boot("boot-3").await.unwrap().unwrap();
+    let report = agent.after_boot("boot-3").await.unwrap().unwrap().report;
     assert!(report.undelivered);
     until("the shutdown marks are cleared", || {
         let n: Node = double.get("", NODE).unwrap();
@@ -1623,11 +1545,16 @@ fn request(
             "authentication.kubernetes.io/pod-name": ["lastgasp-agent-x"],
         });
     }
-    json!({
+    // As the API server builds it: an empty subresource is left out.
+    let mut req = json!({
         "operation": op, "userInfo": user_info,
         "resource": {"group": group, "version": "v1", "resource": resource},
-        "subResource": sub, "namespace": ns, "name": name,
-    })
+        "namespace": ns, "name": name,
+    });
+    if !sub.is_empty() {
+        req["subResource"] = json!(sub);
+    }
+    req
 }
 
 #[test]

@@ -71,6 +71,21 @@ pub fn shared(test: &str) -> Option<&'static ControlPlane> {
     }
 }
 
+/// One request as the API server's audit log saw it.
+#[derive(Clone, Debug)]
+pub struct AuditEvent {
+    /// The authorizer's verb (get, list, watch, patch, ...).
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+    pub subresource: String,
+    pub name: String,
+    pub code: u16,
+    pub uri: String,
+    /// `user.extra`: the bound token's claims (node name, pod).
+    pub extra: serde_json::Value,
+}
+
 pub struct ControlPlane {
     pub dir: PathBuf,
     pub url: String,
@@ -149,6 +164,12 @@ impl ControlPlane {
         let fp_key_file = w("front-proxy-client.key", &fp_key)?;
         let sa_key = w("sa.key", &sa.serialize_pem())?;
         let sa_pub = w("sa.pub", &sa.public_key_pem())?;
+        // Who asked for what, and the answer: tests read it to show that a
+        // ServiceAccount met no 403 and used exactly its grants.
+        let audit_policy = w(
+            "audit-policy.yaml",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        )?;
         let tokens = w(
             "tokens.csv",
             &format!("{ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
@@ -236,6 +257,12 @@ impl ControlPlane {
                 &path(&fp_file),
                 "--proxy-client-key-file",
                 &path(&fp_key_file),
+                "--audit-policy-file",
+                &path(&audit_policy),
+                "--audit-log-path",
+                &path(&dir.join("audit.log")),
+                "--audit-log-maxsize",
+                "0",
                 "--allow-privileged=true",
                 "--profiling=false",
             ]),
@@ -386,6 +413,45 @@ impl ControlPlane {
 
     pub fn admin(&self) -> kube::Client {
         self.client(ADMIN_TOKEN)
+    }
+
+    /// The API server's audit events of `user`, one per request in arrival
+    /// order: its last stage (ResponseComplete; ResponseStarted for a watch
+    /// still open).
+    pub fn audit(&self, user: &str) -> Vec<AuditEvent> {
+        let log = fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
+        let mut order: Vec<String> = Vec::new();
+        let mut last: std::collections::HashMap<String, serde_json::Value> = Default::default();
+        for e in log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        {
+            if e["user"]["username"] != user {
+                continue;
+            }
+            let id = e["auditID"].as_str().unwrap_or("").to_string();
+            if !last.contains_key(&id) {
+                order.push(id.clone());
+            }
+            last.insert(id, e);
+        }
+        order
+            .iter()
+            .map(|id| {
+                let e = &last[id];
+                let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+                AuditEvent {
+                    verb: s(&e["verb"]),
+                    group: s(&e["objectRef"]["apiGroup"]),
+                    resource: s(&e["objectRef"]["resource"]),
+                    subresource: s(&e["objectRef"]["subresource"]),
+                    name: s(&e["objectRef"]["name"]),
+                    code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+                    uri: s(&e["requestURI"]),
+                    extra: e["user"]["extra"].clone(),
+                }
+            })
+            .collect()
     }
 
     /// The end of a process's log, for a failing test's message.

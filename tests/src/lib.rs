@@ -3,4 +3,5 @@ pub mod bus;
 pub mod controlplane;
 pub mod nodesim;
 pub mod recovery;
+pub mod render;
 pub mod support;

@@ -527,6 +527,32 @@ pub async fn attached_to(client: &Client, ns: &str, name: &str, node: &str) -> R
         }))
 }
 
+/// Waits until the node lifecycle controller has lifted the
+/// `node.kubernetes.io/not-ready` taint it puts on every new Node: before
+/// that, the scheduler places nothing there, whatever the affinity prefers.
+pub async fn schedulable(client: &Client, names: &[&str], within: Duration) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let t0 = Instant::now();
+    for name in names {
+        loop {
+            let n = nodes.get(name).await?;
+            let taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
+            if !taints
+                .iter()
+                .any(|t| t.key == "node.kubernetes.io/not-ready")
+            {
+                break;
+            }
+            anyhow::ensure!(
+                t0.elapsed() < within,
+                "node {name} still has the not-ready taint after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}
+
 /// Creates namespace `ns` (ignores "exists").
 pub async fn namespace(client: &Client, ns: &str) -> Result<()> {
     let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());

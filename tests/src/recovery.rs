@@ -128,6 +128,8 @@ impl Scenario {
         for n in &nodes {
             sim.add_node(n).await?;
         }
+        let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        nodesim::schedulable(&client, &names, Duration::from_secs(60)).await?;
         nodesim::namespace(&client, tag).await?;
         nodesim::stateful_app(&client, tag, APP, &nodes[0]).await?;
         let t0 = Instant::now();

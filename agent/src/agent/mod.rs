@@ -42,6 +42,14 @@ pub const LAST_GASP_BOUND: Duration = Duration::from_secs(2);
 /// The host's answer about an episode (its id).
 pub type Answer = (u32, HostAnswer);
 
+/// How the previous boot ended, and the task that tells the cluster (the
+/// PreviousBoot Event and an undelivered record; it then leaves a task that
+/// clears the marks once the node is Ready).
+pub struct AfterBoot {
+    pub report: BootReport,
+    pub delivery: Option<tokio::task::JoinHandle<()>>,
+}
+
 /// What the agent reaches in cluster mode.
 pub struct Cluster {
     pub node: NodeClient,
@@ -424,7 +432,7 @@ impl Agent {
     /// At start: how did the previous boot end? Reported as an Event (and a
     /// log line), with whatever did not reach the cluster then; then the
     /// agent's own taint and condition are cleared once the node is Ready.
-    pub async fn after_boot(&mut self, boot_id: &str) -> Result<Option<BootReport>> {
+    pub async fn after_boot(&mut self, boot_id: &str) -> Result<Option<AfterBoot>> {
         let contents = {
             let mut audit = self.audit.lock().await;
             let path = audit.path().to_path_buf();
@@ -472,42 +480,46 @@ impl Agent {
             "{note}"
         );
         let Some(c) = self.cluster.clone() else {
-            return Ok(Some(r));
+            return Ok(Some(AfterBoot {
+                report: r,
+                delivery: None,
+            }));
         };
-        let type_ = if r.end == BootEnd::Graceful {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        };
-        if let Err(e) = c.node.event(type_, "PreviousBoot", note).await {
-            tracing::warn!("previous-boot event: {e:#}");
-        }
-        if r.undelivered {
-            if let Some(ep) = &r.episode {
+        // The cluster half runs beside the loop: with the API server down its
+        // retries (seconds) must not delay the audit of the next shutdown.
+        let (report, audit, metrics) = (r.clone(), self.audit.clone(), self.metrics.clone());
+        let current = boot_id.to_string();
+        let prev = prev.to_string();
+        let delivery = tokio::spawn(async move {
+            let type_ = if report.end == BootEnd::Graceful {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            };
+            if let Err(e) = c.node.event(type_, "PreviousBoot", note).await {
+                tracing::warn!("previous-boot event: {e:#}");
+            }
+            if let (true, Some(ep)) = (report.undelivered, &report.episode) {
                 let record =
                     json!({ "episode": ep, "boot_id": prev, "delivered_late": true, "back": true });
                 match c.node.set_record(&record).await {
                     Ok(()) => {
-                        self.outcome(
-                            ep.id,
-                            Outcome::DeliveredLate {
-                                boot_id: prev.to_string(),
-                            },
-                        )
-                        .await
+                        let late = Outcome::DeliveredLate { boot_id: prev };
+                        write_outcome(&audit, &metrics, ep.id, late).await
                     }
                     Err(e) => tracing::warn!("delivering the previous boot's record: {e:#}"),
                 }
             }
-        }
-        let cluster = c.clone();
-        let current = boot_id.to_string();
-        tokio::spawn(async move {
-            if let Err(e) = cluster.node.clear_when_ready(&current).await {
-                tracing::warn!("clearing the shutdown marks: {e:#}");
-            }
+            tokio::spawn(async move {
+                if let Err(e) = c.node.clear_when_ready(&current).await {
+                    tracing::warn!("clearing the shutdown marks: {e:#}");
+                }
+            });
         });
-        Ok(Some(r))
+        Ok(Some(AfterBoot {
+            report: r,
+            delivery: Some(delivery),
+        }))
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -5,7 +5,11 @@ pub mod lastgasp;
 pub(crate) mod preflight;
 pub(crate) mod retry;
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
 
 use anyhow::{Context, Result};
 use k8s_openapi::{
@@ -35,6 +39,9 @@ pub const EVENT_REASON: &str = "NodeShutdown";
 /// Annotation holding the last shutdown's record.
 pub const RECORD_ANNOTATION: &str = "lastgasp.dev/last-shutdown";
 
+/// By (type, action): the last note and the Recorder that published it.
+type Recorders = HashMap<(EventType, String), (String, Recorder)>;
+
 /// The agent's view of its own node: the Node API, a watch of the node's pods
 /// (kept warm so that nothing is listed at shutdown time), and Events.
 #[derive(Clone)]
@@ -43,7 +50,8 @@ pub struct NodeClient {
     pub node: String,
     pub nodes: Api<Node>,
     pub pods: Store<Pod>,
-    recorder: Recorder,
+    reporter: Reporter,
+    recorders: Arc<Mutex<Recorders>>,
 }
 
 impl NodeClient {
@@ -64,7 +72,8 @@ impl NodeClient {
         };
         Ok(NodeClient {
             nodes: Api::all(client.clone()),
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
+            recorders: Arc::default(),
             client,
             node: node.to_string(),
             pods,
@@ -90,7 +99,23 @@ impl NodeClient {
             secondary: None,
         };
         let reference = self.reference();
-        retry("event", || self.recorder.publish(&ev, &reference)).await?;
+        // kube's Recorder merges Events by a key without the note: a second,
+        // different note under the same action would only count up the first
+        // Event. A new note gets a new Recorder (a new Event); the same note
+        // again stays a series on the old one.
+        let recorder = {
+            let mut recorders = self.recorders.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (ev.type_, ev.action.clone());
+            match recorders.get(&key) {
+                Some((last, r)) if Some(last) == ev.note.as_ref() => r.clone(),
+                _ => {
+                    let r = Recorder::new(self.client.clone(), self.reporter.clone());
+                    recorders.insert(key, (ev.note.clone().unwrap_or_default(), r.clone()));
+                    r
+                }
+            }
+        };
+        retry("event", || recorder.publish(&ev, &reference)).await?;
         Ok(())
     }
 

@@ -1,0 +1,639 @@
+//! The deploy manifests on the real API server (v1.32.13, tests/src/controlplane.rs),
+//! as an operator applies them: the kustomize render applied, the Helm render
+//! checked by a server-side dry run. The agent and the controller then run
+//! with the real bound ServiceAccount tokens of their own pods (a TokenRequest
+//! bound to the pod: v1.32 puts the pod's node in it), and the API server's
+//! own audit log shows what they asked and what it answered. SKIPPED with the
+//! reason when the binaries or kustomize/helm are not on this machine.
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant, SystemTime},
+};
+
+use k8s_openapi::api::{
+    authentication::v1::TokenRequest,
+    core::v1::{Node, Pod, ServiceAccount},
+    events::v1::Event,
+};
+use kube::{
+    api::{
+        DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    },
+    discovery::{Discovery, Scope as ApiScope},
+    Api, Client, ResourceExt,
+};
+use lastgasp::{
+    act::{
+        kube::{
+            graceful::{self, GracefulOptions, Removal},
+            NodeClient, RECORD_ANNOTATION, TAINT_KEY,
+        },
+        metrics::Metrics,
+    },
+    controller::{GoneWhen, OUT_OF_SERVICE_KEY},
+    decide::{Action, Decider, Episode},
+    grace::Bucket,
+    signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+};
+use lastgasp_tests::{
+    controlplane::{self, AuditEvent, ControlPlane},
+    nodesim::{self, Sim},
+    recovery,
+    render::{helm, kustomize, kustomize_dir, render_helm, render_kustomize_dir},
+};
+use serde_json::{json, Value};
+
+const NS: &str = "lastgasp";
+const AGENT_SA: &str = "lastgasp-agent";
+const CONTROLLER_SA: &str = "lastgasp-controller";
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn user(sa: &str) -> String {
+    format!("system:serviceaccount:{NS}:{sa}")
+}
+
+/// The control plane and the kustomize render, or SKIPPED with the reason.
+fn setup(test: &str) -> Option<(&'static ControlPlane, Vec<Value>)> {
+    let cp = controlplane::shared(test)?;
+    let Some(k) = kustomize() else {
+        println!("SKIPPED {test}: no kustomize (`cargo xtask test` installs it, or set LASTGASP_KUSTOMIZE)");
+        return None;
+    };
+    Some((cp, render_kustomize_dir(&k, &kustomize_dir())))
+}
+
+/// The namespace as the kustomization's header says, then every object
+/// server-side applied (or only validated, `dry_run`), in render order.
+async fn apply(client: &Client, objs: &[Value], dry_run: bool) {
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS,
+        "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}});
+    nss.patch(
+        NS,
+        &PatchParams::apply("lastgasp-test").force(),
+        &Patch::Apply(&ns),
+    )
+    .await
+    .expect("namespace lastgasp");
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
+    let mut pp = PatchParams::apply("lastgasp-test").force();
+    pp.dry_run = dry_run;
+    for o in objs {
+        let (api_version, kind) = (
+            o["apiVersion"].as_str().unwrap(),
+            o["kind"].as_str().unwrap(),
+        );
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (ar, caps) = discovery
+            .resolve_gvk(&gvk)
+            .unwrap_or_else(|| panic!("the real server does not serve {api_version} {kind}"));
+        let obj: DynamicObject = serde_json::from_value(o.clone()).unwrap();
+        let api: Api<DynamicObject> = match caps.scope {
+            ApiScope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                obj.metadata
+                    .namespace
+                    .as_deref()
+                    .expect("a namespaced object names its namespace"),
+                &ar,
+            ),
+            ApiScope::Cluster => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(&obj.name_any(), &pp, &Patch::Apply(&obj))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "applying {kind} {} (dry run: {dry_run}): {e}",
+                    obj.name_any()
+                )
+            });
+    }
+}
+
+/// A Running pod of `selector` in lastgasp that `ok` accepts (given the pod's
+/// name and node), once the workload controllers and the simulated kubelet
+/// have made it.
+async fn pod_of(client: &Client, selector: &str, ok: impl Fn(&str, &str) -> bool) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let t0 = Instant::now();
+    loop {
+        let list = pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap();
+        if let Some(p) = list.into_iter().find(|p| {
+            let on = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && p.metadata.deletion_timestamp.is_none()
+                && on.is_some_and(|n| ok(&p.name_any(), n))
+        }) {
+            return p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "no Running pod {selector} as wanted within 90 s: {:?}",
+            pods.list(&ListParams::default().labels(selector))
+                .await
+                .map(|l| l
+                    .items
+                    .iter()
+                    .map(|p| (p.name_any(), p.status.clone()))
+                    .collect::<Vec<_>>())
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A token of `sa` bound to `pod`, as the kubelet projects it into the pod.
+async fn bound_token(client: &Client, sa: &str, pod: Option<&Pod>) -> String {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    let mut spec = json!({"expirationSeconds": 3600});
+    if let Some(p) = pod {
+        spec["boundObjectRef"] =
+            json!({"apiVersion": "v1", "kind": "Pod", "name": p.name_any(), "uid": p.metadata.uid});
+    }
+    let req: TokenRequest = serde_json::from_value(json!({"spec": spec})).unwrap();
+    sas.create_token_request(sa, &PostParams::default(), &req)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token")
+}
+
+/// The (group, resource[/subresource], verb) triples the render grants `sa`.
+fn grants(objs: &[Value], sa: &str) -> BTreeSet<(String, String, String)> {
+    let bound: BTreeSet<(String, String)> =
+        objs.iter()
+            .filter(|o| {
+                matches!(
+                    o["kind"].as_str(),
+                    Some("ClusterRoleBinding" | "RoleBinding")
+                )
+            })
+            .filter(|o| {
+                o["subjects"].as_array().into_iter().flatten().any(|s| {
+                    s["kind"] == "ServiceAccount" && s["name"] == sa && s["namespace"] == NS
+                })
+            })
+            .map(|o| {
+                (
+                    o["roleRef"]["kind"].as_str().unwrap().to_string(),
+                    o["roleRef"]["name"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+    let mut out = BTreeSet::new();
+    for o in objs {
+        let key = (
+            o["kind"].as_str().unwrap_or("").to_string(),
+            o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        );
+        if !bound.contains(&key) {
+            continue;
+        }
+        for rule in o["rules"].as_array().into_iter().flatten() {
+            let strs = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.as_str().unwrap().to_string())
+                    .collect()
+            };
+            for g in strs("apiGroups") {
+                for r in strs("resources") {
+                    for v in strs("verbs") {
+                        out.insert((g.clone(), r.clone(), v));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn used(events: &[AuditEvent]) -> BTreeSet<(String, String, String)> {
+    events
+        .iter()
+        .map(|e| {
+            let res = if e.subresource.is_empty() {
+                e.resource.clone()
+            } else {
+                format!("{}/{}", e.resource, e.subresource)
+            };
+            (e.group.clone(), res, e.verb.clone())
+        })
+        .collect()
+}
+
+/// No request of `who` was refused, and it used exactly `grants`, but for
+/// `unused_ok`: grants this run has no reason to use.
+fn assert_exactly_enough(
+    who: &str,
+    events: &[AuditEvent],
+    grants: &BTreeSet<(String, String, String)>,
+    unused_ok: &[(&str, &str, &str)],
+) {
+    assert!(
+        !events.is_empty(),
+        "{who}: the audit log has none of its requests"
+    );
+    // 401/403: authentication, RBAC or the admission policy; 422: an
+    // admission expression that failed to evaluate (failurePolicy: Fail).
+    let refused: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e.code, 401 | 403 | 422))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{who}: refused by the real API server: {refused:#?}"
+    );
+    let used = used(events);
+    let missing: Vec<_> = used.difference(grants).collect();
+    let unused: Vec<_> = grants.difference(&used).collect();
+    println!("{who}: {} requests, {} (group, resource, verb) used, all granted; granted but unused in this run: {unused:?}", events.len(), used.len());
+    assert!(
+        missing.is_empty(),
+        "{who}: used without a grant: {missing:?}"
+    );
+    let unexplained: Vec<_> = unused
+        .iter()
+        .filter(|(g, r, v)| !unused_ok.contains(&(g.as_str(), r.as_str(), v.as_str())))
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "{who}: granted and never used: {unexplained:?}"
+    );
+}
+
+fn logind_episode() -> (ShutdownSignal, Episode) {
+    let s = ShutdownSignal {
+        source: Source::Logind,
+        kind: Kind::Poweroff,
+        forced: false,
+        bypasses_logind: false,
+        scope: Scope::Node,
+        effect: Effect::Now,
+        actor: None,
+        sender: None,
+        at: SystemTime::now(),
+        boot_ns: 0,
+        deadline: Some(SystemTime::now() + Duration::from_secs(30)),
+        detail: Detail::Dbus {
+            member: "PrepareForShutdown".into(),
+            unit: None,
+        },
+    };
+    let d = Decider::new().decide(&s);
+    assert!(matches!(d.action, Action::Graceful { .. }));
+    (s, d.episode.unwrap())
+}
+
+/// A workload pod bound to `node` in namespace `ns`, with a priority class.
+async fn workload(client: &Client, ns: &str, name: &str, node: &str, class: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let p: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {"nodeName": node, "priorityClassName": class, "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+}
+
+async fn priority_class(client: &Client, name: &str, value: i32) {
+    let api: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(client.clone());
+    let pc = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": name}, "value": value});
+    api.patch(
+        name,
+        &PatchParams::apply("lastgasp-test").force(),
+        &Patch::Apply(&pc),
+    )
+    .await
+    .unwrap();
+}
+
+/// Expects the request to be refused with 403 and `why` in the message.
+fn denied<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>, why: &str) {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(why) => {
+            println!("denied, as it must be: {what}: {}", s.message)
+        }
+        other => panic!("{what}: expected 403 with {why:?}, got {other:?}"),
+    }
+}
+
+/// The agent as deployed: its DaemonSet pod's bound token on node A. A full
+/// graceful run (three priority classes), a cancel, a last gasp and the
+/// after-boot clearing meet no 403 and use exactly the ClusterRole; then
+/// every change the admission policy forbids is refused by the real server.
+#[test]
+fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() {
+    let test = "the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough";
+    let Some((cp, objs)) = setup(test) else {
+        return;
+    };
+    rt().block_on(async {
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let (a, b) = ("agent-a", "agent-b");
+        sim.add_node(a).await.unwrap();
+        sim.add_node(b).await.unwrap();
+        nodesim::schedulable(&admin, &[a, b], Duration::from_secs(60)).await.unwrap();
+        apply(&admin, &objs, false).await;
+        if let Some(h) = helm() {
+            apply(&admin, &render_helm(&h, &[]), true).await;
+            println!("the Helm render passes the real server's validation and admission (dry run)");
+        } else {
+            println!("SKIPPED the Helm dry run: no helm");
+        }
+        let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
+        let token = bound_token(&admin, AGENT_SA, Some(&agent_pod)).await;
+        let agent = cp.client(&token);
+
+        // The workload: three priority classes on A, one pod on B.
+        let work = "agent-work";
+        nodesim::namespace(&admin, work).await.unwrap();
+        for (c, v) in [("lg-low", 0), ("lg-mid", 1000), ("lg-high", 100_000)] {
+            priority_class(&admin, c, v).await;
+        }
+        for (p, c) in [("low", "lg-low"), ("mid", "lg-mid"), ("high", "lg-high")] {
+            workload(&admin, work, p, a, c).await;
+        }
+        workload(&admin, work, "elsewhere", b, "lg-low").await;
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), work);
+        for p in ["low", "mid", "high", "elsewhere"] {
+            let pod = pods.get(p).await.unwrap();
+            let want = match p {
+                "mid" => 1000,
+                "high" => 100_000,
+                _ => 0,
+            };
+            assert_eq!(pod.spec.unwrap().priority, Some(want), "priority admission set {p}'s priority");
+        }
+        let t0 = Instant::now();
+        while pods.list(&ListParams::default()).await.unwrap().items.iter().filter(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        }).count() < 4 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the workload did not run");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let audit_from = cp.audit(&user(AGENT_SA)).len();
+
+        // 1. The last gasp, 2. the next boot clears the marks.
+        let nc = NodeClient::start(agent.clone(), a).await.unwrap();
+        let boot = sim.boot_id(a).unwrap();
+        recovery::last_gasp(&agent, a, &boot).await.unwrap();
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let n = nodes.get(a).await.unwrap();
+        assert!(n.annotations().contains_key(RECORD_ANNOTATION));
+        assert!(n.spec.clone().unwrap().taints.unwrap_or_default().iter().any(|t| t.key == TAINT_KEY));
+        nc.clear_when_ready("the-next-boot").await.unwrap();
+        let n = nodes.get(a).await.unwrap();
+        assert!(
+            !n.spec.unwrap().taints.unwrap_or_default().iter().any(|t| t.key == TAINT_KEY),
+            "the taint is cleared"
+        );
+        assert!(n.metadata.annotations.unwrap()[RECORD_ANNOTATION].contains("\"back\":true"));
+
+        // 3. The graceful path, by priority; the agent's own pod goes last.
+        let (_, ep) = logind_episode();
+        let dir = std::env::temp_dir().join(format!("lastgasp-realserver-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = GracefulOptions {
+            buckets: vec![
+                Bucket { priority: 0, seconds: 5 },
+                Bucket { priority: 1000, seconds: 5 },
+                Bucket { priority: 100_000, seconds: 5 },
+            ],
+            removal: Removal::Delete,
+            own_pod: Some((NS.into(), agent_pod.name_any())),
+            state_file: dir.join("graceful_node_shutdown_state"),
+            keep: Default::default(),
+        };
+        let record = json!({"boot_id": boot, "episode": ep});
+        let report = graceful::run(&nc, &opts, &ep, &record, &Metrics::default()).await.unwrap();
+        let order: Vec<(String, i64)> = report
+            .pods
+            .iter()
+            .filter(|p| p.namespace == work)
+            .map(|p| (p.name.clone(), p.grace_seconds))
+            .collect();
+        println!("graceful run on the real server: {order:?}");
+        for p in report.pods.iter().filter(|p| p.namespace == work) {
+            assert!(p.gone_ms.is_some(), "{p:?} did not go");
+        }
+        // The deletes as the API server received them: the workload lowest
+        // priority first (other pods of A, such as a controller replica, in
+        // their own buckets), the agent's own pod last.
+        let deletes: Vec<(String, String)> = cp.audit(&user(AGENT_SA))[audit_from..]
+            .iter()
+            .filter(|e| e.verb == "delete" && e.resource == "pods")
+            .map(|e| (e.uri.split('/').nth(4).unwrap_or("").to_string(), e.name.clone()))
+            .collect();
+        let work_order: Vec<&str> =
+            deletes.iter().filter(|(ns, _)| ns == work).map(|(_, n)| n.as_str()).collect();
+        assert_eq!(work_order, ["low", "mid", "high"], "priority order: {deletes:?}");
+        assert_eq!(
+            deletes.last().map(|(_, n)| n.clone()),
+            Some(agent_pod.name_any()),
+            "the agent's own pod goes last: {deletes:?}"
+        );
+        assert!(pods.get_opt("elsewhere").await.unwrap().is_some(), "node B's pod is untouched");
+
+        // 4. The DaemonSet's next pod on A (the old token died with its pod)
+        // cancels.
+        let old = agent_pod.name_any();
+        let next_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |p, n| n == a && p != old).await;
+        let agent = cp.client(&bound_token(&admin, AGENT_SA, Some(&next_pod)).await);
+        let nc = NodeClient::start(agent.clone(), a).await.unwrap();
+        graceful::cancel(&nc, &ep).await.unwrap();
+
+        // Every request of the agent: none refused, exactly its grants.
+        let full = cp.audit(&user(AGENT_SA));
+        for e in &full[audit_from..] {
+            assert_eq!(
+                e.extra["authentication.kubernetes.io/node-name"][0], a,
+                "the bound token carries the node claim: {e:?}"
+            );
+        }
+        // A repeated Event (the same note again) is a PATCH: no repeat here; the
+        // double's RBAC test (tests/manifests.rs) drives it.
+        assert_exactly_enough(
+            "agent (podRemoval: delete)",
+            &full[audit_from..],
+            &grants(&objs, AGENT_SA),
+            &[("events.k8s.io", "events", "patch")],
+        );
+
+        // 5. What the admission policy forbids, refused by the real server.
+        let nodes_as_agent: Api<Node> = Api::all(agent.clone());
+        let merge = |v: Value| Patch::Merge(v);
+        let pp = PatchParams::default();
+        denied(
+            "the last-gasp annotation on node B",
+            nodes_as_agent.patch(b, &pp, &merge(json!({"metadata": {"annotations": {RECORD_ANNOTATION: "{}"}}}))).await,
+            &format!("may only change its own Node, not {b}"),
+        );
+        denied(
+            "a label on its own node",
+            nodes_as_agent.patch(a, &pp, &merge(json!({"metadata": {"labels": {"x": "y"}}}))).await,
+            "labels, finalizers or owners",
+        );
+        denied(
+            "another annotation on its own node",
+            nodes_as_agent.patch(a, &pp, &merge(json!({"metadata": {"annotations": {"x": "y"}}}))).await,
+            "only its own annotation",
+        );
+        denied(
+            "cordoning its own node",
+            nodes_as_agent.patch(a, &pp, &merge(json!({"spec": {"unschedulable": true}}))).await,
+            "only its own taint",
+        );
+        denied(
+            "another taint on its own node",
+            nodes_as_agent.patch(a, &pp, &merge(json!({"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}))).await,
+            "only its own taint",
+        );
+        denied(
+            "the kubelet's Ready condition",
+            nodes_as_agent
+                .patch_status(a, &pp, &Patch::Strategic(json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "x", "message": "x"}]}})))
+                .await,
+            "only its own condition",
+        );
+        let pods_as_agent: Api<Pod> = Api::namespaced(agent.clone(), work);
+        denied(
+            "deleting a pod of node B",
+            pods_as_agent.delete("elsewhere", &DeleteParams::default()).await,
+            "may only delete pods bound to that node",
+        );
+        let events_as_agent: Api<Event> = Api::namespaced(agent.clone(), "default");
+        let ev: Event = serde_json::from_value(json!({
+            "metadata": {"name": "lastgasp-test-forged"},
+            "eventTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            "reportingController": "lastgasp", "reportingInstance": a,
+            "action": "Shutdown", "reason": "NodeShutdown", "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": b},
+        }))
+        .unwrap();
+        denied(
+            "an Event about node B",
+            events_as_agent.create(&PostParams::default(), &ev).await,
+            "may only report Events about its own Node",
+        );
+        // A token of the same ServiceAccount bound to no pod has no node claim.
+        let unbound = cp.client(&bound_token(&admin, AGENT_SA, None).await);
+        denied(
+            "a write with a token that has no node claim",
+            Api::<Node>::all(unbound)
+                .patch(a, &pp, &merge(json!({"metadata": {"annotations": {RECORD_ANNOTATION: "{}"}}})))
+                .await,
+            "no node-name claim",
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    });
+}
+
+/// The controller as deployed: a token bound to one of its Deployment's pods.
+/// A node with a record goes silent: fenced (taint, grace-0 delete of its
+/// pods); it comes back on a new boot: the taint goes. No 403, and nothing
+/// used outside its grants.
+#[test]
+fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
+    let test = "the_controller_as_deployed_fences_and_lifts_with_its_own_token";
+    let Some((cp, objs)) = setup(test) else {
+        return;
+    };
+    rt().block_on(async {
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let names = ["ctl-a", "ctl-b", "ctl-c"];
+        for n in names {
+            sim.add_node(n).await.unwrap();
+        }
+        nodesim::schedulable(&admin, &names, Duration::from_secs(60))
+            .await
+            .unwrap();
+        apply(&admin, &objs, false).await;
+        // Not on node A, which this test fences (a fence deletes A's pods, and a
+        // bound token dies with its pod).
+        let ctl_pod = pod_of(&admin, "app.kubernetes.io/component=controller", |_, n| {
+            n != names[0]
+        })
+        .await;
+        let token = bound_token(&admin, CONTROLLER_SA, Some(&ctl_pod)).await;
+        let client = cp.client(&token);
+        let a = names[0];
+        let work = "ctl-work";
+        nodesim::namespace(&admin, work).await.unwrap();
+        priority_class(&admin, "lg-low", 0).await;
+        workload(&admin, work, "on-a", a, "lg-low").await;
+
+        let mut cfg = recovery::controller_config(GoneWhen::LeaseSilent, "deployed");
+        cfg.lease_namespace = NS.into();
+        cfg.lease_name = "lastgasp-controller".into();
+        let from = cp.audit(&user(CONTROLLER_SA)).len();
+        let ctl = recovery::spawn_controller(client, cfg).await.unwrap();
+
+        let boot = sim.boot_id(a).unwrap();
+        recovery::last_gasp(&admin, a, &boot).await.unwrap();
+        sim.power_off(a);
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), work);
+        let tainted = |n: &Node| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
+        };
+        let t0 = Instant::now();
+        loop {
+            if tainted(&nodes.get(a).await.unwrap())
+                && pods.get_opt("on-a").await.unwrap().is_none()
+            {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(40),
+                "node A was not fenced within 40 s"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        println!(
+            "fenced with the controller's own token after {:?}",
+            t0.elapsed()
+        );
+        sim.add_node(a).await.unwrap();
+        let t0 = Instant::now();
+        while tainted(&nodes.get(a).await.unwrap()) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the taint stayed after a new boot"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        ctl.abort();
+        let events = cp.audit(&user(CONTROLLER_SA));
+        assert_exactly_enough(
+            "controller",
+            &events[from..],
+            &grants(&objs, CONTROLLER_SA),
+            &[("events.k8s.io", "events", "patch")],
+        );
+    });
+}

@@ -1,0 +1,91 @@
+//! The deploy manifests as an operator gets them: `kustomize build` and
+//! `helm template`, with the tools `cargo xtask test` installs (or
+//! LASTGASP_KUSTOMIZE / LASTGASP_HELM).
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn kustomize_dir() -> PathBuf {
+    repo().join("deploy/kustomize")
+}
+
+pub fn chart_dir() -> PathBuf {
+    repo().join("deploy/helm/lastgasp")
+}
+
+/// Multi-document YAML into JSON values (empty documents dropped).
+pub fn split_yaml(text: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|doc| {
+            Value::deserialize(doc).unwrap_or_else(|e| panic!("unparsable YAML: {e}\n{text}"))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+pub fn tool(var: &str, cached: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(var) {
+        return Some(PathBuf::from(p));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        });
+    let p = cache.join("lastgasp/tools").join(cached);
+    p.is_file().then_some(p)
+}
+
+pub fn helm() -> Option<PathBuf> {
+    tool("LASTGASP_HELM", "helm-3.17.3/helm")
+}
+
+pub fn kustomize() -> Option<PathBuf> {
+    tool("LASTGASP_KUSTOMIZE", "kustomize-4.5.4/kustomize")
+}
+
+pub fn run_tool(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+pub fn render_kustomize_dir(bin: &Path, dir: &Path) -> Vec<Value> {
+    split_yaml(&run_tool(Command::new(bin).arg("build").arg(dir)))
+}
+
+/// `helm template` with the chart's defaults, or with `--set` values.
+pub fn render_helm(bin: &Path, set: &[&str]) -> Vec<Value> {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let home = std::env::temp_dir().join(format!("lastgasp-helm-home-{}-{n}", std::process::id()));
+    let mut cmd = Command::new(bin);
+    cmd.args(["template", "lastgasp"])
+        .arg(chart_dir())
+        .args(["--namespace", "lastgasp"])
+        // Helm wants writable config/cache dirs; keep them out of $HOME.
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    let out = run_tool(&mut cmd);
+    std::fs::remove_dir_all(&home).ok();
+    split_yaml(&out)
+}
