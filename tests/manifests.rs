@@ -1239,6 +1239,12 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
 
     let double = ApiDouble::start().await.unwrap();
     double.create_value(node()).unwrap();
+    // The namespace the Deployment runs in (the Lease goes there).
+    double
+        .create_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lastgasp"}}),
+        )
+        .unwrap();
     let mut a = Controller::start(double.client_without_retry().await, cfg("a"))
         .await
         .unwrap();

@@ -637,3 +637,52 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         );
     });
 }
+
+/// The VM scenarios' cluster (`tests/vm/cluster/objects.json`, which the API
+/// double is seeded with) is a cluster the real server admits: its
+/// PriorityClasses exist, and every pod's `spec.priority` is what priority
+/// admission computes from its class (a differing value is a 403).
+#[test]
+fn the_vm_scenarios_cluster_is_admitted_by_the_real_server() {
+    let Some(cp) = controlplane::shared("the_vm_scenarios_cluster_is_admitted_by_the_real_server")
+    else {
+        return;
+    };
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("vm/cluster/objects.json"),
+    )
+    .unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let mut objs: Vec<Value> = v["items"].as_array().or(v.as_array()).unwrap().clone();
+    for o in &mut objs {
+        // What the server owns (the double's seed keeps it as given).
+        o.as_object_mut().unwrap().remove("status");
+        let meta = o["metadata"].as_object_mut().unwrap();
+        for k in ["uid", "creationTimestamp", "resourceVersion"] {
+            meta.remove(k);
+        }
+    }
+    rt().block_on(async {
+        let admin = cp.admin();
+        apply(&admin, &objs, false).await;
+        let pods: Api<Pod> = Api::all(admin.clone());
+        for o in objs.iter().filter(|o| o["kind"] == "Pod") {
+            let ns = o["metadata"]["namespace"].as_str().unwrap();
+            let name = o["metadata"]["name"].as_str().unwrap();
+            let got = Api::<Pod>::namespaced(admin.clone(), ns)
+                .get(name)
+                .await
+                .unwrap();
+            assert_eq!(
+                got.spec.unwrap().priority.map(i64::from),
+                o["spec"]["priority"].as_i64(),
+                "{ns}/{name}"
+            );
+        }
+        println!(
+            "{} objects admitted; {} pods",
+            objs.len(),
+            pods.list(&ListParams::default()).await.unwrap().items.len()
+        );
+    });
+}

@@ -491,6 +491,108 @@ fn prepare_for_create(def: &ResourceDef, obj: &mut Value) {
     }
 }
 
+/// Namespaces every cluster has (the apiserver creates them at start).
+const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+/// The priority classes the apiserver creates at start.
+const SYSTEM_PRIORITY_CLASSES: &[(&str, i64)] = &[
+    ("system-node-critical", 2_000_001_000),
+    ("system-cluster-critical", 2_000_000_000),
+];
+
+/// The default admission plugins a create meets on the real server, as far
+/// as the double models them: NamespaceLifecycle, Priority and
+/// TaintNodesByCondition.
+fn admit(st: &State, def: &ResourceDef, obj: &mut Value) -> ApiResult<()> {
+    let ns = util::ns_of(obj).to_string();
+    if def.namespaced && !SYSTEM_NAMESPACES.contains(&ns.as_str()) {
+        match st.get("namespaces", "", &ns) {
+            None => {
+                let nsdef = crate::resources::lookup_kind("v1", "Namespace").expect("namespaces");
+                return Err(ApiError::not_found(nsdef, &ns));
+            }
+            Some(n) if s(n, &["status", "phase"]) == Some("Terminating") => {
+                return Err(ApiError::forbidden(
+                    &def.qualified(),
+                    name_of(obj),
+                    &format!("unable to create new content in namespace {ns} because it is being terminated"),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    match def.storage {
+        "pods" => admit_priority(st, def, obj),
+        "nodes" => {
+            // TaintNodesByCondition: a new Node is not-ready until the node
+            // lifecycle controller sees it Ready (the double has none: the
+            // taint stays until a test removes it).
+            let taints = util::obj_mut(obj, &["spec"])
+                .entry("taints")
+                .or_insert(json!([]));
+            if let Some(a) = taints.as_array_mut() {
+                if !a.iter().any(|t| t["key"] == "node.kubernetes.io/not-ready") {
+                    a.push(json!({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}));
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// plugin/pkg/admission/priority: `spec.priority` comes from the class (the
+/// global default, else 0, when none is named); a given value that differs
+/// is refused, as is a class that does not exist.
+fn admit_priority(st: &State, def: &ResourceDef, obj: &mut Value) -> ApiResult<()> {
+    let class = s(obj, &["spec", "priorityClassName"])
+        .unwrap_or("")
+        .to_string();
+    let name = name_of(obj).to_string();
+    let forbidden = |err: String| ApiError::forbidden(&def.qualified(), &name, &err);
+    let (value, policy) = if class.is_empty() {
+        let default = st
+            .list("priorityclasses", None)
+            .find(|pc| pc["globalDefault"] == json!(true));
+        match default {
+            Some(pc) => (
+                pc["value"].as_i64().unwrap_or(0),
+                pc["preemptionPolicy"].clone(),
+            ),
+            None => (0, Value::Null),
+        }
+    } else if let Some((_, v)) = SYSTEM_PRIORITY_CLASSES.iter().find(|(n, _)| *n == class) {
+        (*v, Value::Null)
+    } else {
+        match st.get("priorityclasses", "", &class) {
+            Some(pc) => (
+                pc["value"].as_i64().unwrap_or(0),
+                pc["preemptionPolicy"].clone(),
+            ),
+            None => {
+                return Err(forbidden(format!(
+                    "no PriorityClass with name {class} was found"
+                )))
+            }
+        }
+    };
+    let spec = util::obj_mut(obj, &["spec"]);
+    if let Some(given) = spec.get("priority").and_then(Value::as_i64) {
+        if given != value {
+            return Err(forbidden(format!(
+                "the integer value of priority ({given}) must not be provided in pod spec; priority admission controller computed {value} from the given PriorityClass name"
+            )));
+        }
+    }
+    spec.insert("priority".into(), json!(value));
+    let policy = if policy.is_string() {
+        policy
+    } else {
+        json!("PreemptLowerPriority")
+    };
+    spec.entry("preemptionPolicy").or_insert(policy);
+    Ok(())
+}
+
 /// POST: create through the kind's strategy. Returns the stored object.
 pub fn create(
     st: &mut State,
@@ -560,6 +662,7 @@ fn create_decoded(
         remove_meta(&mut obj, "generation");
     }
     prepare_for_create(def, &mut obj);
+    admit(st, def, &mut obj)?;
     let events_v1 = def.view == crate::resources::View::EventsV1;
     let errs = validate(def, &obj, None, events_v1);
     if !errs.is_empty() {

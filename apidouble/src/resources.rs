@@ -64,6 +64,7 @@ fn typed<K: serde::de::DeserializeOwned + serde::Serialize>(v: Value) -> Result<
 
 use k8s_openapi::api::{
     apps::v1 as apps, coordination::v1 as coord, core::v1 as core, policy::v1 as policy,
+    scheduling::v1 as scheduling,
 };
 
 pub static RESOURCES: &[ResourceDef] = &[
@@ -248,6 +249,24 @@ pub static RESOURCES: &[ResourceDef] = &[
         view: View::Identity,
         verbs: ALL_VERBS,
         normalize: typed::<apps::StatefulSet>,
+    },
+    ResourceDef {
+        group: "scheduling.k8s.io",
+        version: "v1",
+        plural: "priorityclasses",
+        singular: "priorityclass",
+        kind: "PriorityClass",
+        namespaced: false,
+        storage: "priorityclasses",
+        has_status: false,
+        generation: false,
+        graceful: false,
+        allow_create_on_update: false,
+        return_deleted_object: false,
+        short_names: &["pc"],
+        view: View::Identity,
+        verbs: ALL_VERBS,
+        normalize: typed::<scheduling::PriorityClass>,
     },
 ];
 

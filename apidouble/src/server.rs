@@ -108,6 +108,11 @@ async fn handle(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(String::from);
+    let accept = parts
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
     let ua = parts
         .headers
         .get(header::USER_AGENT)
@@ -167,12 +172,47 @@ async fn handle(
             e.retry_after = retry_after;
             error_response(&e)
         }
-        _ => route(&shared, &parts.method, &path, &query, ct.as_deref(), &body).await,
+        _ => {
+            let mut resp = route(&shared, &parts.method, &path, &query, ct.as_deref(), &body).await;
+            let watch = query.contains_key("watch") || path.contains("/watch/");
+            if as_partial_metadata(accept.as_deref())
+                && parts.method == Method::GET
+                && !watch
+                && resp.status() == 200
+            {
+                resp = partial_metadata(resp).await;
+            }
+            resp
+        }
     };
     record.status = resp.status().as_u16();
     record.elapsed = instant.elapsed();
     shared.log(record);
     Ok(resp)
+}
+
+/// `Accept: application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1`
+/// (kube's `get_metadata`): the object's metadata only.
+fn as_partial_metadata(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| {
+        a.split(',').next().is_some_and(|first| {
+            first
+                .split(';')
+                .any(|p| p.trim() == "as=PartialObjectMetadata")
+        })
+    })
+}
+
+async fn partial_metadata(resp: Response<Body>) -> Response<Body> {
+    let (parts, body) = resp.into_parts();
+    let Ok(bytes) = body.collect().await.map(|b| b.to_bytes());
+    let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, full(bytes.to_vec()));
+    };
+    json_response(
+        parts.status.as_u16(),
+        &json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": v["metadata"]}),
+    )
 }
 
 async fn route(

@@ -487,3 +487,129 @@ async fn discovery_and_version_work_for_kube() {
     let core = c.list_core_api_resources("v1").await.unwrap();
     assert!(core.resources.iter().any(|r| r.name == "pods/eviction"));
 }
+
+/// The default admission plugins the double models on create, as the real
+/// v1.32 server answered the same requests: Priority, NamespaceLifecycle,
+/// TaintNodesByCondition.
+#[tokio::test]
+async fn creates_meet_priority_namespace_and_node_admission() {
+    let d = ApiDouble::start().await.unwrap();
+    let c = d.client_without_retry().await;
+    let pp = PostParams::default();
+    let pcs: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(c.clone());
+    pcs.create(
+        &pp,
+        &serde_json::from_value(json!({"metadata": {"name": "high"}, "value": 1000})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let mk = |name: &str, extra: serde_json::Value| -> Pod {
+        let mut p = json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+        p["spec"]
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(p).unwrap()
+    };
+    let p = pods
+        .create(&pp, &mk("classed", json!({"priorityClassName": "high"})))
+        .await
+        .unwrap();
+    assert_eq!(p.spec.as_ref().unwrap().priority, Some(1000));
+    assert_eq!(
+        p.spec.unwrap().preemption_policy.as_deref(),
+        Some("PreemptLowerPriority")
+    );
+    let p = pods.create(&pp, &mk("plain", json!({}))).await.unwrap();
+    assert_eq!(p.spec.unwrap().priority, Some(0));
+    let p = pods
+        .create(
+            &pp,
+            &mk(
+                "critical",
+                json!({"priorityClassName": "system-node-critical"}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(p.spec.unwrap().priority, Some(2_000_001_000));
+    let e = api_err(
+        pods.create(&pp, &mk("given", json!({"priority": 5})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 403);
+    assert_eq!(
+        e.message,
+        "pods \"given\" is forbidden: the integer value of priority (5) must not be provided in pod spec; priority admission controller computed 0 from the given PriorityClass name"
+    );
+    let e = api_err(
+        pods.create(&pp, &mk("unknown", json!({"priorityClassName": "nope"})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (
+            403,
+            "pods \"unknown\" is forbidden: no PriorityClass with name nope was found"
+        )
+    );
+
+    // NamespaceLifecycle: nothing is created in a namespace that does not exist.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(c.clone(), "missing");
+    let lease: k8s_openapi::api::coordination::v1::Lease =
+        serde_json::from_value(json!({"metadata": {"name": "l"}})).unwrap();
+    let e = api_err(leases.create(&pp, &lease).await.unwrap_err());
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (404, "namespaces \"missing\" not found")
+    );
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.clone());
+    nss.create(
+        &pp,
+        &serde_json::from_value(json!({"metadata": {"name": "missing"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    leases.create(&pp, &lease).await.unwrap();
+
+    // TaintNodesByCondition: a Node created through the API is not-ready.
+    let nodes: Api<Node> = Api::all(c.clone());
+    let n = nodes
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "fresh"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let taints = n.spec.unwrap().taints.unwrap();
+    assert_eq!(
+        (taints[0].key.as_str(), taints[0].effect.as_str()),
+        ("node.kubernetes.io/not-ready", "NoSchedule")
+    );
+
+    // A metadata-only GET is a PartialObjectMetadata.
+    let m = nodes.get_metadata("fresh").await.unwrap();
+    assert_eq!(m.metadata.name.as_deref(), Some("fresh"));
+    assert_eq!(
+        m.types.as_ref().map(|t| t.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
+    let raw = c
+        .request_text(
+            http::Request::get("/api/v1/nodes/fresh")
+                .header(
+                    "Accept",
+                    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+                )
+                .body(vec![])
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(!raw.contains("\"spec\""), "metadata only: {raw}");
+}
