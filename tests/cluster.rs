@@ -20,9 +20,10 @@ use lastgasp::{
     },
     decide::{Action, Decider, Episode},
     grace::Bucket,
-    signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+    signal::{Scope, ShutdownSignal, Source},
 };
 use lastgasp_apidouble::{ApiDouble, Fault};
+use lastgasp_tests::support::logind_signal;
 use serde_json::json;
 
 const NODE: &str = "n1";
@@ -66,26 +67,6 @@ fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
             }
         }
         (a, b) => *a = b,
-    }
-}
-
-fn logind_signal() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::Logind,
-        kind: Kind::Poweroff,
-        forced: false,
-        bypasses_logind: false,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: None,
-        sender: None,
-        at: SystemTime::now(),
-        boot_ns: 0,
-        deadline: Some(SystemTime::now() + Duration::from_secs(30)),
-        detail: Detail::Dbus {
-            member: "PrepareForShutdown".into(),
-            unit: None,
-        },
     }
 }
 

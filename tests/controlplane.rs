@@ -12,15 +12,8 @@ use lastgasp::controller::{
 use lastgasp_tests::{
     controlplane, nodesim,
     recovery::{self, Scenario, APP},
+    support::rt,
 };
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn out_of_service(n: &Node) -> bool {
     n.spec

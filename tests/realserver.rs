@@ -7,7 +7,7 @@
 //! reason when the binaries or kustomize/helm are not on this machine.
 use std::{
     collections::BTreeSet,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::api::{
@@ -26,34 +26,27 @@ use lastgasp::{
     act::{
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            NodeClient, RECORD_ANNOTATION, TAINT_KEY,
+            NodeClient, Use, RECORD_ANNOTATION, TAINT_KEY,
         },
         metrics::Metrics,
     },
     controller::{GoneWhen, OUT_OF_SERVICE_KEY},
     decide::{Action, Decider, Episode},
     grace::Bucket,
-    signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+    signal::ShutdownSignal,
 };
 use lastgasp_tests::{
     controlplane::{self, AuditEvent, ControlPlane},
     nodesim::{self, Sim},
     recovery,
     render::{helm, kustomize, kustomize_dir, render_helm, render_kustomize_dir},
+    support::{logind_signal, rt},
 };
 use serde_json::{json, Value};
 
 const NS: &str = "lastgasp";
 const AGENT_SA: &str = "lastgasp-agent";
 const CONTROLLER_SA: &str = "lastgasp-controller";
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn user(sa: &str) -> String {
     format!("system:serviceaccount:{NS}:{sa}")
@@ -279,23 +272,7 @@ fn assert_exactly_enough(
 }
 
 fn logind_episode() -> (ShutdownSignal, Episode) {
-    let s = ShutdownSignal {
-        source: Source::Logind,
-        kind: Kind::Poweroff,
-        forced: false,
-        bypasses_logind: false,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: None,
-        sender: None,
-        at: SystemTime::now(),
-        boot_ns: 0,
-        deadline: Some(SystemTime::now() + Duration::from_secs(30)),
-        detail: Detail::Dbus {
-            member: "PrepareForShutdown".into(),
-            unit: None,
-        },
-    };
+    let s = logind_signal();
     let d = Decider::new().decide(&s);
     assert!(matches!(d.action, Action::Graceful { .. }));
     (s, d.episode.unwrap())
@@ -363,7 +340,9 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         }
         let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
         let token = bound_token(&admin, AGENT_SA, Some(&agent_pod)).await;
-        let agent = cp.client(&token);
+        // The agent's own client settings: watches on one, requests on another.
+        let agent = cp.agent_client(&token, Use::Requests);
+        let agent_watch = cp.agent_client(&token, Use::Watch);
 
         // The workload: three priority classes on A, one pod on B.
         let work = "agent-work";
@@ -395,7 +374,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         let audit_from = cp.audit(&user(AGENT_SA)).len();
 
         // 1. The last gasp, 2. the next boot clears the marks.
-        let nc = NodeClient::start(agent.clone(), a).await.unwrap();
+        let nc = NodeClient::start_with(agent_watch, agent.clone(), a).await.unwrap();
         let boot = sim.boot_id(a).unwrap();
         recovery::last_gasp(&agent, a, &boot).await.unwrap();
         let nodes: Api<Node> = Api::all(admin.clone());
@@ -459,8 +438,11 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         // cancels.
         let old = agent_pod.name_any();
         let next_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |p, n| n == a && p != old).await;
-        let agent = cp.client(&bound_token(&admin, AGENT_SA, Some(&next_pod)).await);
-        let nc = NodeClient::start(agent.clone(), a).await.unwrap();
+        let token = bound_token(&admin, AGENT_SA, Some(&next_pod)).await;
+        let agent = cp.agent_client(&token, Use::Requests);
+        let nc = NodeClient::start_with(cp.agent_client(&token, Use::Watch), agent.clone(), a)
+            .await
+            .unwrap();
         graceful::cancel(&nc, &ep).await.unwrap();
 
         // Every request of the agent: none refused, exactly its grants.
@@ -537,7 +519,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
             "may only report Events about its own Node",
         );
         // A token of the same ServiceAccount bound to no pod has no node claim.
-        let unbound = cp.client(&bound_token(&admin, AGENT_SA, None).await);
+        let unbound = cp.agent_client(&bound_token(&admin, AGENT_SA, None).await, Use::Requests);
         denied(
             "a write with a token that has no node claim",
             Api::<Node>::all(unbound)
@@ -577,7 +559,8 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         })
         .await;
         let token = bound_token(&admin, CONTROLLER_SA, Some(&ctl_pod)).await;
-        let client = cp.client(&token);
+        // As `lastgasp controller` builds its client.
+        let client = cp.agent_client(&token, Use::Watch);
         let a = names[0];
         let work = "ctl-work";
         nodesim::namespace(&admin, work).await.unwrap();
@@ -684,5 +667,112 @@ fn the_vm_scenarios_cluster_is_admitted_by_the_real_server() {
             objs.len(),
             pods.list(&ListParams::default()).await.unwrap().items.len()
         );
+    });
+}
+
+/// PDB-aware eviction on the real server (admin client: the default
+/// manifests grant no eviction): the real disruption controller's budget
+/// answers 429 for the guarded pod, which the graceful path deletes near the
+/// end of its bucket; the unguarded pod is evicted.
+#[test]
+fn eviction_meets_the_real_disruption_budget_and_falls_back_to_delete() {
+    let Some(cp) =
+        controlplane::shared("eviction_meets_the_real_disruption_budget_and_falls_back_to_delete")
+    else {
+        return;
+    };
+    rt().block_on(async {
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let a = "evict-a";
+        sim.add_node(a).await.unwrap();
+        let ns = "evict-work";
+        nodesim::namespace(&admin, ns).await.unwrap();
+        priority_class(&admin, "lg-low", 0).await;
+        workload(&admin, ns, "guarded", a, "lg-low").await;
+        workload(&admin, ns, "free", a, "lg-low").await;
+        let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+            Api::namespaced(admin.clone(), ns);
+        pdbs.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "guarded"},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+        // The disruption controller has seen the Running pod: 1 healthy, 0 allowed.
+        let t0 = Instant::now();
+        loop {
+            let p = pdbs.get("guarded").await.unwrap();
+            let st = p.status.clone().unwrap_or_default();
+            if st.observed_generation == p.metadata.generation && st.current_healthy == Some(1) {
+                assert_eq!(st.disruptions_allowed, Some(0));
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the PDB was not processed: {st:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        // The agent's client settings with the admin's token: kube's own
+        // retries would hold a budget's 429 for minutes (seen: 268 s).
+        let nc = NodeClient::start_with(
+            cp.agent_client(controlplane::ADMIN_TOKEN, Use::Watch),
+            cp.agent_client(controlplane::ADMIN_TOKEN, Use::Requests),
+            a,
+        )
+        .await
+        .unwrap();
+        let (_, ep) = logind_episode();
+        let dir =
+            std::env::temp_dir().join(format!("lastgasp-realserver-evict-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = GracefulOptions {
+            buckets: vec![Bucket {
+                priority: 0,
+                seconds: 4,
+            }],
+            removal: Removal::Evict,
+            own_pod: None,
+            state_file: dir.join("graceful_node_shutdown_state"),
+            keep: Default::default(),
+        };
+        let from = cp.audit("admin").len();
+        let report = graceful::run(
+            &nc,
+            &opts,
+            &ep,
+            &json!({"episode": ep}),
+            &Metrics::default(),
+        )
+        .await
+        .unwrap();
+        let how = |name: &str| {
+            report
+                .pods
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| p.how.clone())
+                .unwrap_or_default()
+        };
+        println!("eviction on the real server: {:?}", report.pods);
+        assert_eq!(how("free"), "evict");
+        assert_eq!(how("guarded"), "delete-after-pdb");
+        // Within its 4 s bucket: the 429 comes back to the graceful path
+        // (with kube's default retries it came back after 268 s).
+        let guarded = report.pods.iter().find(|p| p.name == "guarded").unwrap();
+        assert!(guarded.requested_ms <= 4_000, "{guarded:?}");
+        let refused: Vec<u16> = cp.audit("admin")[from..]
+            .iter()
+            .filter(|e| e.subresource == "eviction" && e.name == "guarded")
+            .map(|e| e.code)
+            .collect();
+        assert!(
+            refused.contains(&429),
+            "the budget answered 429: {refused:?}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     });
 }

@@ -411,6 +411,14 @@ impl ControlPlane {
         kube::Client::try_from(self.config(token)).expect("kube client for the control plane")
     }
 
+    /// A client for `token` with the agent's own settings
+    /// (`lastgasp::act::kube::tune`: no retries inside kube, its timeouts).
+    pub fn agent_client(&self, token: &str, usage: lastgasp::act::kube::Use) -> kube::Client {
+        let mut c = self.config(token);
+        lastgasp::act::kube::tune(&mut c, usage);
+        kube::Client::try_from(c).expect("kube client for the control plane")
+    }
+
     pub fn admin(&self) -> kube::Client {
         self.client(ADMIN_TOKEN)
     }

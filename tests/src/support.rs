@@ -149,6 +149,37 @@ pub fn stand_in(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
+/// A `systemctl poweroff` as logind announces it (PrepareForShutdown), with
+/// 30 s of delay lock.
+pub fn logind_signal() -> ShutdownSignal {
+    ShutdownSignal {
+        source: Source::Logind,
+        kind: Kind::Poweroff,
+        forced: false,
+        bypasses_logind: false,
+        scope: Scope::Node,
+        effect: Effect::Now,
+        actor: None,
+        sender: None,
+        at: std::time::SystemTime::now(),
+        boot_ns: 0,
+        deadline: Some(std::time::SystemTime::now() + Duration::from_secs(30)),
+        detail: Detail::Dbus {
+            member: "PrepareForShutdown".into(),
+            unit: None,
+        },
+    }
+}
+
+/// A two-worker runtime for the tests on the real control plane.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A `reboot -ff` as the exec hook reports it: forced, node scope, now.
 pub fn forced_exec() -> ShutdownSignal {
     ShutdownSignal {

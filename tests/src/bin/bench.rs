@@ -58,14 +58,18 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    if std::env::args().any(|a| a == "lastgasp") {
+    let last_gasp_rows = |rows: &mut Vec<Row>| -> Result<()> {
         for real in [false, true] {
             rt.block_on(last_gasp_latency(
-                &mut rows,
+                rows,
                 if quick { 50 } else { LAST_GASP_TRIGGERS },
                 real,
             ))?;
         }
+        Ok(())
+    };
+    if std::env::args().any(|a| a == "lastgasp") {
+        last_gasp_rows(&mut rows)?;
         print_rows(&rows);
         return Ok(());
     }
@@ -78,13 +82,7 @@ fn main() -> Result<()> {
         &mut rows,
         if quick { 300 } else { LATENCY_TRIGGERS },
     ))?;
-    for real in [false, true] {
-        rt.block_on(last_gasp_latency(
-            &mut rows,
-            if quick { 50 } else { LAST_GASP_TRIGGERS },
-            real,
-        ))?;
-    }
+    last_gasp_rows(&mut rows)?;
     for (dir, on) in [
         (std::path::PathBuf::from("/dev/shm"), "tmpfs"),
         (std::env::temp_dir(), "disk"),

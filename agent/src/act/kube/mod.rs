@@ -326,6 +326,14 @@ pub async fn client(usage: Use, server: Option<&str>) -> anyhow::Result<kube::Cl
         // Only the address changes: the credentials stay the agent's own.
         config.cluster_url = url.parse().with_context(|| format!("apiServer: {url}"))?;
     }
+    tune(&mut config, usage);
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// The agent's client settings on any configuration (tests use them with
+/// their own credentials): no retries inside kube (a 429 from a budget must
+/// come back to the graceful path at once; `retry` decides), short timeouts.
+pub fn tune(config: &mut kube::Config, usage: Use) {
     config.default_retry = false;
     config.connect_timeout = Some(Duration::from_secs(3));
     config.write_timeout = Some(Duration::from_secs(5));
@@ -334,7 +342,6 @@ pub async fn client(usage: Use, server: Option<&str>) -> anyhow::Result<kube::Cl
         Use::Watch => Duration::from_secs(295),
         Use::Requests => Duration::from_secs(10),
     });
-    Ok(kube::Client::try_from(config)?)
 }
 
 /// The agent's `ShutdownInProgress` condition, the one builder of it.
