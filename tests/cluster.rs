@@ -929,6 +929,60 @@ mod agent_flow {
         s.double.remove_fault(hang);
     }
 
+    /// The previous boot's undelivered record, delivered late, never
+    /// replaces a record of this boot: a shutdown of this boot already on
+    /// the Node (its last gasp got there first) is what the controller must
+    /// see.
+    #[tokio::test]
+    async fn a_late_record_never_replaces_this_boots_record() {
+        let s = setup("latenewer", vec![]).await;
+        let c = cluster(&s).await;
+        let fault = s.double.inject(Fault::status(503).method("PATCH").always());
+        let mut agent = Agent::new(
+            AuditLog::open(&s.dir, "boot-1").unwrap(),
+            Some(c.clone()),
+            None,
+            Metrics::default(),
+            false,
+        );
+        agent.handle(forced_exec()).await.unwrap();
+        s.double.remove_fault(fault);
+        let this_boot = json!({"boot_id": "boot-2", "episode": {"id": 7}}).to_string();
+        s.double
+            .modify::<Node, _>("", NODE, |n| {
+                n.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(RECORD_ANNOTATION.into(), this_boot.clone());
+            })
+            .unwrap();
+        let mut next = Agent::new(
+            AuditLog::open(&s.dir, "boot-2").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        );
+        let after = next.after_boot("boot-2").await.unwrap().unwrap();
+        assert!(after.report.undelivered);
+        after.delivery.unwrap().await.unwrap();
+        let n: Node = s.double.get("", NODE).unwrap();
+        assert_eq!(
+            n.metadata.annotations.unwrap()[RECORD_ANNOTATION],
+            this_boot
+        );
+        assert!(
+            !records(&s.dir).iter().any(|r| matches!(
+                &r.entry,
+                Entry::Outcome {
+                    outcome: Outcome::DeliveredLate { .. },
+                    ..
+                }
+            )),
+            "not delivered, and not audited as delivered"
+        );
+    }
+
     /// PATCH/POST/DELETE requests the double answered since `from`.
     fn writes_since(s: &Setup, from: usize) -> Vec<String> {
         s.double.requests()[from..]

@@ -502,11 +502,14 @@ impl Agent {
             if let (true, Some(ep)) = (report.undelivered, &report.episode) {
                 let record =
                     json!({ "episode": ep, "boot_id": prev, "delivered_late": true, "back": true });
-                match c.node.set_record(&record).await {
-                    Ok(()) => {
+                match c.node.set_earlier_record(&record, &current).await {
+                    Ok(true) => {
                         let late = Outcome::DeliveredLate { boot_id: prev };
                         write_outcome(&audit, &metrics, ep.id, late).await
                     }
+                    Ok(false) => tracing::warn!(
+                        "the previous boot's record was not delivered: the node already carries this boot's"
+                    ),
                     Err(e) => tracing::warn!("delivering the previous boot's record: {e:#}"),
                 }
             }

@@ -189,6 +189,35 @@ impl NodeClient {
         Ok(())
     }
 
+    /// A record of an earlier boot, delivered late: written unless the Node
+    /// already carries a record of `current_boot` (a shutdown of this boot,
+    /// which the controller must see), guarded by the resourceVersion so
+    /// that a concurrent last gasp is never overwritten. False: left out.
+    pub async fn set_earlier_record(
+        &self,
+        record: &serde_json::Value,
+        current_boot: &str,
+    ) -> Result<bool> {
+        let written = retry("record", || async {
+            let node = self.nodes.get(&self.node).await?;
+            let current = record_of(&node)
+                .and_then(|r| r.get("boot_id")?.as_str().map(str::to_string))
+                .is_some_and(|b| b == current_boot);
+            if current {
+                return Ok(false);
+            }
+            let body = json!({ "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": { RECORD_ANNOTATION: record.to_string() } } });
+            self.nodes
+                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body))
+                .await?;
+            Ok(true)
+        })
+        .await?;
+        Ok(written)
+    }
+
     /// Once the kubelet reports the node Ready: the agent's taint off, its
     /// condition False, and the record marked as back (so the controller
     /// never acts on it again) — only a record of an earlier boot: an agent
