@@ -948,14 +948,7 @@ mod agent_flow {
         agent.handle(forced_exec()).await.unwrap();
         s.double.remove_fault(fault);
         let this_boot = json!({"boot_id": "boot-2", "episode": {"id": 7}}).to_string();
-        s.double
-            .modify::<Node, _>("", NODE, |n| {
-                n.metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(RECORD_ANNOTATION.into(), this_boot.clone());
-            })
-            .unwrap();
+        put_record(&s, &this_boot);
         let mut next = Agent::new(
             AuditLog::open(&s.dir, "boot-2").unwrap(),
             Some(c),
@@ -1123,16 +1116,7 @@ mod agent_flow {
     #[tokio::test]
     async fn only_a_new_boot_marks_the_record_back() {
         let s = setup("sameboot", vec![]).await;
-        let set = |v: &str| {
-            s.double
-                .modify::<Node, _>("", NODE, |n| {
-                    n.metadata
-                        .annotations
-                        .get_or_insert_with(Default::default)
-                        .insert(RECORD_ANNOTATION.into(), v.into());
-                })
-                .unwrap();
-        };
+        let set = |v: &str| put_record(&s, v);
         set(r#"{"boot_id":"boot-7","episode":{"id":1}}"#);
         s.nc.set_taint(true).await.unwrap();
         s.nc.clear_when_ready("boot-7").await.unwrap();
@@ -1287,6 +1271,18 @@ mod agent_flow {
     }
 
     /// A current record: of the boot the Node reports.
+    /// The record annotation of NODE, as written by some earlier agent.
+    fn put_record(s: &Setup, v: &str) {
+        s.double
+            .modify::<Node, _>("", NODE, |n| {
+                n.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(RECORD_ANNOTATION.into(), v.into());
+            })
+            .unwrap();
+    }
+
     fn set_record(s: &Setup, kind: &str) {
         set_record_on(s, NODE, kind);
     }

@@ -422,7 +422,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         let deletes: Vec<(String, String)> = cp.audit(&user(AGENT_SA))[audit_from..]
             .iter()
             .filter(|e| e.verb == "delete" && e.resource == "pods")
-            .map(|e| (e.uri.split('/').nth(4).unwrap_or("").to_string(), e.name.clone()))
+            .map(|e| (e.namespace.clone(), e.name.clone()))
             .collect();
         let work_order: Vec<&str> =
             deletes.iter().filter(|(ns, _)| ns == work).map(|(_, n)| n.as_str()).collect();

@@ -549,31 +549,23 @@ fn admit_priority(st: &State, def: &ResourceDef, obj: &mut Value) -> ApiResult<(
         .to_string();
     let name = name_of(obj).to_string();
     let forbidden = |err: String| ApiError::forbidden(&def.qualified(), &name, &err);
+    let of = |pc: &Value| {
+        (
+            pc["value"].as_i64().unwrap_or(0),
+            pc["preemptionPolicy"].clone(),
+        )
+    };
     let (value, policy) = if class.is_empty() {
-        let default = st
-            .list("priorityclasses", None)
-            .find(|pc| pc["globalDefault"] == json!(true));
-        match default {
-            Some(pc) => (
-                pc["value"].as_i64().unwrap_or(0),
-                pc["preemptionPolicy"].clone(),
-            ),
-            None => (0, Value::Null),
-        }
+        st.list("priorityclasses", None)
+            .find(|pc| pc["globalDefault"] == json!(true))
+            .map_or((0, Value::Null), of)
     } else if let Some((_, v)) = SYSTEM_PRIORITY_CLASSES.iter().find(|(n, _)| *n == class) {
         (*v, Value::Null)
     } else {
-        match st.get("priorityclasses", "", &class) {
-            Some(pc) => (
-                pc["value"].as_i64().unwrap_or(0),
-                pc["preemptionPolicy"].clone(),
-            ),
-            None => {
-                return Err(forbidden(format!(
-                    "no PriorityClass with name {class} was found"
-                )))
-            }
-        }
+        let pc = st
+            .get("priorityclasses", "", &class)
+            .ok_or_else(|| forbidden(format!("no PriorityClass with name {class} was found")))?;
+        of(pc)
     };
     let spec = util::obj_mut(obj, &["spec"]);
     if let Some(given) = spec.get("priority").and_then(Value::as_i64) {

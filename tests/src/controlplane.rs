@@ -79,9 +79,9 @@ pub struct AuditEvent {
     pub group: String,
     pub resource: String,
     pub subresource: String,
+    pub namespace: String,
     pub name: String,
     pub code: u16,
-    pub uri: String,
     /// `user.extra`: the bound token's claims (node name, pod).
     pub extra: serde_json::Value,
 }
@@ -455,7 +455,7 @@ impl ControlPlane {
                     subresource: s(&e["objectRef"]["subresource"]),
                     name: s(&e["objectRef"]["name"]),
                     code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
-                    uri: s(&e["requestURI"]),
+                    namespace: s(&e["objectRef"]["namespace"]),
                     extra: e["user"]["extra"].clone(),
                 }
             })
