@@ -976,6 +976,195 @@ mod agent_flow {
         );
     }
 
+    /// The last gasp does not wait for the disk: with the audit fdatasync
+    /// held (a loaded disk), both patches reach the API server, and `handle`
+    /// returns only once the record is synced.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_last_gasp_leaves_while_its_record_syncs() {
+        let s = setup("beside", vec![]).await;
+        let c = cluster(&s).await;
+        let mut audit = AuditLog::open(&s.dir, "boot-1").unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Mutex::new(held);
+        audit.before_beside_sync(move || {
+            let _ = held.lock().unwrap().recv();
+        });
+        let mut agent = Agent::new(audit, Some(c), None, Metrics::default(), false);
+        let handled = tokio::spawn(async move { agent.handle(forced_exec()).await });
+        let mut on_node = None;
+        for _ in 0..100 {
+            let n: Node = s.double.get("", NODE).unwrap();
+            let rec = n
+                .metadata
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .get(RECORD_ANNOTATION)
+                .cloned();
+            if rec.is_some() && condition(&n).is_some() {
+                on_node = rec;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let rec: serde_json::Value =
+            serde_json::from_str(&on_node.expect("both patches reached the API server")).unwrap();
+        assert_eq!(rec["boot_id"], "boot-1");
+        assert!(
+            !handled.is_finished(),
+            "the patches left while the audit fdatasync was still held"
+        );
+        release.send(()).unwrap();
+        let d = handled.await.unwrap().unwrap();
+        assert!(matches!(d.action, Action::Immediate { escalated: false }));
+        let recs = records(&s.dir);
+        assert!(matches!(recs[0].entry, Entry::Signal { .. }), "{recs:#?}");
+        assert!(
+            recs.iter().any(|r| matches!(
+                &r.entry,
+                Entry::Outcome {
+                    outcome: Outcome::LastGaspDelivered { .. },
+                    ..
+                }
+            )),
+            "{recs:#?}"
+        );
+    }
+
+    /// A boot whose last gasp the cluster acknowledged while the disk lost
+    /// its audit record (the node died inside the fdatasync): the next boot
+    /// finds it on the Node and reports the boot as forced, audits where it
+    /// came from, and sends nothing late.
+    #[tokio::test]
+    async fn a_last_gasp_the_disk_lost_is_found_on_the_node() {
+        let s = setup("lostdisk", vec![]).await;
+        let c = cluster(&s).await;
+        // The record reached the Node; this log is what survived on disk:
+        // the agent's start, not the detection.
+        let gone = s.dir.with_extension("gone");
+        let _ = std::fs::remove_dir_all(&gone);
+        let mut first = Agent::new(
+            AuditLog::open(&gone, "boot-1").unwrap(),
+            Some(c.clone()),
+            None,
+            Metrics::default(),
+            false,
+        );
+        first.handle(forced_exec()).await.unwrap();
+        AuditLog::open(&s.dir, "boot-1")
+            .unwrap()
+            .agent_start()
+            .unwrap();
+        let metrics = Metrics::default();
+        let mut next = Agent::new(
+            AuditLog::open(&s.dir, "boot-2").unwrap(),
+            Some(c),
+            None,
+            metrics.clone(),
+            false,
+        );
+        let after = next.after_boot("boot-2").await.unwrap().unwrap();
+        assert_eq!(after.report.end, lastgasp::report::BootEnd::Unannounced);
+        let settled = after.delivery.unwrap().await.unwrap();
+        assert_eq!(
+            (settled.end, settled.undelivered),
+            (lastgasp::report::BootEnd::Forced, false)
+        );
+        assert_eq!(settled.episode.as_ref().map(|e| e.id), Some(1));
+        let events: Vec<Event> = s.double.list("default");
+        let note = events
+            .iter()
+            .find(|e| e.action.as_deref() == Some("PreviousBoot"))
+            .and_then(|e| e.note.clone())
+            .expect("a previous-boot event");
+        assert!(
+            note.contains("ended forced") && note.contains("found on the Node"),
+            "{note}"
+        );
+        let recs = records(&s.dir);
+        assert!(
+            recs.iter().any(|r| r.boot_id == "boot-2"
+                && matches!(&r.entry, Entry::Outcome { episode: 1, outcome: Outcome::FoundOnNode { boot_id, .. } } if boot_id == "boot-1")),
+            "{recs:#?}"
+        );
+        assert_eq!(
+            lastgasp::report::classify(&recs, "boot-1").end,
+            lastgasp::report::BootEnd::Forced,
+            "the log now tells the boot's end by itself"
+        );
+        let n: Node = s.double.get("", NODE).unwrap();
+        let rec: serde_json::Value =
+            serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
+        assert_ne!(rec["delivered_late"], true, "nothing was sent late: {rec}");
+        assert!(
+            metrics.encode().contains(r#"end="forced""#),
+            "{}",
+            metrics.encode()
+        );
+        let _ = std::fs::remove_dir_all(&gone);
+    }
+
+    /// The detection reached the disk, its delivered outcome did not: the
+    /// Node's record of the same episode shows it was delivered, so nothing
+    /// goes out late.
+    #[tokio::test]
+    async fn a_delivery_the_disk_lost_is_found_on_the_node() {
+        let s = setup("lostoutcome", vec![]).await;
+        let c = cluster(&s).await;
+        let mut first = Agent::new(
+            AuditLog::open(&s.dir, "boot-1").unwrap(),
+            Some(c.clone()),
+            None,
+            Metrics::default(),
+            false,
+        );
+        first.handle(forced_exec()).await.unwrap();
+        let path = s.dir.join(audit::FILE_NAME);
+        let kept: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.contains("last-gasp-delivered"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(kept.len(), records(&s.dir).len() - 1, "one outcome cut");
+        std::fs::write(&path, kept.concat()).unwrap();
+        let mut next = Agent::new(
+            AuditLog::open(&s.dir, "boot-2").unwrap(),
+            Some(c),
+            None,
+            Metrics::default(),
+            false,
+        );
+        let after = next.after_boot("boot-2").await.unwrap().unwrap();
+        assert!(after.report.undelivered, "the log alone says undelivered");
+        let settled = after.delivery.unwrap().await.unwrap();
+        assert_eq!(
+            (settled.end, settled.undelivered),
+            (lastgasp::report::BootEnd::Forced, false)
+        );
+        let n: Node = s.double.get("", NODE).unwrap();
+        let rec: serde_json::Value =
+            serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
+        assert_ne!(rec["delivered_late"], true, "nothing was sent late: {rec}");
+        let recs = records(&s.dir);
+        assert!(
+            recs.iter().any(|r| matches!(
+                &r.entry,
+                Entry::Outcome {
+                    outcome: Outcome::FoundOnNode { .. },
+                    ..
+                }
+            )) && !recs.iter().any(|r| matches!(
+                &r.entry,
+                Entry::Outcome {
+                    outcome: Outcome::DeliveredLate { .. },
+                    ..
+                }
+            )),
+            "{recs:#?}"
+        );
+    }
+
     /// PATCH/POST/DELETE requests the double answered since `from`.
     fn writes_since(s: &Setup, from: usize) -> Vec<String> {
         s.double.requests()[from..]
@@ -1270,7 +1459,6 @@ mod agent_flow {
             .unwrap();
     }
 
-    /// A current record: of the boot the Node reports.
     /// The record annotation of NODE, as written by some earlier agent.
     fn put_record(s: &Setup, v: &str) {
         s.double
@@ -1283,6 +1471,7 @@ mod agent_flow {
             .unwrap();
     }
 
+    /// A current record: of the boot the Node reports.
     fn set_record(s: &Setup, kind: &str) {
         set_record_on(s, NODE, kind);
     }

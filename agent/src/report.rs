@@ -67,6 +67,29 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
             _ => None,
         })
     };
+    // What the Node held of this boot, found after a later boot: an episode
+    // the log does not know (its record did not reach the disk) is the
+    // boot's end; one the log knows as its last was delivered.
+    let found = found_on_node(records, boot_id);
+    let same = |a: &Episode, b: &Episode| {
+        a.id == b.id && a.timeline.first().map(|t| t.at) == b.timeline.first().map(|t| t.at)
+    };
+    let known = |f: &Episode| {
+        mine.iter().any(|r| {
+            matches!(&r.entry, Entry::Signal { decision: Some(d), .. }
+                if d.episode.as_ref().is_some_and(|e| same(e, f)))
+        })
+    };
+    let mut adopted = false;
+    let mut acknowledged = false;
+    if let Some(f) = found {
+        if !known(&f) {
+            last = Some(f);
+            adopted = true;
+        } else if last.as_ref().is_some_and(|l| same(l, &f)) {
+            acknowledged = true;
+        }
+    }
     let delivered_late = records.iter().any(|r| {
         matches!(&r.entry, Entry::Outcome { outcome: Outcome::DeliveredLate { boot_id: b }, episode }
             if b == boot_id && last.as_ref().is_some_and(|e| e.id == *episode))
@@ -81,7 +104,9 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
     };
     // An episode abandoned or expired (no shutdown came) did not end the boot.
     let ended = |id: u32| {
-        outcomes(id).any(|o| matches!(o, Outcome::Abandoned { .. } | Outcome::Expired { .. }))
+        !adopted
+            && outcomes(id)
+                .any(|o| matches!(o, Outcome::Abandoned { .. } | Outcome::Expired { .. }))
     };
     let Some(ep) = last
         .filter(|e| matches!(e.path, EpPath::Graceful | EpPath::Immediate))
@@ -89,7 +114,7 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
     else {
         return report;
     };
-    let done = outcomes(ep.id).find_map(|o| match o {
+    let done = outcomes(ep.id).filter(|_| !adopted).find_map(|o| match o {
         Outcome::GracefulDone {
             terminated,
             remaining,
@@ -106,11 +131,33 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
         _ => BootEnd::Interrupted,
     };
     if ep.path == EpPath::Immediate {
-        let delivered = outcomes(ep.id).any(|o| matches!(o, Outcome::LastGaspDelivered { .. }));
+        let delivered = adopted
+            || acknowledged
+            || outcomes(ep.id).any(|o| matches!(o, Outcome::LastGaspDelivered { .. }));
         report.undelivered = !delivered && !delivered_late;
     }
     report.episode = Some(ep);
     report
+}
+
+/// The newest episode of `boot_id` found on the Node after a later boot.
+fn found_on_node(records: &[Record], boot_id: &str) -> Option<Episode> {
+    records.iter().rev().find_map(|r| match &r.entry {
+        Entry::Outcome {
+            outcome: Outcome::FoundOnNode { boot_id: b, record },
+            ..
+        } if b == boot_id => episode_of(record),
+        _ => None,
+    })
+}
+
+/// The episode a Node's record annotation announces, if it can end a boot:
+/// one that was not abandoned (the shutdown it announced never came).
+pub fn episode_of(record: &serde_json::Value) -> Option<Episode> {
+    if record.get("abandoned") == Some(&serde_json::Value::Bool(true)) {
+        return None;
+    }
+    serde_json::from_value(record.get("episode")?.clone()).ok()
 }
 
 /// The boot before `current`, among those the log knows.
@@ -309,6 +356,85 @@ mod tests {
             !classify(&later, "b").undelivered,
             "delivered once, not again"
         );
+    }
+
+    /// What the Node held of a boot, found after a later boot: an episode
+    /// the log lacks ends the boot (delivered); the log's own last episode
+    /// is delivered; an older or abandoned one changes nothing.
+    #[test]
+    fn what_the_node_held_completes_the_log() {
+        let imm = Action::Immediate { escalated: false };
+        let mut e1 = ep(1, EpPath::Immediate);
+        e1.timeline.push(crate::decide::TimelineEntry {
+            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(5),
+            source: Source::Logind,
+            kind: Kind::Poweroff,
+            summary: "s".into(),
+        });
+        let found = |boot: &str, e: &Episode, extra: serde_json::Value| {
+            let mut record = serde_json::json!({ "boot_id": boot, "episode": e });
+            if let (Some(r), Some(x)) = (record.as_object_mut(), extra.as_object()) {
+                r.extend(x.clone());
+            }
+            out(
+                "later",
+                9,
+                e.id,
+                Outcome::FoundOnNode {
+                    boot_id: boot.into(),
+                    record,
+                },
+            )
+        };
+        // The detection never reached the disk.
+        let lost = vec![start("a"), found("a", &e1, serde_json::json!({}))];
+        let a = classify(&lost, "a");
+        assert_eq!((a.end, a.undelivered), (BootEnd::Forced, false));
+        assert_eq!(a.episode, Some(e1.clone()));
+        // Its outcome never reached the disk.
+        let mut unsent = vec![start("b"), sig_rec("b", 1, imm.clone(), Some(e1.clone()))];
+        assert!(classify(&unsent, "b").undelivered);
+        unsent.push(found("b", &e1, serde_json::json!({})));
+        assert_eq!(
+            (
+                classify(&unsent, "b").end,
+                classify(&unsent, "b").undelivered
+            ),
+            (BootEnd::Forced, false)
+        );
+        // The Node holds an older episode of the boot (a graceful one the
+        // log knows): the log's later, undelivered one still goes late.
+        let mut g = ep(1, EpPath::Graceful);
+        g.timeline = e1.timeline.clone();
+        let mut e2 = ep(2, EpPath::Immediate);
+        e2.timeline = e1.timeline.clone();
+        let older = vec![
+            start("c"),
+            sig_rec("c", 1, imm.clone(), Some(g.clone())),
+            sig_rec("c", 2, imm.clone(), Some(e2.clone())),
+            found("c", &g, serde_json::json!({})),
+        ];
+        let c = classify(&older, "c");
+        assert_eq!((c.episode.map(|e| e.id), c.undelivered), (Some(2), true));
+        // Same id, another episode (the agent restarted within the boot):
+        // not the log's, so it is the boot's end.
+        let mut other = e1.clone();
+        other.timeline[0].at += std::time::Duration::from_secs(60);
+        let restarted = vec![
+            start("d"),
+            sig_rec("d", 1, imm.clone(), Some(e1.clone())),
+            found("d", &other, serde_json::json!({})),
+        ];
+        let d = classify(&restarted, "d");
+        assert_eq!((d.episode, d.undelivered), (Some(other), false));
+        // An abandoned record announced a shutdown that never came.
+        let abandoned = vec![
+            start("e"),
+            found("e", &e1, serde_json::json!({"abandoned": true})),
+        ];
+        assert_eq!(classify(&abandoned, "e").end, BootEnd::Unannounced);
+        // Another boot's record is not this one's.
+        assert_eq!(classify(&lost, "z").end, BootEnd::Unannounced);
     }
 
     #[test]

@@ -258,15 +258,10 @@ fn run_all(
         println!("vm-test:   {}", o.one_line());
         outcomes.push(o);
     }
-    let race = if race > 0 {
-        Some(scenario::race(
-            &guest,
-            race,
-            &run_dir.join("race"),
-            cluster.as_mut(),
-        ))
+    let races = if race > 0 {
+        scenario::race(&guest, race, &run_dir.join("race"), cluster.as_mut())
     } else {
-        None
+        Vec::new()
     };
 
     let md = report::matrix(
@@ -274,7 +269,7 @@ fn run_all(
         &img,
         profile,
         &outcomes,
-        race.as_ref(),
+        &races,
         started.elapsed(),
         args.cluster,
     );
@@ -292,9 +287,10 @@ fn run_all(
         .filter(|o| o.failed())
         .map(|o| o.name.to_string())
         .chain(
-            race.iter()
+            races
+                .iter()
                 .filter(|r| r.failed())
-                .map(|_| "race".to_string()),
+                .map(|r| format!("race {}", r.sc.name)),
         )
         .collect();
     let (pass, skip) = (
@@ -303,7 +299,7 @@ fn run_all(
     );
     println!(
         "vm-test: {} passed, {} failed, {} skipped",
-        pass + race.iter().filter(|r| !r.failed()).count(),
+        pass + races.iter().filter(|r| !r.failed()).count(),
         failed.len(),
         skip
     );

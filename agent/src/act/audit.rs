@@ -1,10 +1,14 @@
 //! The durable shutdown audit: JSON lines, one per detection, each fsync'd
 //! before anything else acts on it, because the machine may die a millisecond
-//! later.
+//! later. The one exception is the last gasp: its patches leave while the
+//! record syncs ([`AuditLog::sync_beside`]); what the cluster acknowledged
+//! but the disk lost is found on the Node after the next boot
+//! ([`Outcome::FoundOnNode`]).
 use std::{
     fs::{self, File, OpenOptions},
     io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
@@ -71,6 +75,14 @@ pub enum Outcome {
     /// Episode `episode` of boot `boot_id` reached the cluster only in this
     /// later boot.
     DeliveredLate { boot_id: String },
+    /// Written in a later boot: the Node's record annotation held episode
+    /// `episode` of boot `boot_id` (the cluster acknowledged it before that
+    /// boot ended) where the audit log lacked its record or its delivery.
+    /// `record` is the Node's copy.
+    FoundOnNode {
+        boot_id: String,
+        record: serde_json::Value,
+    },
 }
 
 impl Record {
@@ -116,6 +128,9 @@ pub struct AuditLog {
     len: u64,
     /// Records written since the last fdatasync.
     unsynced: bool,
+    /// Runs before the fdatasync of [`AuditLog::sync_beside`] (tests hold a
+    /// sync there, as a loaded disk would).
+    before_beside_sync: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl AuditLog {
@@ -159,6 +174,7 @@ impl AuditLog {
             limits,
             len,
             unsynced: false,
+            before_beside_sync: None,
         })
     }
 
@@ -210,6 +226,30 @@ impl AuditLog {
 
     pub fn outcome(&mut self, episode: u32, outcome: Outcome) -> Result<Record> {
         self.write(Entry::Outcome { episode, outcome }, Durability::Now)
+    }
+
+    /// A job that makes every record written so far durable, to run off the
+    /// agent's loop (`spawn_blocking`) while the last gasp leaves: the
+    /// fdatasync takes tens to hundreds of milliseconds on a loaded disk,
+    /// and a direct reboot(2) leaves about as long.
+    pub fn sync_beside(&self) -> Result<impl FnOnce() -> Result<()> + Send + 'static> {
+        let file = self
+            .file
+            .try_clone()
+            .context("duplicating the audit log's fd")?;
+        let before = self.before_beside_sync.clone();
+        Ok(move || {
+            if let Some(f) = before {
+                f()
+            }
+            file.sync_data().context("fsync of the audit log")
+        })
+    }
+
+    /// For tests: `f` runs before every [`AuditLog::sync_beside`] fdatasync.
+    #[doc(hidden)]
+    pub fn before_beside_sync(&mut self, f: impl Fn() + Send + Sync + 'static) {
+        self.before_beside_sync = Some(Arc::new(f));
     }
 
     /// Makes every record written so far durable (one fdatasync).

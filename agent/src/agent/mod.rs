@@ -1,5 +1,6 @@
 //! The agent's one loop body: each `ShutdownSignal` is enriched, decided,
-//! audited (fsync'd when it acts) and then acted on; time passing is decided
+//! audited (fsync'd before it acts, or for the last gasp while its patches
+//! leave) and then acted on; time passing is decided
 //! too (pending requests expire, episodes past their end are checked with the
 //! host and unwound). Detection → decision → action, one way.
 //!
@@ -46,8 +47,11 @@ pub type Answer = (u32, HostAnswer);
 /// PreviousBoot Event and an undelivered record; it then leaves a task that
 /// clears the marks once the node is Ready).
 pub struct AfterBoot {
+    /// From the audit log alone.
     pub report: BootReport,
-    pub delivery: Option<tokio::task::JoinHandle<()>>,
+    /// Ends with the report as the cluster half settled it (the Node's
+    /// record may add what the disk lost).
+    pub delivery: Option<tokio::task::JoinHandle<BootReport>>,
 }
 
 /// What the agent reaches in cluster mode.
@@ -135,16 +139,39 @@ impl Agent {
         self.metrics.count_decision(&d);
         let decided = t.elapsed();
         // On disk before anything acts on it: the machine may die next.
-        // Records that change nothing are synced in batches (each tick).
-        let durability = if acts(&d.action) {
+        // Records that change nothing are synced in batches (each tick). The
+        // last gasp does not wait for the disk: a direct reboot(2) leaves
+        // less time than a loaded disk's fdatasync, so its patches leave
+        // while the record syncs. What the cluster acknowledged and the disk
+        // lost is read back from the Node after the next boot (`after_boot`).
+        let beside = matches!(d.action, Action::Immediate { .. }) && self.cluster.is_some();
+        let durability = if acts(&d.action) && !beside {
             Durability::Now
         } else {
             Durability::Batched
         };
-        if let Err(e) = self.audit.lock().await.append_as(&s, Some(&d), durability) {
-            self.metrics.audit_failures.inc();
-            tracing::error!("audit record NOT written: {e:#}");
-        }
+        let sync = {
+            let mut audit = self.audit.lock().await;
+            match audit.append_as(&s, Some(&d), durability) {
+                Err(e) => {
+                    self.metrics.audit_failures.inc();
+                    tracing::error!("audit record NOT written: {e:#}");
+                    None
+                }
+                Ok(_) if beside => match audit.sync_beside() {
+                    Ok(job) => Some(tokio::task::spawn_blocking(job)),
+                    Err(e) => {
+                        tracing::warn!("{e:#}: syncing before the last gasp");
+                        if let Err(e) = audit.flush() {
+                            self.metrics.audit_failures.inc();
+                            tracing::error!("audit record NOT synced: {e:#}");
+                        }
+                        None
+                    }
+                },
+                Ok(_) => None,
+            }
+        };
         let audited = t.elapsed();
         if self.print {
             let mut v = serde_json::to_value(&s)?;
@@ -162,6 +189,13 @@ impl Agent {
             pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()),
             action = %d.action, episode = d.episode.as_ref().map(|e| e.id), "shutdown signal");
         self.act(Some(&s), &d).await;
+        if let Some(sync) = sync {
+            let synced = sync.await.map_err(anyhow::Error::from).and_then(|r| r);
+            if let Err(e) = synced {
+                self.metrics.audit_failures.inc();
+                tracing::error!("audit record NOT synced: {e:#}");
+            }
+        }
         Ok(d)
     }
 
@@ -439,40 +473,26 @@ impl Agent {
             audit.agent_start()?;
             crate::act::audit::read(&path)?
         };
+        let prev = report::previous_boot(&contents.records, boot_id).map(str::to_string);
         for end in contents
             .records
             .iter()
             .map(|r| r.boot_id.as_str())
             .collect::<std::collections::BTreeSet<_>>()
         {
-            if end != boot_id {
+            // The previous boot is counted once the Node has been read.
+            let later = self.cluster.is_some() && Some(end) == prev.as_deref();
+            if end != boot_id && !later {
                 let r = report::classify(&contents.records, end);
                 self.metrics.count_boot_end(r.end.as_str());
             }
         }
-        let Some(prev) = report::previous_boot(&contents.records, boot_id) else {
+        let Some(prev) = prev else {
             return Ok(None);
         };
-        let r = report::classify(&contents.records, prev);
+        let r = report::classify(&contents.records, &prev);
         let pstore = report::pstore(std::path::Path::new("/sys/fs/pstore"), 3);
-        let mut note = match &r.episode {
-            Some(ep) => format!(
-                "previous boot {prev} ended {} ({}, episode {}): {}",
-                r.end.as_str(),
-                ep.kind,
-                ep.id,
-                ep.timeline.iter().map(|e| e.summary.as_str()).collect::<Vec<_>>().join("; ")
-            ),
-            None => format!("previous boot {prev} ended unannounced: no shutdown was seen (power loss, reset, watchdog or panic)"),
-        };
-        if let (Some(t), Some(rem)) = (r.pods_terminated, r.pods_remaining) {
-            note.push_str(&format!("; pods terminated {t}, still running {rem}"));
-        }
-        if r.end == BootEnd::Unannounced {
-            for (name, first) in &pstore {
-                note.push_str(&format!("; pstore {name}: {}", first.replace('\n', " | ")));
-            }
-        }
+        let note = previous_boot_note(&r, &pstore);
         tracing::info!(
             boot = prev,
             end = r.end.as_str(),
@@ -487,10 +507,49 @@ impl Agent {
         };
         // The cluster half runs beside the loop: with the API server down its
         // retries (seconds) must not delay the audit of the next shutdown.
-        let (report, audit, metrics) = (r.clone(), self.audit.clone(), self.metrics.clone());
+        let (audit, metrics) = (self.audit.clone(), self.metrics.clone());
         let current = boot_id.to_string();
-        let prev = prev.to_string();
+        let mut records = contents.records;
+        let local = r.clone();
         let delivery = tokio::spawn(async move {
+            // A last gasp the cluster acknowledged while its record (or its
+            // outcome) never reached the disk: the Node still holds it.
+            let mut report = local;
+            let mut found = false;
+            match c.node.record().await {
+                Ok(Some(rec)) if rec["boot_id"] == prev.as_str() => {
+                    let ep = report::episode_of(&rec).map_or(0, |e| e.id);
+                    let outcome = Outcome::FoundOnNode {
+                        boot_id: prev.clone(),
+                        record: rec,
+                    };
+                    records.push(crate::act::audit::Record {
+                        boot_id: current.clone(),
+                        seq: 0,
+                        written_at: SystemTime::now(),
+                        entry: crate::act::audit::Entry::Outcome {
+                            episode: ep,
+                            outcome: outcome.clone(),
+                        },
+                    });
+                    let with = report::classify(&records, &prev);
+                    if with != report {
+                        write_outcome(&audit, &metrics, ep, outcome).await;
+                        report = with;
+                        found = true;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("reading the Node's shutdown record: {e:#}"),
+            }
+            metrics.count_boot_end(report.end.as_str());
+            let mut note = previous_boot_note(&report, &pstore);
+            if found {
+                note.push_str(
+                    "; the audit log lacked it: found on the Node (the cluster had it before the boot ended)",
+                );
+                tracing::info!(boot = prev, end = report.end.as_str(), "{note}");
+            }
             let type_ = if report.end == BootEnd::Graceful {
                 EventType::Normal
             } else {
@@ -504,7 +563,9 @@ impl Agent {
                     json!({ "episode": ep, "boot_id": prev, "delivered_late": true, "back": true });
                 match c.node.set_earlier_record(&record, &current).await {
                     Ok(true) => {
-                        let late = Outcome::DeliveredLate { boot_id: prev };
+                        let late = Outcome::DeliveredLate {
+                            boot_id: prev.clone(),
+                        };
                         write_outcome(&audit, &metrics, ep.id, late).await
                     }
                     Ok(false) => tracing::warn!(
@@ -513,11 +574,13 @@ impl Agent {
                     Err(e) => tracing::warn!("delivering the previous boot's record: {e:#}"),
                 }
             }
+            let clear = current.clone();
             tokio::spawn(async move {
-                if let Err(e) = c.node.clear_when_ready(&current).await {
+                if let Err(e) = c.node.clear_when_ready(&clear).await {
                     tracing::warn!("clearing the shutdown marks: {e:#}");
                 }
             });
+            report
         });
         Ok(Some(AfterBoot {
             report: r,
@@ -544,6 +607,34 @@ async fn write_outcome(
         metrics.audit_failures.inc();
         tracing::error!("audit outcome NOT written: {e:#}");
     }
+}
+
+/// The PreviousBoot Event's note: how the boot ended, by which episode, and
+/// the kernel's last words when nothing announced it.
+fn previous_boot_note(r: &BootReport, pstore: &[(String, String)]) -> String {
+    let mut note = match &r.episode {
+        Some(ep) => format!(
+            "previous boot {} ended {} ({}, episode {}): {}",
+            r.boot_id,
+            r.end.as_str(),
+            ep.kind,
+            ep.id,
+            ep.timeline.iter().map(|e| e.summary.as_str()).collect::<Vec<_>>().join("; ")
+        ),
+        None => format!(
+            "previous boot {} ended unannounced: no shutdown was seen (power loss, reset, watchdog or panic)",
+            r.boot_id
+        ),
+    };
+    if let (Some(t), Some(rem)) = (r.pods_terminated, r.pods_remaining) {
+        note.push_str(&format!("; pods terminated {t}, still running {rem}"));
+    }
+    if r.end == BootEnd::Unannounced {
+        for (name, first) in pstore {
+            note.push_str(&format!("; pstore {name}: {}", first.replace('\n', " | ")));
+        }
+    }
+    note
 }
 
 /// Whether a decision moves anything (its record must be durable first).

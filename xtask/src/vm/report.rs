@@ -670,7 +670,7 @@ pub fn matrix(
     img: &Image,
     profile: &str,
     outcomes: &[Outcome],
-    race: Option<&Race>,
+    races: &[Race],
     total: Duration,
     cluster: bool,
 ) -> String {
@@ -715,7 +715,7 @@ pub fn matrix(
     if cluster {
         let errs: Vec<f64> = outcomes
             .iter()
-            .chain(race.iter().flat_map(|r| r.runs.iter()))
+            .chain(races.iter().flat_map(|r| r.runs.iter()))
             .filter_map(|o| o.cluster.as_ref()?.clock.as_ref()?.err_ms)
             .collect();
         let _ = writeln!(
@@ -828,8 +828,9 @@ pub fn matrix(
             dist(ran.iter().map(|o| o.wall.as_secs_f64()).collect())
         );
     }
-    if let Some(r) = race {
+    for r in races {
         let done: Vec<&Outcome> = r.runs.iter().collect();
+        let kind = r.sc.first.and_then(|w| w.kind).unwrap_or("?");
         let delivered = done
             .iter()
             .filter(|o| o.dets.first().is_some_and(|d| d.on_disk))
@@ -839,7 +840,7 @@ pub fn matrix(
             .filter(|o| {
                 o.dets
                     .iter()
-                    .any(|d| d.source == "reboot-syscall" && d.kind == "poweroff" && d.on_disk)
+                    .any(|d| d.source == "reboot-syscall" && d.kind == kind && d.on_disk)
             })
             .count();
         let reboot_seen = done
@@ -847,14 +848,17 @@ pub fn matrix(
             .filter(|o| {
                 o.dets
                     .iter()
-                    .any(|d| d.source == "reboot-syscall" && d.kind == "poweroff")
+                    .any(|d| d.source == "reboot-syscall" && d.kind == kind)
             })
             .count();
-        let powered_off = done.iter().filter(|o| o.end_seen == "powered off").count();
+        let ended = done
+            .iter()
+            .filter(|o| o.end_seen == r.sc.end.to_string())
+            .count();
         let _ = writeln!(
             m,
-            "\n### Last-gasp race: {} × `systemctl poweroff --force --force`, each a fresh boot\n",
-            r.n
+            "\n### Last-gasp race: {} × `{}`, each a fresh boot\n",
+            r.n, r.sc.trigger
         );
         if cluster {
             let gots: Vec<&super::cluster::Got> =
@@ -890,7 +894,7 @@ pub fn matrix(
                 m,
                 "- **Patches delivered to the API double before the guest died: {}/{}** (both the \
                  condition (status patch) and the taint + record (node patch), answered 2xx, received \
-                 before the kernel's \"reboot: Power down\"); condition alone {}/{}, taint + record alone {}/{}.",
+                 before the kernel's last words (\"reboot: Power down\" or \"Restarting system\")); condition alone {}/{}, taint + record alone {}/{}.",
                 both.len(),
                 r.n,
                 cond.len(),
@@ -915,7 +919,7 @@ pub fn matrix(
             );
             let _ = writeln!(
                 m,
-                "- trigger → the guest's end (the kernel's \"reboot: Power down\" received by the host, \
+                "- trigger → the guest's end (the kernel's \"reboot: ...\" received by the host, \"
                  same clock, ms): {}",
                 dist(gots.iter().filter_map(|g| g.end_ms).collect())
             );
@@ -933,8 +937,8 @@ pub fn matrix(
         let _ = writeln!(
             m,
             "- The exec's audit record on the guest's disk before the guest died: **{delivered}/{}**. \
-             The guest powered off in {powered_off}/{}.",
-            r.n, r.n
+             The guest {} in {ended}/{}.",
+            r.n, r.sc.end, r.n
         );
         let _ = writeln!(
             m,
@@ -949,12 +953,12 @@ pub fn matrix(
         );
         let _ = writeln!(
             m,
-            "- trigger → the kernel's \"reboot: Power down\" (host ms): {}",
+            "- trigger → the kernel's \"reboot: ...\" (host ms): {}",
             dist(done.iter().filter_map(|o| o.death_ms).collect())
         );
         let _ = writeln!(
             m,
-            "- systemctl's own reboot(2) POWER_OFF: detected in {reboot_seen}/{}, its record on disk in {reboot_disk}/{}",
+            "- the caller's own reboot(2) ({kind}): detected in {reboot_seen}/{}, its record on disk in {reboot_disk}/{}",
             r.n, r.n
         );
         for (i, o) in r.runs.iter().enumerate().filter(|(_, o)| o.failed()) {

@@ -323,6 +323,36 @@ pub static SCENARIOS: &[Scenario] = &[
         next_boot: false,
     },
     Scenario {
+        name: "reboot-ff",
+        trigger: "reboot -ff",
+        end: End::Reboot,
+        first: Some(w(EXEC, "reboot", true, "now").by("reboot")),
+        // Its own reboot(2) resets the machine at once: reported, not required.
+        then: &[],
+        decide: Some("immediate"),
+        decide_then: &[],
+        container_only: false,
+        cluster_only: false,
+        quiet: false,
+        drains: false,
+        next_boot: false,
+    },
+    Scenario {
+        name: "busybox-poweroff-f",
+        trigger: "busybox poweroff -f",
+        end: End::PowerOff,
+        first: Some(w(EXEC, "poweroff", true, "now").by("busybox")),
+        then: &[],
+        decide: Some("immediate"),
+        decide_then: &[],
+        container_only: false,
+        cluster_only: false,
+        quiet: false,
+        drains: false,
+        // A race the last gasp may lose: then judged on the next boot.
+        next_boot: true,
+    },
+    Scenario {
         name: "pidns-reboot",
         trigger: "unshare --pid --fork busybox poweroff -f",
         end: End::StaysUp,
@@ -455,8 +485,9 @@ pub static SCENARIOS: &[Scenario] = &[
 
 pub fn print_list() {
     println!(
-        "{:<22} {:<48} powered off, 20 times (the last-gasp race; --race N)",
-        "race", "systemctl poweroff --force --force"
+        "{:<22} {:<48} 20 times each, one boot (the last-gasp race; --race N)",
+        "race",
+        RACE.join(", ")
     );
     for s in SCENARIOS {
         println!(
@@ -542,6 +573,8 @@ pub struct Outcome {
     /// reached the disk (what was missing). Accepted only if the next boot
     /// then reports that boot as unannounced (what its disk really holds).
     lost_to_kernel: Option<String>,
+    /// A race run: one boot, a reset ends qemu, no next boot.
+    one_boot: bool,
 }
 
 impl Outcome {
@@ -550,6 +583,7 @@ impl Outcome {
             name: sc.name,
             trigger: sc.trigger,
             expected: sc.end,
+            one_boot: false,
             status: Status::Fail,
             problems: Vec::new(),
             end_seen: String::new(),
@@ -629,7 +663,18 @@ fn scenario_wait(guest: &Guest, name: &str) -> u64 {
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluster>) -> Outcome {
+    run_as(guest, sc, dir, cluster, false)
+}
+
+fn run_as(
+    guest: &Guest,
+    sc: &Scenario,
+    dir: &Path,
+    cluster: Option<&mut Cluster>,
+    one_boot: bool,
+) -> Outcome {
     let mut o = Outcome::new(sc);
+    o.one_boot = one_boot;
     if sc.cluster_only && cluster.is_none() {
         o.status = Status::Skipped(
             "needs --cluster (the API double and the agent's cluster mode, issues 4-5)".into(),
@@ -647,6 +692,7 @@ pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluste
         let why = o.end_seen.clone();
         println!("vm-test:   {why}: booting once more");
         o = Outcome::new(sc);
+        o.one_boot = one_boot;
         if let Err(e) = run_inner(guest, sc, &dir.join("retry"), cluster, &mut o) {
             o.problems.push(format!("{e:#}"));
         }
@@ -667,7 +713,7 @@ fn run_inner(
     o: &mut Outcome,
 ) -> Result<()> {
     let wait = scenario_wait(guest, sc.name);
-    let two_boots = matches!(sc.end, End::Reboot | End::Kexec);
+    let two_boots = !o.one_boot && matches!(sc.end, End::Reboot | End::Kexec);
     let mut spec = Spec {
         scenario: sc.name,
         dir: dir.to_path_buf(),
@@ -715,7 +761,7 @@ fn run_inner(
             ),
         )?;
     }
-    if sc.next_boot {
+    if sc.next_boot && !o.one_boot {
         next_boot(guest, sc, dir, &run, cluster, o)?;
     }
     Ok(())
@@ -1073,7 +1119,7 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
     }
 
     // The next boot's report of this one.
-    if matches!(sc.end, End::Reboot | End::Kexec) {
+    if matches!(sc.end, End::Reboot | End::Kexec) && !o.one_boot {
         let (n, summary) = report::next_boot_report(&run.out, &boot1, dets);
         o.next_boot = summary;
         if n == 0 {
@@ -1093,8 +1139,10 @@ fn check_cluster(sc: &Scenario, got: &Got, pods: &[(String, i64)], p: &mut Vec<S
         p.push(format!("cluster: {e}"));
         return;
     }
-    // `next_boot`: judged once the next boot has had its say (next_boot()).
-    if sc.end != End::StaysUp && !sc.next_boot && !got.announced() {
+    // `next_boot`: judged once the next boot has had its say (next_boot());
+    // a reset's next boot runs in the same qemu: its report counts here.
+    let reported = sc.end == End::Reboot && !got.reported_after().is_empty();
+    if sc.end != End::StaysUp && !sc.next_boot && !reported && !got.announced() {
         p.push(
             "nothing announcing the shutdown (condition, taint/record, NodeShutdown Event) \
              reached the API double before the guest died"
@@ -1174,41 +1222,65 @@ fn observed_end(run: &Run, tl: &report::Timeline) -> Option<End> {
     }
 }
 
-/// The last-gasp race: `systemctl poweroff --force --force`, `n` fresh boots.
+/// The last-gasp race: each trigger `n` times, each a fresh boot, one boot
+/// only (a reset ends qemu).
+pub const RACE: [&str; 3] = ["poweroff-force-force", "reboot-ff", "busybox-poweroff-f"];
+
+/// What losing the race looks like in a run's problems: the announcement
+/// (or the record on disk) did not get out before the machine died; the
+/// next boot delivers what the disk or the Node kept.
+pub const LOST_RACE: [&str; 2] = ["nothing announcing the shutdown", "the first detection ("];
+
 pub struct Race {
+    pub sc: &'static Scenario,
     pub n: u32,
     pub runs: Vec<Outcome>,
 }
 
 impl Race {
-    /// The goal is every run's first record on disk before the guest died,
-    /// and, with `--cluster`, both last-gasp patches received by the double.
+    /// `systemctl poweroff --force --force` must win every run: its first
+    /// record on disk before the guest died and, with `--cluster`, both
+    /// last-gasp patches received by the double. The direct reboot(2)
+    /// callers are measured: a lost race is counted, not failed (the next
+    /// boot delivers it; `reboot-ff` and `busybox-poweroff-f` show that).
     pub fn failed(&self) -> bool {
+        let strict = self.sc.name == RACE[0];
         self.runs.len() as u32 != self.n
             || self.runs.iter().any(|o| {
-                o.failed()
-                    || o.cluster
-                        .as_ref()
-                        .is_some_and(|g| g.both_patches_ms().is_none())
+                if strict {
+                    o.failed()
+                        || o.cluster
+                            .as_ref()
+                            .is_some_and(|g| g.both_patches_ms().is_none())
+                } else {
+                    o.problems
+                        .iter()
+                        .any(|p| !LOST_RACE.iter().any(|l| p.starts_with(l)))
+                }
             })
     }
 }
 
-pub fn race(guest: &Guest, n: u32, dir: &Path, mut cluster: Option<&mut Cluster>) -> Race {
-    let sc = SCENARIOS
-        .iter()
-        .find(|s| s.name == "poweroff-force-force")
-        .expect("the race scenario");
-    let mut runs = Vec::new();
-    for i in 1..=n {
-        let o = run(
-            guest,
-            sc,
-            &dir.join(format!("{i:02}")),
-            cluster.as_deref_mut(),
-        );
-        println!("vm-test: race {i:>2}/{n}: {}", o.one_line());
-        runs.push(o);
+pub fn race(guest: &Guest, n: u32, dir: &Path, mut cluster: Option<&mut Cluster>) -> Vec<Race> {
+    let mut races = Vec::new();
+    for name in RACE {
+        let sc = SCENARIOS
+            .iter()
+            .find(|s| s.name == name)
+            .expect("a race scenario");
+        let mut runs = Vec::new();
+        for i in 1..=n {
+            let o = run_as(
+                guest,
+                sc,
+                &dir.join(format!("{name}-{i:02}")),
+                cluster.as_deref_mut(),
+                true,
+            );
+            println!("vm-test: race {name} {i:>2}/{n}: {}", o.one_line());
+            runs.push(o);
+        }
+        races.push(Race { sc, n, runs });
     }
-    Race { n, runs }
+    races
 }
