@@ -24,7 +24,7 @@ use kube::{
 };
 use lastgasp::{
     act::{
-        audit::{self, AuditLog, Entry, Outcome},
+        audit::{self, Entry, Outcome},
         kube::{
             graceful::{self, GracefulOptions, Removal},
             lastgasp::LastGasp,
@@ -32,7 +32,7 @@ use lastgasp::{
         },
         metrics::Metrics,
     },
-    agent::{Agent, Cluster},
+    agent::Cluster,
     decide::{Action, Decider, Episode},
     grace::Bucket,
     report::BootEnd,
@@ -42,7 +42,7 @@ use lastgasp_apidouble::ApiDouble;
 use lastgasp_tests::{
     controlplane::{self, ControlPlane},
     nodesim::{self, Sim},
-    support::{forced_exec, logind_signal, rt},
+    support::{agent_at, forced_exec, logind_signal, rt},
 };
 use serde_json::json;
 
@@ -291,13 +291,7 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
         lastgasp: lg,
         graceful: std::sync::Arc::new(options(&dir, vec![], Removal::Delete)),
     });
-    let mut agent = Agent::new(
-        AuditLog::open(&dir, "boot-1").unwrap(),
-        Some(cluster.clone()),
-        None,
-        Metrics::default(),
-        false,
-    );
+    let mut agent = agent_at(&dir, "boot-1", Some(cluster.clone()));
     let d = agent.handle(forced_exec()).await.unwrap();
     assert!(matches!(d.action, Action::Immediate { escalated: false }));
     let n = nodes.get(&node).await.unwrap();
@@ -324,13 +318,7 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
         "{recs:#?}"
     );
 
-    let mut next = Agent::new(
-        AuditLog::open(&dir, "boot-2").unwrap(),
-        Some(cluster),
-        None,
-        Metrics::default(),
-        false,
-    );
+    let mut next = agent_at(&dir, "boot-2", Some(cluster));
     let after = next.after_boot("boot-2").await.unwrap().expect("boot-1");
     let settled = after.delivery.expect("cluster mode").await.unwrap();
     assert_eq!((settled.end, settled.undelivered), (BootEnd::Forced, false));

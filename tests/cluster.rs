@@ -23,7 +23,7 @@ use lastgasp::{
     signal::{Scope, ShutdownSignal, Source},
 };
 use lastgasp_apidouble::{ApiDouble, Fault};
-use lastgasp_tests::support::logind_signal;
+use lastgasp_tests::support::{agent_at, logind_signal};
 use serde_json::json;
 
 const NODE: &str = "n1";
@@ -769,13 +769,7 @@ mod agent_flow {
         let s = setup("nextboot", vec![]).await;
         let c = cluster(&s).await;
         s.double.inject(Fault::status(503).method("PATCH").always());
-        let mut agent = Agent::new(
-            AuditLog::open(&s.dir, "boot-1").unwrap(),
-            Some(c.clone()),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut agent = agent_at(&s.dir, "boot-1", Some(c.clone()));
         let d = agent.handle(forced_exec()).await.unwrap();
         assert!(matches!(d.action, Action::Immediate { escalated: false }));
         let recs = records(&s.dir);
@@ -805,13 +799,7 @@ mod agent_flow {
                 n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into()
             })
             .unwrap();
-        let mut next = Agent::new(
-            AuditLog::open(&s.dir, "boot-2").unwrap(),
-            Some(c.clone()),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut next = agent_at(&s.dir, "boot-2", Some(c.clone()));
         let after = next
             .after_boot("boot-2")
             .await
@@ -868,13 +856,7 @@ mod agent_flow {
         );
 
         // A third boot does not deliver it again.
-        let mut third = Agent::new(
-            AuditLog::open(&s.dir, "boot-3").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut third = agent_at(&s.dir, "boot-3", Some(c));
         let r = third.after_boot("boot-3").await.unwrap().unwrap().report;
         assert_eq!(
             (r.boot_id.as_str(), r.end),
@@ -897,13 +879,7 @@ mod agent_flow {
         let hang = s
             .double
             .inject(Fault::latency(Duration::from_secs(600)).method("POST"));
-        let mut agent = Agent::new(
-            AuditLog::open(&s.dir, "boot-2").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut agent = agent_at(&s.dir, "boot-2", Some(c));
         let after = agent.after_boot("boot-2").await.unwrap().expect("boot-1");
         assert_eq!(after.report.end, lastgasp::report::BootEnd::Unannounced);
         let delivery = after.delivery.expect("cluster mode delivers");
@@ -938,24 +914,12 @@ mod agent_flow {
         let s = setup("latenewer", vec![]).await;
         let c = cluster(&s).await;
         let fault = s.double.inject(Fault::status(503).method("PATCH").always());
-        let mut agent = Agent::new(
-            AuditLog::open(&s.dir, "boot-1").unwrap(),
-            Some(c.clone()),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut agent = agent_at(&s.dir, "boot-1", Some(c.clone()));
         agent.handle(forced_exec()).await.unwrap();
         s.double.remove_fault(fault);
         let this_boot = json!({"boot_id": "boot-2", "episode": {"id": 7}}).to_string();
         put_record(&s, &this_boot);
-        let mut next = Agent::new(
-            AuditLog::open(&s.dir, "boot-2").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut next = agent_at(&s.dir, "boot-2", Some(c));
         let after = next.after_boot("boot-2").await.unwrap().unwrap();
         assert!(after.report.undelivered);
         after.delivery.unwrap().await.unwrap();
@@ -1043,13 +1007,7 @@ mod agent_flow {
         // the agent's start, not the detection.
         let gone = s.dir.with_extension("gone");
         let _ = std::fs::remove_dir_all(&gone);
-        let mut first = Agent::new(
-            AuditLog::open(&gone, "boot-1").unwrap(),
-            Some(c.clone()),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut first = agent_at(&gone, "boot-1", Some(c.clone()));
         first.handle(forced_exec()).await.unwrap();
         AuditLog::open(&s.dir, "boot-1")
             .unwrap()
@@ -1111,13 +1069,7 @@ mod agent_flow {
     async fn a_delivery_the_disk_lost_is_found_on_the_node() {
         let s = setup("lostoutcome", vec![]).await;
         let c = cluster(&s).await;
-        let mut first = Agent::new(
-            AuditLog::open(&s.dir, "boot-1").unwrap(),
-            Some(c.clone()),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut first = agent_at(&s.dir, "boot-1", Some(c.clone()));
         first.handle(forced_exec()).await.unwrap();
         let path = s.dir.join(audit::FILE_NAME);
         let kept: Vec<String> = std::fs::read_to_string(&path)
@@ -1128,13 +1080,7 @@ mod agent_flow {
             .collect();
         assert_eq!(kept.len(), records(&s.dir).len() - 1, "one outcome cut");
         std::fs::write(&path, kept.concat()).unwrap();
-        let mut next = Agent::new(
-            AuditLog::open(&s.dir, "boot-2").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut next = agent_at(&s.dir, "boot-2", Some(c));
         let after = next.after_boot("boot-2").await.unwrap().unwrap();
         assert!(after.report.undelivered, "the log alone says undelivered");
         let settled = after.delivery.unwrap().await.unwrap();
@@ -1200,15 +1146,9 @@ mod agent_flow {
         let s = setup("pending", vec![pod("web", Some(0), None, json!({}))]).await;
         let c = cluster(&s).await;
         let (q, r) = host(HostAnswer::NotUnderWay);
-        let mut agent = Agent::new(
-            AuditLog::open(&s.dir, "b").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        )
-        .with_policy(quick_policy())
-        .with_host(q, r);
+        let mut agent = agent_at(&s.dir, "b", Some(c))
+            .with_policy(quick_policy())
+            .with_host(q, r);
         let from = s.double.requests().len();
         let mut req = forced_exec();
         req.forced = false;
@@ -1241,15 +1181,9 @@ mod agent_flow {
         let s = setup("abandon", vec![]).await;
         let c = cluster(&s).await;
         let (q, r) = host(HostAnswer::NotUnderWay);
-        let mut agent = Agent::new(
-            AuditLog::open(&s.dir, "b").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        )
-        .with_policy(quick_policy())
-        .with_host(q, r);
+        let mut agent = agent_at(&s.dir, "b", Some(c))
+            .with_policy(quick_policy())
+            .with_host(q, r);
         agent.handle(forced_exec()).await.unwrap();
         let n: Node = s.double.get("", NODE).unwrap();
         assert_eq!(
@@ -1357,13 +1291,7 @@ mod agent_flow {
                 .method("PATCH")
                 .always(),
         );
-        let mut agent = Agent::new(
-            AuditLog::open(&s.dir, "b").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut agent = agent_at(&s.dir, "b", Some(c));
         let t = std::time::Instant::now();
         agent.handle(forced_exec()).await.unwrap();
         let took = t.elapsed();
@@ -1399,13 +1327,7 @@ mod agent_flow {
     async fn forced_detection_reaches_the_cluster_and_the_audit_says_so() {
         let s = setup("forced", vec![]).await;
         let c = cluster(&s).await;
-        let mut agent = Agent::new(
-            AuditLog::open(&s.dir, "b").unwrap(),
-            Some(c),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut agent = agent_at(&s.dir, "b", Some(c));
         agent.handle(forced_exec()).await.unwrap();
         let n: Node = s.double.get("", NODE).unwrap();
         assert_eq!(

@@ -228,3 +228,19 @@ pub async fn warm_clients(
     .expect("last gasp clients");
     (nc, lg)
 }
+
+/// An agent of boot `boot` with its audit log in `dir` (default metrics, no
+/// logind, not printing).
+pub fn agent_at(
+    dir: &Path,
+    boot: &str,
+    cluster: Option<std::sync::Arc<lastgasp::agent::Cluster>>,
+) -> lastgasp::agent::Agent {
+    lastgasp::agent::Agent::new(
+        lastgasp::act::audit::AuditLog::open(dir, boot).unwrap(),
+        cluster,
+        None,
+        lastgasp::act::metrics::Metrics::default(),
+        false,
+    )
+}
