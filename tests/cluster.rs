@@ -2,7 +2,7 @@
 //! double (real HTTP/JSON, kube-rs unchanged). No root needed.
 use std::{
     collections::BTreeMap,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use k8s_openapi::api::{
@@ -13,7 +13,7 @@ use lastgasp::{
     act::{
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            lastgasp::LastGasp,
+            lastgasp::{LastGasp, Refusal},
             NodeClient, CONDITION, RECORD_ANNOTATION, TAINT_KEY,
         },
         metrics::Metrics,
@@ -658,7 +658,7 @@ async fn taint_update_survives_a_concurrent_writer() {
 }
 
 #[tokio::test]
-async fn last_gasp_sets_condition_taint_and_record_in_one_round_trip() {
+async fn last_gasp_sends_the_evidence_in_one_write_then_the_condition() {
     let s = setup("lastgasp", vec![]).await;
     let lg = LastGasp::start(
         s.double.client_without_retry().await,
@@ -671,19 +671,19 @@ async fn last_gasp_sets_condition_taint_and_record_in_one_round_trip() {
     sig.source = Source::RebootSyscall;
     sig.forced = true;
     let ep = Decider::new().decide(&sig).episode.unwrap();
-    let (status, spec) = lg.bodies(
+    let bodies = lg.bodies(
         "ForcedShutdown",
         "poweroff",
         &json!({"episode": ep, "signal": sig}),
         SystemTime::now(),
     );
+    // No time left (a reboot(2)): the evidence alone.
     s.double.clear_requests();
-    let sent = lg.send(&status, &spec).await.unwrap();
+    let sent = lg.send(&bodies, Instant::now()).await.unwrap();
+    assert_eq!(sent.tries, 1);
+    assert!(sent.condition.is_err(), "{:?}", sent.condition);
     let n: Node = s.double.get("", NODE).unwrap();
-    assert_eq!(
-        condition(&n),
-        Some(("True".into(), "ForcedShutdown".into()))
-    );
+    assert_eq!(condition(&n), None);
     let keys = taint_keys(&n);
     assert!(
         keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
@@ -692,16 +692,114 @@ async fn last_gasp_sets_condition_taint_and_record_in_one_round_trip() {
     let rec: serde_json::Value =
         serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
     assert_eq!(rec["signal"]["kind"], "poweroff");
-    // Nothing but the two patches: no list, no discovery, no GET.
-    let reqs = s.double.requests();
-    let paths: Vec<(String, String)> = reqs
-        .iter()
-        .filter(|r| !r.watch)
-        .map(|r| (r.method.clone(), r.path.clone()))
-        .collect();
-    assert_eq!(paths.len(), 2, "{paths:?}");
-    assert!(paths.iter().all(|(m, _)| m == "PATCH"));
-    assert!(sent.status_done > Duration::ZERO && sent.spec_done > Duration::ZERO);
+    assert!(rec["signal"].get("detail").is_none(), "{rec}");
+    let writes = |s: &Setup| -> Vec<(String, String)> {
+        s.double
+            .requests()
+            .iter()
+            .filter(|r| !r.watch)
+            .map(|r| (r.method.clone(), r.path.clone()))
+            .collect()
+    };
+    // Nothing but the one write: no list, no discovery, no GET.
+    assert_eq!(
+        writes(&s),
+        vec![("PATCH".to_string(), format!("/api/v1/nodes/{NODE}"))]
+    );
+    // With time left, the condition follows the evidence, never beside it.
+    s.double.clear_requests();
+    let sent = lg
+        .send(&bodies, Instant::now() + Duration::from_secs(2))
+        .await
+        .unwrap();
+    let cond_done = sent.condition.clone().unwrap();
+    assert!(cond_done >= sent.evidence_done, "{sent:?}");
+    assert_eq!(
+        writes(&s),
+        vec![
+            ("PATCH".to_string(), format!("/api/v1/nodes/{NODE}")),
+            ("PATCH".to_string(), format!("/api/v1/nodes/{NODE}/status")),
+        ]
+    );
+    let n: Node = s.double.get("", NODE).unwrap();
+    assert_eq!(
+        condition(&n),
+        Some(("True".into(), "ForcedShutdown".into()))
+    );
+}
+
+/// A 429 is sent again only when the server's wait ends before the node's
+/// expected end; otherwise the evidence is reported undelivered at once.
+#[tokio::test]
+async fn a_refused_last_gasp_is_not_retried_past_the_nodes_end() {
+    let s = setup("lastgasp-429", vec![]).await;
+    let lg = LastGasp::start(
+        s.double.client_without_retry().await,
+        s.double.client_without_retry().await,
+        NODE,
+    )
+    .await
+    .unwrap();
+    let bodies = lg.bodies("ForcedShutdown", "poweroff", &json!({}), SystemTime::now());
+    let evidence_path = format!("/api/v1/nodes/{NODE}");
+    let patches = |s: &Setup| {
+        s.double
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path == evidence_path)
+            .map(|r| r.status)
+            .collect::<Vec<u16>>()
+    };
+    // The wait (1 s) ends after the end (0.5 s): one send, and why.
+    s.double.clear_requests();
+    s.double.inject(
+        Fault::status(429)
+            .retry_after(1)
+            .method("PATCH")
+            .path_prefix(&evidence_path),
+    );
+    let t = Instant::now();
+    let e = lg
+        .send(&bodies, t + Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(e.tries, 1);
+    assert!(
+        matches!(e.last, Refusal::Status { code: 429, retry_after: Some(w), .. } if w == Duration::from_secs(1)),
+        "{e}"
+    );
+    assert!(e.to_string().contains("after the next boot"), "{e}");
+    assert_eq!(patches(&s), vec![429]);
+    // The wait ends before the end (3 s): sent again once it is over.
+    s.double.clear_requests();
+    s.double.inject(
+        Fault::status(429)
+            .retry_after(1)
+            .method("PATCH")
+            .path_prefix(&evidence_path),
+    );
+    let t = Instant::now();
+    let sent = lg.send(&bodies, t + Duration::from_secs(3)).await.unwrap();
+    assert_eq!(sent.tries, 2);
+    assert!(sent.evidence_done >= Duration::from_secs(1), "{sent:?}");
+    assert_eq!(patches(&s), vec![429, 200]);
+    // Any other refusal is final.
+    s.double.clear_requests();
+    s.double.inject(
+        Fault::status(403)
+            .method("PATCH")
+            .path_prefix(&evidence_path),
+    );
+    let e = lg
+        .send(&bodies, Instant::now() + Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    assert_eq!((e.tries, patches(&s)), (1, vec![403]));
 }
 
 #[tokio::test]
@@ -1351,6 +1449,7 @@ mod agent_flow {
             gone_when: lastgasp::controller::GoneWhen::NotReady,
             lease_margin: Duration::from_secs(2),
             max_fences_per_minute: 0,
+            concurrency: 16,
             lease_namespace: "kube-system".into(),
             lease_name: "lastgasp-controller".into(),
             identity: id.into(),
@@ -1358,10 +1457,17 @@ mod agent_flow {
         }
     }
 
+    /// Ready turns `status` now (its lastTransitionTime, as the kubelet or
+    /// the node lifecycle controller writes it).
     fn set_ready(s: &Setup, status: &str) {
         s.double
             .modify::<Node, _>("", NODE, |n| {
-                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = status.into()
+                let c = &mut n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0];
+                c.status = status.into();
+                c.last_transition_time =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
             })
             .unwrap();
     }
@@ -1524,5 +1630,223 @@ mod agent_flow {
         let kinds: Vec<_> = a.actions.iter().map(|(_, v)| v.kind()).collect();
         assert_eq!(kinds, vec!["Fence", "BackOnSameBoot", "Untaint", "Fence"]);
         assert!(b.actions.is_empty());
+    }
+
+    /// Nodes named `z0..zN` with a current power-off record and a Lease
+    /// last written a minute ago (server time), each with one pod.
+    fn dark_zone(s: &Setup, n: usize) -> Vec<String> {
+        let minute_ago =
+            humantime::format_rfc3339_seconds(SystemTime::now() - Duration::from_secs(60))
+                .to_string();
+        s.double
+            .create_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-node-lease"}}))
+            .unwrap();
+        (0..n)
+            .map(|i| {
+                let name = format!("z{i}");
+                let mut nd = node();
+                nd["metadata"]["name"] = json!(name);
+                s.double.create_value(nd).unwrap();
+                set_record_on(s, &name, "poweroff");
+                s.double
+                    .create_value(json!({
+                        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": name, "namespace": "kube-node-lease",
+                            "managedFields": [{"manager": "kubelet", "operation": "Update",
+                                "apiVersion": "coordination.k8s.io/v1", "time": minute_ago}]},
+                        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40}
+                    }))
+                    .unwrap();
+                s.double
+                    .create_value(pod(
+                        &format!("app-{i}"),
+                        None,
+                        None,
+                        json!({"spec": {"nodeName": name}}),
+                    ))
+                    .unwrap();
+                name
+            })
+            .collect()
+    }
+
+    fn lease_rule(id: &str) -> ControllerConfig {
+        ControllerConfig {
+            gone_when: lastgasp::controller::GoneWhen::LeaseSilent,
+            policy: Policy::PoweroffOnly,
+            ..ccfg(id)
+        }
+    }
+
+    /// A zone that went dark is fenced in one pass, the writes side by side
+    /// (at most `concurrency` in flight), from the watch cache and one LIST
+    /// of the Leases: no read per node.
+    #[tokio::test]
+    async fn a_dark_zone_is_fenced_side_by_side_from_the_cache() {
+        let s = setup("controller-zone", vec![]).await;
+        let zone = dark_zone(&s, 40);
+        // Each taint takes 100 ms to answer: in-flight writes overlap.
+        s.double.inject(
+            Fault::latency(Duration::from_millis(100))
+                .method("PATCH")
+                .path_prefix("/api/v1/nodes/z")
+                .always(),
+        );
+        let cfg = ControllerConfig {
+            concurrency: 8,
+            ..lease_rule("a")
+        };
+        let mut c = Controller::start(s.double.client_without_retry().await, cfg)
+            .await
+            .unwrap();
+        settle().await;
+        s.double.clear_requests();
+        assert!(c.tick().await.unwrap());
+        for name in &zone {
+            let n: Node = s.double.get("", name).unwrap();
+            assert!(
+                taint_keys(&n).contains(&OUT_OF_SERVICE_KEY.to_string()),
+                "{name}"
+            );
+        }
+        assert!(
+            s.double.list::<Pod>("default").iter().all(|p| p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_none_or(|n| !n.starts_with('z'))),
+            "every fenced node's pod is deleted"
+        );
+        let reqs: Vec<_> = s
+            .double
+            .requests()
+            .into_iter()
+            .filter(|r| !r.watch)
+            .collect();
+        let lease_reads: Vec<_> = reqs
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.path
+                        .starts_with("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/")
+            })
+            .map(|r| r.path.clone())
+            .collect();
+        assert_eq!(
+            lease_reads,
+            ["/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"]
+        );
+        assert!(
+            !reqs
+                .iter()
+                .any(|r| r.method == "GET" && r.path.starts_with("/api/v1/nodes/")),
+            "no Node read per node"
+        );
+        let taints: Vec<_> = reqs
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/z"))
+            .collect();
+        assert_eq!(taints.len(), zone.len());
+        let in_flight = taints
+            .iter()
+            .map(|a| {
+                taints
+                    .iter()
+                    .filter(|b| b.instant <= a.instant && a.instant < b.instant + b.elapsed)
+                    .count()
+            })
+            .max()
+            .unwrap();
+        assert!(
+            (2..=8).contains(&in_flight),
+            "{in_flight} taint writes in flight at once"
+        );
+        let kinds = c
+            .actions
+            .iter()
+            .filter(|(_, v)| v.kind() == "Fence")
+            .count();
+        assert_eq!(kinds, zone.len());
+        // Their Ready is still the one from before the power-off (the node
+        // lifecycle controller takes 50 s): no "it never went down".
+        settle().await;
+        c.tick().await.unwrap();
+        let kept = |s: &Setup| -> Vec<String> {
+            s.double
+                .list::<Event>("default")
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("OutOfServiceKept"))
+                .filter_map(|e| e.regarding.and_then(|r| r.name))
+                .collect()
+        };
+        assert!(kept(&s).is_empty(), "{:?}", kept(&s));
+        // One kubelet writes its Lease again on the boot it was fenced in: it
+        // never went down, and the taint stays for a human.
+        s.double
+            .modify::<k8s_openapi::api::coordination::v1::Lease, _>("kube-node-lease", "z7", |l| {
+                l.metadata.managed_fields.as_mut().unwrap()[0].time =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
+            })
+            .unwrap();
+        settle().await;
+        c.tick().await.unwrap();
+        assert_eq!(kept(&s), ["z7"]);
+        let n: Node = s.double.get("", "z7").unwrap();
+        assert!(taint_keys(&n).contains(&OUT_OF_SERVICE_KEY.to_string()));
+    }
+
+    /// A leader that fenced a node but could not delete its pods stops; the
+    /// next leader deletes them.
+    #[tokio::test]
+    async fn a_new_leader_finishes_what_the_old_one_left() {
+        let s = setup("controller-handover", vec![]).await;
+        let zone = dark_zone(&s, 3);
+        let deletes = s.double.inject(
+            Fault::status(500)
+                .method("DELETE")
+                .path_prefix("/api/v1/namespaces/default/pods/")
+                .always(),
+        );
+        let short = |id: &str| ControllerConfig {
+            lease_duration: Duration::from_secs(1),
+            ..lease_rule(id)
+        };
+        let mut a = Controller::start(s.double.client_without_retry().await, short("a"))
+            .await
+            .unwrap();
+        settle().await;
+        assert!(a.tick().await.unwrap());
+        for name in &zone {
+            let n: Node = s.double.get("", name).unwrap();
+            assert!(
+                taint_keys(&n).contains(&OUT_OF_SERVICE_KEY.to_string()),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            s.double.list::<Pod>("default").len(),
+            3,
+            "the deletes failed"
+        );
+        drop(a);
+        s.double.remove_fault(deletes);
+        let mut b = Controller::start(s.double.client_without_retry().await, short("b"))
+            .await
+            .unwrap();
+        settle().await;
+        assert!(!b.tick().await.unwrap(), "a's lease is not expired yet");
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(b.tick().await.unwrap(), "b takes the expired lease");
+        assert!(
+            s.double.list::<Pod>("default").is_empty(),
+            "b deleted the pods a left"
+        );
+        assert!(
+            b.actions.is_empty(),
+            "b fenced nothing again: {:?}",
+            b.actions
+        );
     }
 }

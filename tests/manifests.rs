@@ -169,16 +169,24 @@ fn typed(v: &Value) -> Result<Value, String> {
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
             strict::<ValidatingAdmissionPolicyBinding>(v)?.1
         }
+        ("flowcontrol.apiserver.k8s.io/v1", "FlowSchema") => {
+            strict::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(v)?.1
+        }
+        ("flowcontrol.apiserver.k8s.io/v1", "PriorityLevelConfiguration") => {
+            strict::<k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration>(v)?.1
+        }
         _ => return Err(format!("unexpected object {api} {kind}: add it to `typed`")),
     };
     Ok(back)
 }
 
-const CLUSTER_SCOPED: [&str; 4] = [
+const CLUSTER_SCOPED: [&str; 6] = [
     "ClusterRole",
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
 ];
 
 type Key = (String, String, String, String);
@@ -263,7 +271,9 @@ fn every_source_manifest_parses_strictly() {
             "RoleBinding",
             "ServiceAccount",
             "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding"
+            "ValidatingAdmissionPolicyBinding",
+            "FlowSchema",
+            "PriorityLevelConfiguration"
         ])
     );
 }
@@ -1230,6 +1240,7 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
         gone_when: lastgasp::controller::GoneWhen::NotReady,
         lease_margin: Duration::from_secs(2),
         max_fences_per_minute: 0,
+        concurrency: 16,
         lease_namespace: flag(&args, "--lease-namespace").unwrap_or("kube-system".into()),
         lease_name: flag(&args, "--lease-name").unwrap_or("lastgasp-controller".into()),
         identity: id.into(),

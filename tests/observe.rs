@@ -736,6 +736,7 @@ async fn controller_counts_its_lease_and_actions() {
         gone_when: lastgasp::controller::GoneWhen::NotReady,
         lease_margin: Duration::from_secs(2),
         max_fences_per_minute: 0,
+        concurrency: 16,
         lease_namespace: "kube-system".into(),
         lease_name: "lastgasp-controller".into(),
         identity: id.into(),

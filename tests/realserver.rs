@@ -16,10 +16,7 @@ use k8s_openapi::api::{
     events::v1::Event,
 };
 use kube::{
-    api::{
-        DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-    },
-    discovery::{Discovery, Scope as ApiScope},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     Api, Client, ResourceExt,
 };
 use lastgasp::{
@@ -65,53 +62,9 @@ fn setup(test: &str) -> Option<(&'static ControlPlane, Vec<Value>)> {
 /// The namespace as the kustomization's header says, then every object
 /// server-side applied (or only validated, `dry_run`), in render order.
 async fn apply(client: &Client, objs: &[Value], dry_run: bool) {
-    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS,
-        "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}});
-    nss.patch(
-        NS,
-        &PatchParams::apply("lastgasp-test").force(),
-        &Patch::Apply(&ns),
-    )
-    .await
-    .expect("namespace lastgasp");
-    let discovery = Discovery::new(client.clone())
-        .run()
+    lastgasp_tests::render::apply(client, objs, dry_run)
         .await
-        .expect("discovery");
-    let mut pp = PatchParams::apply("lastgasp-test").force();
-    pp.dry_run = dry_run;
-    for o in objs {
-        let (api_version, kind) = (
-            o["apiVersion"].as_str().unwrap(),
-            o["kind"].as_str().unwrap(),
-        );
-        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (ar, caps) = discovery
-            .resolve_gvk(&gvk)
-            .unwrap_or_else(|| panic!("the real server does not serve {api_version} {kind}"));
-        let obj: DynamicObject = serde_json::from_value(o.clone()).unwrap();
-        let api: Api<DynamicObject> = match caps.scope {
-            ApiScope::Namespaced => Api::namespaced_with(
-                client.clone(),
-                obj.metadata
-                    .namespace
-                    .as_deref()
-                    .expect("a namespaced object names its namespace"),
-                &ar,
-            ),
-            ApiScope::Cluster => Api::all_with(client.clone(), &ar),
-        };
-        api.patch(&obj.name_any(), &pp, &Patch::Apply(&obj))
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "applying {kind} {} (dry run: {dry_run}): {e}",
-                    obj.name_any()
-                )
-            });
-    }
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// A Running pod of `selector` in lastgasp that `ok` accepts (given the pod's

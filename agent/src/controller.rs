@@ -16,10 +16,12 @@
 //! only, once Ready is not True.
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use anyhow::Result;
+use futures::StreamExt;
 use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
@@ -90,6 +92,8 @@ pub struct ControllerConfig {
     pub lease_name: String,
     pub identity: String,
     pub lease_duration: Duration,
+    /// Writes in flight at once in a pass (fences, pod deletes, Events).
+    pub concurrency: usize,
 }
 
 /// What the agent's record says, as far as the controller needs it.
@@ -176,6 +180,19 @@ fn ready(node: &Node) -> Option<String> {
     ready_condition(node).map(|c| c.status.clone())
 }
 
+/// When the out-of-service taint was added (whole seconds).
+fn fenced_at(node: &Node) -> Option<SystemTime> {
+    node.spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == OUT_OF_SERVICE_KEY)?
+        .time_added
+        .as_ref()
+        .map(|t| SystemTime::from(t.0))
+}
+
 fn has_out_of_service(node: &Node) -> bool {
     node.spec
         .as_ref()
@@ -198,8 +215,15 @@ pub enum Verdict {
     /// Ours, Ready again, but on the boot it was fenced in: it never went
     /// down. The taint stays for a human (its volumes may have been detached).
     BackOnSameBoot,
+    /// Ours, on the boot it was fenced in, its Ready from before the fence:
+    /// back only if its Lease is written again (the live read decides).
+    Fenced,
     /// Would fence, but the cluster-wide limit is reached.
     RateLimited,
+    /// A current record, but the node renewed its Lease after it: not fenced.
+    Contradicted {
+        why: String,
+    },
     Nothing,
 }
 
@@ -211,7 +235,9 @@ impl Verdict {
             Verdict::Candidate { .. } => "Candidate",
             Verdict::Untaint => "Untaint",
             Verdict::BackOnSameBoot => "BackOnSameBoot",
+            Verdict::Fenced => "Fenced",
             Verdict::RateLimited => "RateLimited",
+            Verdict::Contradicted { .. } => "Contradicted",
             Verdict::Nothing => "Nothing",
         }
     }
@@ -314,9 +340,18 @@ pub fn judge(
         if !(ours && status == "True") {
             return Verdict::Nothing;
         }
-        return match node.annotations().get(FENCED_BOOT_ANNOTATION) {
-            Some(b) if Some(b.as_str()) == boot_id(node) => Verdict::BackOnSameBoot,
-            _ => Verdict::Untaint,
+        let same_boot = matches!(node.annotations().get(FENCED_BOOT_ANNOTATION),
+            Some(b) if Some(b.as_str()) == boot_id(node));
+        if !same_boot {
+            return Verdict::Untaint;
+        }
+        // Ready on the boot it was fenced in. A Ready that turned True before
+        // the fence is stale (the node lifecycle controller marks a silent
+        // node Unknown only after 50 s): the node came back only if Ready
+        // turned True since, or its Lease is written again.
+        return match (ready_transition(node), fenced_at(node)) {
+            (Some(r), Some(f)) if r >= f => Verdict::BackOnSameBoot,
+            _ => Verdict::Fenced,
         };
     }
     if cfg.policy == Policy::Off || (cfg.gone_when == GoneWhen::NotReady && status == "True") {
@@ -458,10 +493,9 @@ pub async fn try_lead(
 pub struct Controller {
     cfg: ControllerConfig,
     client: Client,
-    nodes: Api<Node>,
     leases: Api<Lease>,
     store: reflector::Store<Node>,
-    recorder: Recorder,
+    writer: Writer,
     /// Fences in the last minute, across the cluster.
     fences: VecDeque<SystemTime>,
     /// Nodes refused by the limit (one Warning each until fenced).
@@ -473,6 +507,9 @@ pub struct Controller {
     record_seen: BTreeMap<String, (String, SystemTime)>,
     /// Fenced nodes whose pods are not all deleted yet.
     unrecovered: BTreeSet<String>,
+    /// Whether the last pass led: a new leader looks for fences an earlier
+    /// one left without deleting the node's pods.
+    leading: bool,
     lease_seen: LeaseSeen,
     pub actions: Vec<(String, Verdict)>,
     /// Lease held, actions by kind, failed passes (served by `lastgasp controller`).
@@ -504,6 +541,46 @@ async fn get_with_date<K: serde::de::DeserializeOwned>(
     Ok((Some(serde_json::from_slice(&body)?), date))
 }
 
+/// One write the pass decided on, carried out beside the others.
+#[derive(Clone, Debug)]
+enum Work {
+    Fence {
+        why: String,
+        recover: bool,
+    },
+    Untaint,
+    /// Delete the pods of a node fenced earlier (a failed delete, or an
+    /// earlier leader's fence).
+    Recover,
+    /// A Warning Event only (a refused fence, a contradicted record, a node
+    /// back on the boot it was fenced in).
+    Warn {
+        reason: &'static str,
+        note: String,
+    },
+}
+
+/// What a [`Work`] came to.
+enum Done {
+    Fenced {
+        recovered: Result<u64>,
+    },
+    Untainted,
+    /// The live read no longer says so: nothing written.
+    NotUntainted,
+    Recovered(Result<u64>),
+    Warned,
+}
+
+/// The controller's writes, cloned into each concurrent task.
+#[derive(Clone)]
+struct Writer {
+    client: Client,
+    nodes: Api<Node>,
+    recorder: Recorder,
+    cfg: ControllerConfig,
+}
+
 impl Controller {
     pub async fn start(client: Client, cfg: ControllerConfig) -> Result<Self> {
         let store = crate::act::kube::warm_store(
@@ -518,8 +595,12 @@ impl Controller {
         };
         Ok(Controller {
             leases: Api::namespaced(client.clone(), &cfg.lease_namespace),
-            nodes: Api::all(client.clone()),
-            recorder: Recorder::new(client.clone(), reporter),
+            writer: Writer {
+                nodes: Api::all(client.clone()),
+                recorder: Recorder::new(client.clone(), reporter),
+                client: client.clone(),
+                cfg: cfg.clone(),
+            },
             client,
             store,
             cfg,
@@ -528,6 +609,7 @@ impl Controller {
             ready_since: BTreeMap::new(),
             record_seen: BTreeMap::new(),
             unrecovered: BTreeSet::new(),
+            leading: false,
             lease_seen: LeaseSeen::default(),
             actions: Vec::new(),
             metrics: ControllerMetrics::default(),
@@ -543,11 +625,16 @@ impl Controller {
         r
     }
 
+    /// Judges every node from the watch cache (and, when a record is
+    /// current, the Leases from one LIST), then carries out the writes
+    /// `cfg.concurrency` at a time. One node's failure never stops the others.
     async fn pass(&mut self) -> Result<bool> {
         let now = SystemTime::now();
         // An error leaves the gauge as it was (`tick` counts the failed pass).
         let leading = try_lead(&self.leases, &self.cfg, now, &mut self.lease_seen).await?;
         self.metrics.lease_held.set(i64::from(leading));
+        let newly = leading && !self.leading;
+        self.leading = leading;
         if !leading {
             return Ok(false);
         }
@@ -561,58 +648,215 @@ impl Controller {
             self.fences.pop_front();
         }
         let mut fenced = 0;
+        let mut judged = Vec::with_capacity(nodes.len());
         for node in nodes {
             let name = node.name_any();
-            if has_out_of_service(&node) && node.annotations().contains_key(TAINTED_BY_ANNOTATION) {
+            let ours =
+                has_out_of_service(&node) && node.annotations().contains_key(TAINTED_BY_ANNOTATION);
+            if ours {
                 fenced += 1;
+            }
+            // A fence of the node's present boot, by an earlier leader (or
+            // this one before it lost the Lease): its pods may not all be
+            // deleted. The taint stands, so its pods go (one LIST each).
+            if newly
+                && ours
+                && node
+                    .annotations()
+                    .get(FENCED_BOOT_ANNOTATION)
+                    .map(String::as_str)
+                    == boot_id(&node)
+            {
+                self.unrecovered.insert(name.clone());
             }
             if let Some(t) = ready_transition(&node) {
                 self.ready_since.insert(name.clone(), t);
             }
             let ready_since = self.ready_since.get(&name).copied();
-            let mut verdict = judge(&node, &self.cfg, now, ready_since);
+            let verdict = judge(&node, &self.cfg, now, ready_since);
             if !matches!(verdict, Verdict::Candidate { .. }) {
                 self.record_seen.remove(&name);
             }
-            // One node's failure never stops the pass for the others.
-            if let Verdict::Candidate { why } = verdict.clone() {
-                match self.lease_verdict(&node, &name, why).await {
-                    Ok(v) => verdict = v,
-                    Err(e) => {
-                        self.metrics.pass_errors.inc();
-                        tracing::warn!(node = %name, "reading the node's Lease: {e:#}");
+            judged.push((node, name, verdict));
+        }
+        self.metrics.fenced.set(fenced);
+        if judged
+            .iter()
+            .any(|(_, _, v)| matches!(v, Verdict::Candidate { .. } | Verdict::Fenced))
+        {
+            match self.leases_now().await {
+                Ok((leases, date)) => {
+                    for (node, name, v) in judged.iter_mut() {
+                        let lease = leases.get(name.as_str());
+                        match v.clone() {
+                            Verdict::Candidate { why } => {
+                                *v = self.lease_verdict(node, name, why, lease, date);
+                            }
+                            // Its kubelet writes again on the boot it was fenced in.
+                            Verdict::Fenced => {
+                                let live =
+                                    lease.map(|l| liveness(l, date, date, self.cfg.lease_margin));
+                                if matches!(live, Some(Liveness::Renewing(_))) {
+                                    *v = Verdict::BackOnSameBoot;
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.metrics.pass_errors.inc();
+                    tracing::warn!("reading the node Leases: {e:#}; no fence this pass");
+                }
+            }
+        }
+        // Decide each node's write in order (the limit counts them), then
+        // carry them out side by side.
+        let mut work: Vec<(Arc<Node>, String, Work)> = Vec::new();
+        for (node, name, verdict) in judged {
+            let w = match &verdict {
+                Verdict::Fence { why, recover } => {
+                    let limit = self.cfg.max_fences_per_minute;
+                    if limit > 0 && self.fences.len() >= limit {
+                        self.metrics.count_action("refused-rate-limit");
+                        self.actions.push((name.clone(), Verdict::RateLimited));
+                        if !self.refused.insert(name.clone()) {
+                            continue;
+                        }
+                        tracing::warn!(node = %name, "not fenced yet: {limit} fences in the last minute (--max-fences-per-minute)");
+                        Work::Warn {
+                            reason: "OutOfServiceRateLimited",
+                            note: format!("{why}; not fenced yet: {limit} fences in the last minute across the cluster"),
+                        }
+                    } else {
+                        self.fences.push_back(now);
+                        self.refused.remove(&name);
+                        Work::Fence {
+                            why: why.clone(),
+                            recover: *recover,
+                        }
+                    }
+                }
+                Verdict::Untaint => Work::Untaint,
+                Verdict::BackOnSameBoot => {
+                    if !self.refused.insert(format!("same-boot/{name}")) {
+                        continue;
+                    }
+                    self.metrics.count_action("kept-same-boot");
+                    tracing::warn!(node = %name, "Ready again on the boot it was fenced in: it never went down; the out-of-service taint stays for a human");
+                    self.actions.push((name.clone(), verdict.clone()));
+                    Work::Warn {
+                        reason: "OutOfServiceKept",
+                        note: "Ready again on the boot it was fenced in: it did not go down. Check its workloads and storage, then remove the taint by hand".into(),
+                    }
+                }
+                Verdict::Contradicted { why } => {
+                    if !self.refused.insert(format!("contradicted/{name}")) {
+                        continue;
+                    }
+                    tracing::warn!(node = %name, "its Lease was renewed after its shutdown record: not fenced on that record");
+                    Work::Warn {
+                        reason: "ShutdownRecordContradicted",
+                        note: format!(
+                            "{why}, but the node renewed its Lease afterwards: not fenced"
+                        ),
+                    }
+                }
+                Verdict::RateLimited
+                | Verdict::Nothing
+                | Verdict::Candidate { .. }
+                | Verdict::Fenced => {
+                    if self.unrecovered.contains(&name) && has_out_of_service(&node) {
+                        Work::Recover
+                    } else {
                         continue;
                     }
                 }
-            }
-            match self.act(&node, &name, &verdict, now).await {
-                Ok(done) => verdict = done,
-                Err(e) => {
-                    self.metrics.pass_errors.inc();
-                    tracing::warn!(node = %name, verdict = verdict.kind(), "controller action failed: {e:#}");
-                    continue;
-                }
-            }
-            if self.unrecovered.contains(&name) && has_out_of_service(&node) {
-                if let Err(e) = self.recover(&name).await {
-                    tracing::warn!(node = %name, "deleting the fenced node's pods: {e:#}");
-                }
-            }
-            if matches!(verdict, Verdict::Nothing | Verdict::Candidate { .. }) {
-                continue;
-            }
-            tracing::info!(node = %name, ?verdict, "controller action");
-            self.actions.push((name, verdict));
+            };
+            work.push((node, name, w));
         }
-        self.metrics.fenced.set(fenced);
+        let writer = self.writer.clone();
+        let done: Vec<(String, Work, Result<Done>)> = futures::stream::iter(work)
+            .map(|(node, name, w)| {
+                let writer = writer.clone();
+                async move {
+                    let r = writer.execute(&node, &name, &w).await;
+                    (name, w, r)
+                }
+            })
+            .buffer_unordered(self.cfg.concurrency.max(1))
+            .collect()
+            .await;
+        for (name, w, r) in done {
+            self.settle(name, w, r);
+        }
         Ok(true)
     }
 
-    /// A live read of the node's Lease, judged on the server's clock.
-    async fn lease_verdict(&mut self, node: &Node, name: &str, why: String) -> Result<Verdict> {
-        let path =
-            format!("/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases/{name}");
-        let (lease, date) = get_with_date::<Lease>(&self.client, &path).await?;
+    /// Folds one write's result into the state, the metrics and `actions`.
+    fn settle(&mut self, name: String, w: Work, r: Result<Done>) {
+        let recovered = |c: &mut Controller, name: &str, r: Result<u64>| match r {
+            Ok(deleted) => {
+                c.metrics.pods_deleted.inc_by(deleted);
+                c.unrecovered.remove(name);
+                tracing::info!(node = %name, deleted, "the fenced node's pods deleted with grace 0");
+            }
+            Err(e) => {
+                c.unrecovered.insert(name.to_string());
+                tracing::warn!(node = %name, "deleting the fenced node's pods: {e:#}");
+            }
+        };
+        match (w, r) {
+            (Work::Fence { why, recover }, Ok(Done::Fenced { recovered: r })) => {
+                self.metrics.count_action("taint-added");
+                if recover {
+                    recovered(self, &name, r);
+                }
+                let v = Verdict::Fence { why, recover };
+                tracing::info!(node = %name, verdict = ?v, "controller action");
+                self.actions.push((name, v));
+            }
+            (Work::Untaint, Ok(Done::Untainted)) => {
+                self.unrecovered.remove(&name);
+                self.metrics.count_action("taint-removed");
+                tracing::info!(node = %name, "controller action: out-of-service taint removed");
+                self.actions.push((name, Verdict::Untaint));
+            }
+            (Work::Recover, Ok(Done::Recovered(r))) => recovered(self, &name, r),
+            (_, Ok(_)) => {}
+            (w, Err(e)) => {
+                self.metrics.pass_errors.inc();
+                if let Work::Fence { .. } = w {
+                    // Not fenced: it counts against nobody's limit.
+                    self.fences.pop_back();
+                }
+                tracing::warn!(node = %name, work = ?w, "controller action failed: {e:#}");
+            }
+        }
+    }
+
+    /// Every node Lease in one LIST, with the API server's time of the answer.
+    async fn leases_now(&self) -> Result<(BTreeMap<String, Lease>, SystemTime)> {
+        let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases");
+        let (list, date) = get_with_date::<k8s_openapi::List<Lease>>(&self.client, &path).await?;
+        let leases = list
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| (l.name_any(), l))
+            .collect();
+        Ok((leases, date))
+    }
+
+    /// A candidate's Lease, as the LIST answered at `date` (server clock).
+    fn lease_verdict(
+        &mut self,
+        node: &Node,
+        name: &str,
+        why: String,
+        lease: Option<&Lease>,
+        date: SystemTime,
+    ) -> Verdict {
         let raw = node
             .annotations()
             .get(RECORD_ANNOTATION)
@@ -625,12 +869,12 @@ impl Controller {
                 date
             }
         };
-        let live = match &lease {
+        let live = match lease {
             Some(l) => liveness(l, date, seen, self.cfg.lease_margin),
             None => Liveness::Unknown(format!("no Lease {NODE_LEASE_NAMESPACE}/{name}")),
         };
         tracing::debug!(node = %name, ?live, "a current record; the node's Lease");
-        Ok(match live {
+        match live {
             Liveness::Silent(age) => Verdict::Fence {
                 why: format!(
                     "{why}; its kubelet's Lease unwritten for over {}s (API server's clock)",
@@ -638,83 +882,46 @@ impl Controller {
                 ),
                 recover: true,
             },
-            Liveness::Contradicted => {
-                if self.refused.insert(format!("contradicted/{name}")) {
-                    tracing::warn!(node = %name, "its Lease was renewed after its shutdown record: not fenced on that record");
-                    self.event(
-                        name,
-                        EventType::Warning,
-                        "ShutdownRecordContradicted",
-                        format!("{why}, but the node renewed its Lease afterwards: not fenced"),
-                    )
-                    .await;
-                }
-                Verdict::Nothing
-            }
+            Liveness::Contradicted => Verdict::Contradicted { why },
             Liveness::Unknown(reason) => {
                 tracing::warn!(node = %name, "not fenced: {reason}");
                 Verdict::Nothing
             }
             Liveness::Renewing(_) => Verdict::Nothing,
-        })
+        }
     }
+}
 
-    /// Carries out `verdict`; answers what was done (`RateLimited` for a
-    /// fence the limit refused).
-    async fn act(
-        &mut self,
-        node: &Node,
-        name: &str,
-        verdict: &Verdict,
-        now: SystemTime,
-    ) -> Result<Verdict> {
-        let name = name.to_string();
-        match verdict {
-            Verdict::Fence { why, recover } => {
-                let limit = self.cfg.max_fences_per_minute;
-                if limit > 0 && self.fences.len() >= limit {
-                    self.metrics.count_action("refused-rate-limit");
-                    if self.refused.insert(name.clone()) {
-                        tracing::warn!(node = %name, "not fenced yet: {limit} fences in the last minute (--max-fences-per-minute)");
-                        self.event(
-                            &name,
-                            EventType::Warning,
-                            "OutOfServiceRateLimited",
-                            format!("{why}; not fenced yet: {limit} fences in the last minute across the cluster"),
-                        )
-                        .await;
-                    }
-                    return Ok(Verdict::RateLimited);
-                }
+impl Writer {
+    async fn execute(&self, node: &Node, name: &str, w: &Work) -> Result<Done> {
+        match w {
+            Work::Fence { why, recover } => {
                 self.set_taint(node, true).await?;
-                self.refused.remove(&name);
-                self.fences.push_back(now);
-                self.metrics.count_action("taint-added");
                 self.event(
-                    &name,
+                    name,
                     EventType::Warning,
                     "OutOfServiceTaintAdded",
                     why.clone(),
                 )
                 .await;
-                if *recover {
-                    // The API server has the taint: the replacements cannot
-                    // land on this node, and its volumes may detach.
-                    self.unrecovered.insert(name.clone());
-                    self.recover(&name).await?;
-                }
+                // The API server has the taint: the replacements cannot land
+                // on this node, and its volumes may detach.
+                let recovered = if *recover {
+                    self.recover(name).await
+                } else {
+                    Ok(0)
+                };
+                Ok(Done::Fenced { recovered })
             }
-            Verdict::Untaint => {
+            Work::Untaint => {
                 // The cache said Ready on a new boot; a live read must agree.
-                let live = self.nodes.get(&name).await?;
-                if judge(&live, &self.cfg, now, None) != Verdict::Untaint {
-                    return Ok(Verdict::Nothing);
+                let live = self.nodes.get(name).await?;
+                if judge(&live, &self.cfg, SystemTime::now(), None) != Verdict::Untaint {
+                    return Ok(Done::NotUntainted);
                 }
                 self.set_taint(&live, false).await?;
-                self.unrecovered.remove(&name);
-                self.metrics.count_action("taint-removed");
                 self.event(
-                    &name,
+                    name,
                     EventType::Normal,
                     "OutOfServiceTaintRemoved",
                     format!(
@@ -723,31 +930,20 @@ impl Controller {
                     ),
                 )
                 .await;
+                Ok(Done::Untainted)
             }
-            Verdict::BackOnSameBoot => {
-                if !self.refused.insert(format!("same-boot/{name}")) {
-                    return Ok(Verdict::Nothing);
-                }
-                {
-                    self.metrics.count_action("kept-same-boot");
-                    tracing::warn!(node = %name, "Ready again on the boot it was fenced in: it never went down; the out-of-service taint stays for a human");
-                    self.event(
-                        &name,
-                        EventType::Warning,
-                        "OutOfServiceKept",
-                        "Ready again on the boot it was fenced in: it did not go down. Check its workloads and storage, then remove the taint by hand".into(),
-                    )
+            Work::Recover => Ok(Done::Recovered(self.recover(name).await)),
+            Work::Warn { reason, note } => {
+                self.event(name, EventType::Warning, reason, note.clone())
                     .await;
-                }
+                Ok(Done::Warned)
             }
-            Verdict::RateLimited | Verdict::Nothing | Verdict::Candidate { .. } => {}
         }
-        Ok(verdict.clone())
     }
 
     /// Deletes the pods bound to a fenced node with grace 0, as the pod
-    /// garbage collector would once the node is NotReady.
-    async fn recover(&mut self, name: &str) -> Result<()> {
+    /// garbage collector would once the node is NotReady; how many.
+    async fn recover(&self, name: &str) -> Result<u64> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={name}"));
         let mut failed = 0;
@@ -775,16 +971,14 @@ impl Controller {
                 }
             }
         }
-        self.metrics.pods_deleted.inc_by(deleted);
-        if failed == 0 {
-            self.unrecovered.remove(name);
-            tracing::info!(node = %name, deleted, "the fenced node's pods deleted with grace 0");
-            Ok(())
-        } else {
-            anyhow::bail!("{failed} of the node's pods could not be deleted (retried next pass)")
+        if failed > 0 {
+            anyhow::bail!("{failed} of the node's pods could not be deleted (retried next pass)");
         }
+        Ok(deleted)
     }
 
+    /// Sets or removes the taint with the cache's resourceVersion: a node
+    /// written since gives 409, and the next pass (newer cache) tries again.
     async fn set_taint(&self, node: &Node, present: bool) -> Result<()> {
         let mut taints: Vec<Taint> = node
             .spec
@@ -870,6 +1064,11 @@ pub struct ControllerArgs {
     /// raises a Warning Event and is retried.
     #[arg(long, default_value_t = 0, env = "LASTGASP_MAX_FENCES_PER_MINUTE")]
     pub max_fences_per_minute: usize,
+    /// Writes in flight at once during a pass (fences, their pods' grace-0
+    /// deletes, Events): the nodes of a zone that went dark are fenced side
+    /// by side, not one after another.
+    #[arg(long, default_value_t = 16, env = "LASTGASP_CONCURRENCY")]
+    pub concurrency: usize,
     #[arg(long, default_value = "kube-system", env = "LASTGASP_LEASE_NAMESPACE")]
     pub lease_namespace: String,
     #[arg(
@@ -905,6 +1104,7 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         lease_name: args.lease_name,
         identity,
         lease_duration: std::time::Duration::from_secs(15),
+        concurrency: args.concurrency,
     };
     let listen = http::resolve(
         args.metrics_listen,
@@ -948,6 +1148,7 @@ mod tests {
             gone_when: GoneWhen::NotReady,
             lease_margin: Duration::from_secs(2),
             max_fences_per_minute: 0,
+            concurrency: 16,
             lease_namespace: "kube-system".into(),
             lease_name: "lastgasp-controller".into(),
             identity: "a".into(),
@@ -1009,7 +1210,9 @@ mod tests {
             Verdict::Candidate { .. } => "candidate",
             Verdict::Untaint => "untaint",
             Verdict::BackOnSameBoot => "kept",
+            Verdict::Fenced => "fenced",
             Verdict::RateLimited => "limited",
+            Verdict::Contradicted { .. } => "contradicted",
             Verdict::Nothing => "-",
         }
     }
@@ -1225,6 +1428,18 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(FENCED_BOOT_ANNOTATION.into(), "b1".into());
+        // Its Ready from before the fence is stale: the Lease decides.
+        assert_eq!(short(judge(&same, &c, t(10), None)), "fenced");
+        let at = |n: &mut Node, fenced: u64, ready: u64| {
+            n.spec.as_mut().unwrap().taints.as_mut().unwrap()[0].time_added =
+                Some(Time(Timestamp::try_from(t(fenced)).unwrap()));
+            n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time =
+                Some(Time(Timestamp::try_from(t(ready)).unwrap()));
+        };
+        at(&mut same, 5, 3);
+        assert_eq!(short(judge(&same, &c, t(10), None)), "fenced");
+        // Ready turned True since the fence: it never went down.
+        at(&mut same, 5, 8);
         assert_eq!(short(judge(&same, &c, t(10), None)), "kept");
         let mut new_boot = same.clone();
         new_boot

@@ -669,6 +669,18 @@ pub fn leaves_no_time(s: &ShutdownSignal) -> bool {
         || is_pid1_shutdown(s)
 }
 
+/// How long the node is expected to live after `s`, at most `bound` (the
+/// last gasp's own budget): none once the kernel itself is powering off (a
+/// reboot(2) from the node, the kernel's power-off functions). The last
+/// gasp sends nothing again past it.
+pub fn expected_life(s: &ShutdownSignal, bound: Duration) -> Duration {
+    if matches!(s.source, Source::RebootSyscall | Source::KernelHook) {
+        Duration::ZERO
+    } else {
+        bound
+    }
+}
+
 /// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services
 /// already stopped.
 fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {

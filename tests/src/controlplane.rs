@@ -48,16 +48,31 @@ pub fn binaries() -> Result<(PathBuf, PathBuf), String> {
 /// A control plane that fails to start is a failure, not a skip.
 pub fn shared(test: &str) -> Option<&'static ControlPlane> {
     static CP: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+    started(&CP, test, true)
+}
+
+/// As [`shared`], a second control plane without the audit log (the zone
+/// bench: a cluster's defaults).
+pub fn plain(test: &str) -> Option<&'static ControlPlane> {
+    static CP: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+    started(&CP, test, false)
+}
+
+fn started(
+    cp: &'static OnceLock<Result<ControlPlane, String>>,
+    test: &str,
+    audit: bool,
+) -> Option<&'static ControlPlane> {
     if let Err(why) = binaries() {
         println!("SKIPPED {test}: the real control plane: {why}");
         return None;
     }
-    let cp = CP.get_or_init(|| {
+    let cp = cp.get_or_init(|| {
         // The processes are started from a thread that lives as long as the
         // process, so that PR_SET_PDEATHSIG fires only when the test process ends.
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let _ = tx.send(ControlPlane::start().map_err(|e| format!("{e:#}")));
+            let _ = tx.send(ControlPlane::start_with(audit).map_err(|e| format!("{e:#}")));
             loop {
                 std::thread::park();
             }
@@ -131,8 +146,19 @@ fn leaf(
 
 impl ControlPlane {
     pub fn start() -> Result<ControlPlane> {
+        Self::start_with(true)
+    }
+
+    /// With `audit`, the API server logs every request (level Metadata) for
+    /// [`ControlPlane::audit`]; the zone bench runs without it, as a
+    /// cluster's defaults do (the log costs CPU on every request).
+    pub fn start_with(audit: bool) -> Result<ControlPlane> {
         let (bin, etcd) = binaries().map_err(anyhow::Error::msg)?;
-        let dir = std::env::temp_dir().join(format!("lastgasp-cp-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "lastgasp-cp-{}-{}",
+            std::process::id(),
+            if audit { "audit" } else { "plain" }
+        ));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir)?;
         let w = |name: &str, body: &str| -> Result<PathBuf> {
@@ -212,61 +238,64 @@ impl ControlPlane {
         let port = free_port()?;
         cp.port = port;
         cp.url = format!("https://127.0.0.1:{port}");
-        cp.spawn(
-            "kube-apiserver",
-            Command::new(bin.join("kube-apiserver")).args([
-                "--etcd-servers",
-                &etcd_url,
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--secure-port",
-                &port.to_string(),
-                "--tls-cert-file",
-                &path(&srv_file),
-                "--tls-private-key-file",
-                &path(&srv_key_file),
-                "--client-ca-file",
-                &path(&ca_file),
-                "--token-auth-file",
-                &path(&tokens),
-                "--authorization-mode",
-                "Node,RBAC",
-                "--service-account-issuer",
-                "https://kubernetes.default.svc.cluster.local",
-                "--service-account-key-file",
-                &path(&sa_pub),
-                "--service-account-signing-key-file",
-                &path(&sa_key),
-                "--service-cluster-ip-range",
-                "10.0.0.0/24",
-                "--endpoint-reconciler-type",
-                "none",
-                "--requestheader-client-ca-file",
-                &path(&fp_ca_file),
-                "--requestheader-allowed-names",
-                "front-proxy-client",
-                "--requestheader-username-headers",
-                "X-Remote-User",
-                "--requestheader-group-headers",
-                "X-Remote-Group",
-                "--requestheader-extra-headers-prefix",
-                "X-Remote-Extra-",
-                "--proxy-client-cert-file",
-                &path(&fp_file),
-                "--proxy-client-key-file",
-                &path(&fp_key_file),
+        let mut apiserver = Command::new(bin.join("kube-apiserver"));
+        apiserver.args([
+            "--etcd-servers",
+            &etcd_url,
+            "--bind-address",
+            "127.0.0.1",
+            "--advertise-address",
+            "127.0.0.1",
+            "--secure-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &path(&srv_file),
+            "--tls-private-key-file",
+            &path(&srv_key_file),
+            "--client-ca-file",
+            &path(&ca_file),
+            "--token-auth-file",
+            &path(&tokens),
+            "--authorization-mode",
+            "Node,RBAC",
+            "--service-account-issuer",
+            "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file",
+            &path(&sa_pub),
+            "--service-account-signing-key-file",
+            &path(&sa_key),
+            "--service-cluster-ip-range",
+            "10.0.0.0/24",
+            "--endpoint-reconciler-type",
+            "none",
+            "--requestheader-client-ca-file",
+            &path(&fp_ca_file),
+            "--requestheader-allowed-names",
+            "front-proxy-client",
+            "--requestheader-username-headers",
+            "X-Remote-User",
+            "--requestheader-group-headers",
+            "X-Remote-Group",
+            "--requestheader-extra-headers-prefix",
+            "X-Remote-Extra-",
+            "--proxy-client-cert-file",
+            &path(&fp_file),
+            "--proxy-client-key-file",
+            &path(&fp_key_file),
+            "--allow-privileged=true",
+            "--profiling=false",
+        ]);
+        if audit {
+            apiserver.args([
                 "--audit-policy-file",
                 &path(&audit_policy),
                 "--audit-log-path",
                 &path(&dir.join("audit.log")),
                 "--audit-log-maxsize",
                 "0",
-                "--allow-privileged=true",
-                "--profiling=false",
-            ]),
-        )?;
+            ]);
+        }
+        cp.spawn("kube-apiserver", &mut apiserver)?;
         let kubeconfig = cp.write_kubeconfig("admin.kubeconfig", ADMIN_TOKEN)?;
         cp.wait_ready(Duration::from_secs(90))?;
 
@@ -337,6 +366,26 @@ impl ControlPlane {
             .with_context(|| format!("starting {name} ({cmd:?})"))?;
         self.procs.lock().unwrap().push((name.into(), child));
         Ok(())
+    }
+
+    /// The CPU time `name` (etcd, kube-apiserver, ...) has used so far, user
+    /// and system, from /proc.
+    pub fn cpu(&self, name: &str) -> Result<Duration> {
+        let pid = self
+            .procs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c.id())
+            .with_context(|| format!("no process {name}"))?;
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // After the command's name in parentheses: state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')').context("/proc/PID/stat")? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as u64;
+        Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
     }
 
     /// Which of the processes has exited, with the end of its log.

@@ -5,3 +5,4 @@ pub mod nodesim;
 pub mod recovery;
 pub mod render;
 pub mod support;
+pub mod zone;

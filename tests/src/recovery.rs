@@ -11,8 +11,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{api::DeleteParams, Api, Client};
 use lastgasp::{
     act::kube::lastgasp::LastGasp,
+    agent::LAST_GASP_BOUND,
     controller::{Controller, ControllerConfig, GoneWhen, Policy},
-    decide::Decider,
+    decide::{self, Decider},
     signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
 use serde_json::json;
@@ -47,6 +48,7 @@ pub fn controller_config(gone_when: GoneWhen, id: &str) -> ControllerConfig {
         gone_when,
         lease_margin: Duration::from_secs(2),
         max_fences_per_minute: 0,
+        concurrency: 16,
         lease_namespace: "kube-system".into(),
         lease_name: format!("lastgasp-controller-{id}"),
         identity: id.into(),
@@ -72,8 +74,9 @@ pub async fn spawn_controller(
     }))
 }
 
-/// The agent's last gasp for a forced power-off of `node` in `boot_id`:
-/// the condition, taint and record patches, as the agent sends them.
+/// The agent's last gasp for a forced power-off of `node` in `boot_id`, as
+/// the agent sends it for a reboot(2): the evidence (record and taint) in
+/// one write; no time is left for the condition.
 pub async fn last_gasp(client: &Client, node: &str, boot_id: &str) -> Result<Duration> {
     let lg = LastGasp::start(client.clone(), client.clone(), node).await?;
     let sig = ShutdownSignal {
@@ -106,9 +109,10 @@ pub async fn last_gasp(client: &Client, node: &str, boot_id: &str) -> Result<Dur
         "episode": ep,
         "signal": sig,
     });
-    let (status, spec) = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
-    let sent = lg.send(&status, &spec).await?;
-    Ok(sent.status_done.max(sent.spec_done))
+    let bodies = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
+    let death = std::time::Instant::now() + decide::expected_life(&sig, LAST_GASP_BOUND);
+    let sent = lg.send(&bodies, death).await?;
+    Ok(sent.evidence_done)
 }
 
 pub struct Scenario {

@@ -6,8 +6,14 @@ use std::{
     process::Command,
 };
 
+use anyhow::{Context, Result};
+use kube::{
+    api::{DynamicObject, GroupVersionKind, Patch, PatchParams},
+    discovery::{Discovery, Scope},
+    Api, Client, ResourceExt,
+};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -88,4 +94,53 @@ pub fn render_helm(bin: &Path, set: &[&str]) -> Vec<Value> {
     let out = run_tool(&mut cmd);
     std::fs::remove_dir_all(&home).ok();
     split_yaml(&out)
+}
+
+/// The namespace `lastgasp` as the kustomization's header says (Pod
+/// Security: privileged), then every object of `objs` server-side applied
+/// (or only validated, `dry_run`), in order.
+pub async fn apply(client: &Client, objs: &[Value], dry_run: bool) -> Result<()> {
+    let nss: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lastgasp",
+        "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}});
+    nss.patch(
+        "lastgasp",
+        &PatchParams::apply("lastgasp-test").force(),
+        &Patch::Apply(&ns),
+    )
+    .await
+    .context("namespace lastgasp")?;
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .context("discovery")?;
+    let mut pp = PatchParams::apply("lastgasp-test").force();
+    pp.dry_run = dry_run;
+    for o in objs {
+        let (api_version, kind) = (
+            o["apiVersion"].as_str().unwrap_or_default(),
+            o["kind"].as_str().unwrap_or_default(),
+        );
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (ar, caps) = discovery
+            .resolve_gvk(&gvk)
+            .with_context(|| format!("the real server does not serve {api_version} {kind}"))?;
+        let obj: DynamicObject = serde_json::from_value(o.clone())?;
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                obj.metadata
+                    .namespace
+                    .as_deref()
+                    .context("a namespaced object names its namespace")?,
+                &ar,
+            ),
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(&obj.name_any(), &pp, &Patch::Apply(&obj))
+            .await
+            .with_context(|| format!("applying {kind} {} (dry run: {dry_run})", obj.name_any()))?;
+    }
+    Ok(())
 }

@@ -1,12 +1,12 @@
 //! `cargo xtask bench`: the release agent and the bench binary, then the
-//! bench's table (`flood`, `stdout`, `lastgasp`, `recovery`, `--quick` select and shorten).
+//! bench's table (`flood`, `stdout`, `lastgasp`, `recovery`, `zone`, `--quick` select and shorten).
 use std::path::Path;
 
 use anyhow::{bail, Result};
 
 use crate::{
     build::{build, cargo, ebpf_object, run, target_dir},
-    k8s,
+    k8s, setup,
 };
 
 pub fn bench(root: &Path, args: &[String]) -> Result<()> {
@@ -44,10 +44,18 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
     // The real control plane: the recovery bench needs it; the last-gasp
     // row beside the double's uses it when the binaries are here.
     let cp = k8s::ensure(root)?;
-    if cp.is_none() && args.iter().any(|a| a == "recovery") {
-        bail!("`bench recovery` needs the Kubernetes v1.32.13 binaries (see above)");
+    if cp.is_none() && args.iter().any(|a| a == "recovery" || a == "zone") {
+        bail!(
+            "`bench recovery` and `bench zone` need the Kubernetes v1.32.13 binaries (see above)"
+        );
     }
     k8s::env(&mut cmd, &cp);
+    // The zone bench applies the kustomize render to the real server.
+    if args.iter().any(|a| a == "zone") {
+        let tools = setup::ensure_manifest_tools()?;
+        cmd.env("LASTGASP_HELM", &tools.helm)
+            .env("LASTGASP_KUSTOMIZE", &tools.kustomize);
+    }
     run(&mut cmd)?;
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! host check run as tasks beside the loop.
 use std::{
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Result;
@@ -27,7 +27,7 @@ use crate::{
         },
         metrics::Metrics,
     },
-    decide::{Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
+    decide::{self, Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
     detect::{actor, clock, logind::LogindHandle},
     report::{self, BootEnd, BootReport},
     signal::ShutdownSignal,
@@ -424,25 +424,42 @@ impl Agent {
         };
         let record = self.record(s, ep);
         let (reason, message) = lastgasp::message(s, ep.kind, escalated);
-        let (status, spec) = c
+        let bodies = c
             .lastgasp
             .bodies(reason, &message, &record, SystemTime::now());
-        let sent = tokio::time::timeout(LAST_GASP_BOUND, c.lastgasp.send(&status, &spec)).await;
+        // The node's expected end, counted from the detection (its monotonic
+        // time is not kept: from now, which is later by the handling).
+        let death = Instant::now() + decide::expected_life(s, LAST_GASP_BOUND);
+        let sent = tokio::time::timeout(LAST_GASP_BOUND, c.lastgasp.send(&bodies, death)).await;
         let outcome = match sent {
-            Ok(Ok(_)) => {
-                let ms = SystemTime::now()
+            Ok(Ok(sent)) => {
+                // Delivered: the evidence was accepted (the condition may follow).
+                let accepted =
+                    SystemTime::now() - sent.started.elapsed().saturating_sub(sent.evidence_done);
+                let ms = accepted
                     .duration_since(s.at)
                     .map(|d| d.as_secs_f64() * 1e3)
                     .unwrap_or(0.0);
                 self.metrics
                     .last_gasp_latency
                     .observe(since_detection(s, ms));
-                tracing::info!(ms = format!("{ms:.2}"), "last gasp delivered");
+                match &sent.condition {
+                    Ok(_) => tracing::info!(
+                        ms = format!("{ms:.2}"),
+                        tries = sent.tries,
+                        "last gasp delivered"
+                    ),
+                    Err(why) => tracing::info!(
+                        ms = format!("{ms:.2}"),
+                        tries = sent.tries,
+                        "last gasp delivered (the evidence; {why})"
+                    ),
+                }
                 Outcome::LastGaspDelivered { ms }
             }
             failed => {
                 let error = match failed {
-                    Ok(Err(e)) => format!("{e:#}"),
+                    Ok(Err(e)) => e.to_string(),
                     _ => format!("no answer within {}s", LAST_GASP_BOUND.as_secs_f64()),
                 };
                 self.metrics.last_gasp_failures.inc();

@@ -1,15 +1,19 @@
 //! The last gasp: when no time is left, tell the cluster in one round trip on
 //! connections that are already open.
 //!
-//! The API keeps a Node's status apart from its spec and metadata: the
-//! condition can only be written through `nodes/NAME/status`, the taint and
-//! the annotation only through `nodes/NAME`. So the last gasp is two patches,
-//! built before they are needed and sent at the same moment. Nothing stands
-//! before them: no list, no discovery, no new connection, no lock. The node's
-//! current taints come from a watch kept warm since start.
+//! One write carries the evidence the controller fences on: the record
+//! annotation, with the agent's taint, in one merge patch of the Node, as
+//! small as the record can be. Nothing stands before it: no list, no
+//! discovery, no new connection, no lock; the node's current taints come
+//! from a watch kept warm since start. The condition (a second write, on
+//! `nodes/NAME/status`) follows only once the evidence is answered and only
+//! while the node is expected to be alive. When a whole zone goes dark at
+//! once every write counts at the API server: the condition must never
+//! stand in line before another node's evidence.
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{
     api::{Patch, PatchParams},
@@ -30,15 +34,114 @@ pub struct LastGasp {
     node: String,
     /// Its own client: the watches keep their connections busy, and these
     /// patches must not queue behind them.
+    client: Client,
     nodes: Api<Node>,
     this_node: reflector::Store<Node>,
+}
+
+/// The two writes, in the order they leave.
+#[derive(Debug, Clone)]
+pub struct Bodies {
+    /// The record annotation and the taint (`nodes/NAME`, merge patch).
+    pub evidence: Value,
+    /// The `ShutdownInProgress` condition (`nodes/NAME/status`).
+    pub condition: Value,
 }
 
 #[derive(Debug, Clone)]
 pub struct Sent {
     pub started: Instant,
-    pub status_done: Duration,
-    pub spec_done: Duration,
+    /// When the evidence was answered.
+    pub evidence_done: Duration,
+    /// How many times the evidence was sent (1: accepted on the first try).
+    pub tries: u32,
+    /// When the condition was answered, or why it did not go or failed.
+    pub condition: Result<Duration, String>,
+}
+
+/// Why one write was not accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// The API server answered with this status; 429 is its flow control,
+    /// with the wait it asked for.
+    Status {
+        code: u16,
+        retry_after: Option<Duration>,
+        message: String,
+    },
+    /// No answer: the connection failed or timed out.
+    Transport(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Status {
+                code,
+                retry_after: Some(w),
+                message,
+            } => write!(f, "{code} (retry after {}s): {message}", w.as_secs()),
+            Refusal::Status { code, message, .. } => write!(f, "{code}: {message}"),
+            Refusal::Transport(e) => write!(f, "no answer: {e}"),
+        }
+    }
+}
+
+/// The evidence was not accepted: the last refusal, after `tries` sends.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("last gasp: the evidence was not accepted after {tries} send(s): {last}; {why}")]
+pub struct NotDelivered {
+    pub tries: u32,
+    pub last: Refusal,
+    /// Why it was not sent again.
+    pub why: String,
+}
+
+/// Whether a refused write is sent again before `death`, the node's
+/// expected end: only when the wait the server asked for (none for a
+/// connection that failed) ends before it. An answer that is not 429 is
+/// final. `Err`: why not.
+pub fn retry_at(r: &Refusal, now: Instant, death: Instant) -> Result<Instant, String> {
+    let wait = match r {
+        Refusal::Status {
+            code: 429,
+            retry_after,
+            ..
+        } => retry_after.unwrap_or(Duration::from_secs(1)),
+        Refusal::Status { code, .. } => return Err(format!("{code} is final")),
+        Refusal::Transport(_) => Duration::ZERO,
+    };
+    let at = now + wait;
+    if at < death {
+        Ok(at)
+    } else {
+        Err(format!(
+            "a retry {}ms from now would leave after the node's expected end ({}ms from now): \
+             delivered after the next boot",
+            wait.as_millis(),
+            death.saturating_duration_since(now).as_millis()
+        ))
+    }
+}
+
+/// The record as the last gasp carries it: the boot, the time, the episode
+/// (with its timeline: what happened, how and by whom) and the signal's
+/// kind, source, scope and caller. The hook's raw detail and the caller's
+/// ancestry and cgroup stay in the node's audit log.
+pub fn evidence_record(record: &Value) -> Value {
+    let mut r = record.clone();
+    if let Some(sig) = r.get_mut("signal").and_then(Value::as_object_mut) {
+        sig.retain(|k, _| {
+            matches!(
+                k.as_str(),
+                "source" | "kind" | "forced" | "scope" | "effect" | "at" | "actor"
+            )
+        });
+        if let Some(actor) = sig.get_mut("actor").and_then(Value::as_object_mut) {
+            actor.retain(|k, _| matches!(k.as_str(), "pid" | "comm" | "uid" | "euid"));
+        }
+    }
+    r
 }
 
 impl LastGasp {
@@ -48,7 +151,8 @@ impl LastGasp {
         let store = super::warm_store(Api::all(watch_client), config, "node").await?;
         let lg = LastGasp {
             node: node.to_string(),
-            nodes: Api::all(patch_client),
+            nodes: Api::all(patch_client.clone()),
+            client: patch_client,
             this_node: store,
         };
         lg.warm().await;
@@ -82,56 +186,100 @@ impl LastGasp {
             .unwrap_or_default()
     }
 
-    /// The two bodies: (status patch, spec+metadata patch).
-    pub fn bodies(
-        &self,
-        reason: &str,
-        message: &str,
-        record: &Value,
-        at: SystemTime,
-    ) -> (Value, Value) {
+    /// The two bodies; `record` goes as [`evidence_record`] makes it.
+    pub fn bodies(&self, reason: &str, message: &str, record: &Value, at: SystemTime) -> Bodies {
         let cond = condition(true, reason, message, at);
         let mut taints = self.current_taints();
         if !taints.iter().any(|t| t.key == TAINT_KEY) {
             taints.push(shutdown_taint(at));
         }
-        let status = json!({ "status": { "conditions": [cond] } });
-        let spec = json!({
-            "metadata": { "annotations": { RECORD_ANNOTATION: record.to_string() } },
-            "spec": { "taints": taints },
-        });
-        (status, spec)
+        Bodies {
+            evidence: json!({
+                "metadata": { "annotations": {
+                    RECORD_ANNOTATION: evidence_record(record).to_string() } },
+                "spec": { "taints": taints },
+            }),
+            condition: json!({ "status": { "conditions": [cond] } }),
+        }
     }
 
-    /// Sends both patches at once; returns when both are answered.
-    pub async fn send(&self, status: &Value, spec: &Value) -> Result<Sent> {
+    /// The evidence, sent again only while a retry can land before `death`
+    /// ([`retry_at`]); then, if it was accepted before `death`, the condition
+    /// (once, no retry). Returns when the evidence and the condition are done.
+    pub async fn send(&self, bodies: &Bodies, death: Instant) -> Result<Sent, NotDelivered> {
         let started = Instant::now();
-        let params = PatchParams::default();
-        let (s, m) = tokio::join!(
-            async {
-                let r = self
-                    .nodes
-                    .patch_status(&self.node, &params, &Patch::Strategic(status))
-                    .await;
-                (r, started.elapsed())
-            },
-            async {
-                let r = self
-                    .nodes
-                    .patch(&self.node, &params, &Patch::Merge(spec))
-                    .await;
-                (r, started.elapsed())
-            },
-        );
-        s.0.context("last gasp: condition patch")?;
-        m.0.context("last gasp: taint and record patch")?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.patch("", &Patch::Merge(&bodies.evidence)).await {
+                Ok(()) => break,
+                Err(last) => match retry_at(&last, Instant::now(), death) {
+                    Ok(at) => tokio::time::sleep_until(at.into()).await,
+                    Err(why) => return Err(NotDelivered { tries, last, why }),
+                },
+            }
+        }
+        let evidence_done = started.elapsed();
+        let condition = if Instant::now() < death {
+            self.patch("status", &Patch::Strategic(&bodies.condition))
+                .await
+                .map(|()| started.elapsed())
+                .map_err(|e| format!("condition: {e}"))
+        } else {
+            Err("no time left for the condition".into())
+        };
         Ok(Sent {
             started,
-            status_done: s.1,
-            spec_done: m.1,
+            evidence_done,
+            tries,
+            condition,
+        })
+    }
+
+    /// One PATCH of the Node (`sub`: "" or "status"), never sent again,
+    /// read to its end so that the connection stays open; a refusal keeps
+    /// the server's Retry-After (kube's typed errors drop the headers).
+    pub async fn patch(&self, sub: &str, patch: &Patch<&Value>) -> Result<(), Refusal> {
+        let req = kube::core::Request::new("/api/v1/nodes");
+        let params = PatchParams::default();
+        let req = if sub.is_empty() {
+            req.patch(&self.node, &params, patch)
+        } else {
+            req.patch_subresource(sub, &self.node, &params, patch)
+        }
+        .map_err(|e| Refusal::Transport(e.to_string()))?;
+        let resp = self
+            .client
+            .send(req.map(kube::client::Body::from))
+            .await
+            .map_err(|e| Refusal::Transport(format!("{e:#}")))?;
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(::http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| Refusal::Transport(format!("reading the answer: {e}")))?
+            .to_bytes();
+        if status.is_success() {
+            return Ok(());
+        }
+        let message = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_string());
+        Err(Refusal::Status {
+            code: status.as_u16(),
+            retry_after,
+            message,
         })
     }
 }
+
 /// The last gasp's condition reason and message: how the node goes down,
 /// through which path, by whom.
 pub fn message(s: &ShutdownSignal, kind: Kind, escalated: bool) -> (&'static str, String) {
@@ -157,4 +305,63 @@ pub fn message(s: &ShutdownSignal, kind: Kind, escalated: bool) -> (&'static str
             s.source
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: u16, after: Option<u64>) -> Refusal {
+        Refusal::Status {
+            code,
+            retry_after: after.map(Duration::from_secs),
+            message: "x".into(),
+        }
+    }
+
+    #[test]
+    fn no_retry_past_the_nodes_expected_end() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        // A 429 whose wait ends before the end is sent again then.
+        assert_eq!(
+            retry_at(&refused(429, Some(1)), now, now + s(2)),
+            Ok(now + s(1))
+        );
+        // ... not when it would end after it, nor at it.
+        assert!(retry_at(&refused(429, Some(3)), now, now + s(2)).is_err());
+        assert!(retry_at(&refused(429, Some(1)), now, now + s(1)).is_err());
+        // No Retry-After: the server's usual second.
+        assert!(retry_at(&refused(429, None), now, now + Duration::from_millis(500)).is_err());
+        // A dropped connection is sent again at once, while there is time.
+        let t = Refusal::Transport("reset".into());
+        assert_eq!(retry_at(&t, now, now + s(1)), Ok(now));
+        assert!(retry_at(&t, now, now).is_err());
+        // Any other answer is final.
+        let why = retry_at(&refused(403, None), now, now + s(60)).unwrap_err();
+        assert!(why.contains("403"), "{why}");
+    }
+
+    #[test]
+    fn the_evidence_keeps_what_the_controller_and_the_next_boot_read() {
+        let full = json!({
+            "boot_id": "b", "at": "2026-11-25T00:00:00Z",
+            "episode": {"id": 3, "timeline": [{"summary": "reboot -ff by reboot (7)"}]},
+            "signal": {"source": "exec", "kind": "poweroff", "forced": true, "scope": "node",
+                "effect": "now", "at": "2026-11-25T00:00:00Z", "boot_ns": 5, "bypasses_logind": true,
+                "detail": {"argv": ["reboot", "-ff"], "raw": "reboot\\0-ff"},
+                "actor": {"pid": 7, "comm": "reboot", "uid": 0, "euid": 0, "cgroup": "/x",
+                    "parents": [{"pid": 1, "comm": "systemd"}], "exe": "/usr/sbin/reboot"}}
+        });
+        let e = evidence_record(&full);
+        assert_eq!(e["boot_id"], "b");
+        assert_eq!(e["episode"], full["episode"]);
+        assert_eq!(
+            e["signal"],
+            json!({"source": "exec", "kind": "poweroff", "forced": true, "scope": "node",
+                "effect": "now", "at": "2026-11-25T00:00:00Z",
+                "actor": {"pid": 7, "comm": "reboot", "uid": 0, "euid": 0}})
+        );
+        assert!(e.to_string().len() < full.to_string().len() / 2 + 100);
+    }
 }

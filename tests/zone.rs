@@ -1,0 +1,53 @@
+//! A zone loses power (issue 18), small, on the real API server with the
+//! manifests as shipped (tests/src/zone.rs; `cargo xtask bench zone` runs
+//! the same code with N = 100, 500 and 1,000 and every arm). SKIPPED with
+//! the reason when the binaries or kustomize are not on this machine.
+use std::time::Duration;
+
+use lastgasp_tests::{
+    controlplane,
+    render::{kustomize, kustomize_dir, render_kustomize_dir},
+    support::rt,
+    zone::{summary, Arm, Bench},
+};
+
+const N: usize = 30;
+
+/// Every node's evidence lands in lastgasp's own priority level (the
+/// server's answer says which), none is refused, and the controller fences
+/// every node whose record was accepted, from one LIST of Leases per pass.
+#[test]
+fn a_dark_zone_is_queued_not_rejected_and_every_node_fenced() {
+    let test = "a_dark_zone_is_queued_not_rejected_and_every_node_fenced";
+    let Some(cp) = controlplane::shared(test) else {
+        return;
+    };
+    let Some(k) = kustomize() else {
+        println!("SKIPPED {test}: no kustomize (`cargo xtask test` installs it, or set LASTGASP_KUSTOMIZE)");
+        return;
+    };
+    let objs = render_kustomize_dir(&k, &kustomize_dir());
+    rt().block_on(async {
+        let mut bench = Bench::start(cp, &objs, 16).await.unwrap();
+        let b = bench
+            .burst(Arm::PriorityLevel, N, false, Duration::from_secs(60))
+            .await
+            .unwrap();
+        println!("{}", summary(&b));
+        assert_eq!(b.accepted(), N, "{}", summary(&b));
+        assert_eq!((b.refused(429), b.failed()), (0, 0), "{}", summary(&b));
+        assert_eq!(b.fenced, N, "{}", summary(&b));
+        // The controller's own requests: the LIST of Leases, never a read per node.
+        let reads: Vec<_> = cp
+            .audit("system:serviceaccount:lastgasp:lastgasp-controller")
+            .into_iter()
+            .filter(|e| e.resource == "leases" && e.namespace == "kube-node-lease")
+            .map(|e| e.verb)
+            .collect();
+        assert!(
+            !reads.is_empty() && reads.iter().all(|v| v == "list"),
+            "{reads:?}"
+        );
+        bench.stop().await.unwrap();
+    });
+}
