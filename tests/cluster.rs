@@ -658,7 +658,7 @@ async fn taint_update_survives_a_concurrent_writer() {
 }
 
 #[tokio::test]
-async fn last_gasp_sends_the_evidence_in_one_write_then_the_condition() {
+async fn last_gasp_sends_the_evidence_in_one_write_then_the_rest() {
     let s = setup("lastgasp", vec![]).await;
     let lg = LastGasp::start(
         s.double.client_without_retry().await,
@@ -681,14 +681,10 @@ async fn last_gasp_sends_the_evidence_in_one_write_then_the_condition() {
     s.double.clear_requests();
     let sent = lg.send(&bodies, Instant::now()).await.unwrap();
     assert_eq!(sent.tries, 1);
-    assert!(sent.condition.is_err(), "{:?}", sent.condition);
+    assert!(sent.condition.is_err() && sent.taint.is_err(), "{sent:?}");
     let n: Node = s.double.get("", NODE).unwrap();
     assert_eq!(condition(&n), None);
-    let keys = taint_keys(&n);
-    assert!(
-        keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
-        "{keys:?}"
-    );
+    assert_eq!(taint_keys(&n), ["example.com/other"]);
     let rec: serde_json::Value =
         serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
     assert_eq!(rec["signal"]["kind"], "poweroff");
@@ -701,30 +697,54 @@ async fn last_gasp_sends_the_evidence_in_one_write_then_the_condition() {
             .map(|r| (r.method.clone(), r.path.clone()))
             .collect()
     };
-    // Nothing but the one write: no list, no discovery, no GET.
+    // Nothing but the one write: no list, no discovery, no GET; and in it
+    // only the record (annotations merge by key: nothing read, nothing stale).
     assert_eq!(
         writes(&s),
         vec![("PATCH".to_string(), format!("/api/v1/nodes/{NODE}"))]
     );
-    // With time left, the condition follows the evidence, never beside it.
+    let body = s
+        .double
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "PATCH")
+        .unwrap()
+        .body
+        .unwrap();
+    assert_eq!(
+        body["metadata"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["annotations"]
+    );
+    assert_eq!(body.as_object().unwrap().len(), 1, "{body}");
+    // With time left, the condition and the taint follow the evidence,
+    // side by side, never beside it.
     s.double.clear_requests();
     let sent = lg
         .send(&bodies, Instant::now() + Duration::from_secs(2))
         .await
         .unwrap();
-    let cond_done = sent.condition.clone().unwrap();
-    assert!(cond_done >= sent.evidence_done, "{sent:?}");
-    assert_eq!(
-        writes(&s),
-        vec![
-            ("PATCH".to_string(), format!("/api/v1/nodes/{NODE}")),
-            ("PATCH".to_string(), format!("/api/v1/nodes/{NODE}/status")),
-        ]
+    let (c, t) = (sent.condition.clone().unwrap(), sent.taint.clone().unwrap());
+    assert!(
+        c >= sent.evidence_done && t >= sent.evidence_done,
+        "{sent:?}"
     );
+    let w = writes(&s);
+    assert_eq!(w.len(), 3, "{w:?}");
+    assert_eq!(w[0], ("PATCH".to_string(), format!("/api/v1/nodes/{NODE}")));
+    assert!(w.contains(&("PATCH".to_string(), format!("/api/v1/nodes/{NODE}/status"))));
     let n: Node = s.double.get("", NODE).unwrap();
     assert_eq!(
         condition(&n),
         Some(("True".into(), "ForcedShutdown".into()))
+    );
+    let keys = taint_keys(&n);
+    assert!(
+        keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
+        "{keys:?}"
     );
 }
 
@@ -787,7 +807,8 @@ async fn a_refused_last_gasp_is_not_retried_past_the_nodes_end() {
     let sent = lg.send(&bodies, t + Duration::from_secs(3)).await.unwrap();
     assert_eq!(sent.tries, 2);
     assert!(sent.evidence_done >= Duration::from_secs(1), "{sent:?}");
-    assert_eq!(patches(&s), vec![429, 200]);
+    // The evidence twice, then (time left) the taint on the same path.
+    assert_eq!(patches(&s), vec![429, 200, 200]);
     // Any other refusal is final.
     s.double.clear_requests();
     s.double.inject(

@@ -7,7 +7,6 @@ use std::time::Duration;
 use lastgasp_tests::{
     controlplane,
     render::{kustomize, kustomize_dir, render_kustomize_dir},
-    support::rt,
     zone::{summary, Arm, Bench},
 };
 
@@ -27,27 +26,24 @@ fn a_dark_zone_is_queued_not_rejected_and_every_node_fenced() {
         return;
     };
     let objs = render_kustomize_dir(&k, &kustomize_dir());
-    rt().block_on(async {
-        let mut bench = Bench::start(cp, &objs, 16).await.unwrap();
-        let b = bench
-            .burst(Arm::PriorityLevel, N, false, Duration::from_secs(60))
-            .await
-            .unwrap();
-        println!("{}", summary(&b));
-        assert_eq!(b.accepted(), N, "{}", summary(&b));
-        assert_eq!((b.refused(429), b.failed()), (0, 0), "{}", summary(&b));
-        assert_eq!(b.fenced, N, "{}", summary(&b));
-        // The controller's own requests: the LIST of Leases, never a read per node.
-        let reads: Vec<_> = cp
-            .audit("system:serviceaccount:lastgasp:lastgasp-controller")
-            .into_iter()
-            .filter(|e| e.resource == "leases" && e.namespace == "kube-node-lease")
-            .map(|e| e.verb)
-            .collect();
-        assert!(
-            !reads.is_empty() && reads.iter().all(|v| v == "list"),
-            "{reads:?}"
-        );
-        bench.stop().await.unwrap();
-    });
+    let mut bench = Bench::start(cp, &objs, 16).unwrap();
+    let b = bench
+        .burst(Arm::PriorityLevel, N, false, Duration::from_secs(60))
+        .unwrap();
+    println!("{}", summary(&b));
+    assert_eq!(b.accepted(), N, "{}", summary(&b));
+    assert_eq!((b.refused(429), b.failed()), (0, 0), "{}", summary(&b));
+    assert_eq!(b.fenced, N, "{}", summary(&b));
+    // The controller's own requests: the LIST of Leases, never a read per node.
+    let reads: Vec<_> = cp
+        .audit("system:serviceaccount:lastgasp:lastgasp-controller")
+        .into_iter()
+        .filter(|e| e.resource == "leases" && e.namespace == "kube-node-lease")
+        .map(|e| e.verb)
+        .collect();
+    assert!(
+        !reads.is_empty() && reads.iter().all(|v| v == "list"),
+        "{reads:?}"
+    );
+    bench.stop().unwrap();
 }

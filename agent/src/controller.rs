@@ -892,11 +892,31 @@ impl Controller {
     }
 }
 
+fn is_conflict(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 409)
+}
+
 impl Writer {
     async fn execute(&self, node: &Node, name: &str, w: &Work) -> Result<Done> {
         match w {
             Work::Fence { why, recover } => {
-                self.set_taint(node, true).await?;
+                match self.set_taint(node, true).await {
+                    // Written since the cache saw it (the agent's condition or
+                    // taint, say): once more on a live read.
+                    Err(e) if is_conflict(&e) => {
+                        let live = self.nodes.get(name).await?;
+                        if !matches!(
+                            judge(&live, &self.cfg, SystemTime::now(), None),
+                            Verdict::Candidate { .. } | Verdict::Fence { .. }
+                        ) {
+                            anyhow::bail!(
+                                "changed since the cache saw it, and no longer a candidate"
+                            );
+                        }
+                        self.set_taint(&live, true).await?;
+                    }
+                    r => r?,
+                }
                 self.event(
                     name,
                     EventType::Warning,

@@ -1381,6 +1381,27 @@ mod tests {
         );
     }
 
+    /// Once the kernel itself is powering off, the last gasp has no time
+    /// for a retry or the condition; anything before it has its bound.
+    #[test]
+    fn the_node_has_no_time_once_the_kernel_powers_off() {
+        let b = Duration::from_secs(2);
+        for (source, life) in [
+            (Source::RebootSyscall, Duration::ZERO),
+            (Source::KernelHook, Duration::ZERO),
+            (Source::Exec, b),
+            (Source::SignalPid1, b),
+            (Source::Logind, b),
+            (Source::Systemd, b),
+        ] {
+            assert_eq!(
+                expected_life(&sig(source, Poweroff, true, Effect::Now), b),
+                life,
+                "{source:?}"
+            );
+        }
+    }
+
     #[test]
     fn unknown_kind_is_filled_in_by_later_signals() {
         let mut d = Decider::new();

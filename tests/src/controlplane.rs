@@ -86,6 +86,17 @@ fn started(
     }
 }
 
+/// The CPU time process `pid` has used so far, user and system, from /proc.
+pub fn cpu_of(pid: u32) -> Result<Duration> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command's name in parentheses: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').context("/proc/PID/stat")? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as u64;
+    Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
 /// One request as the API server's audit log saw it.
 #[derive(Clone, Debug)]
 pub struct AuditEvent {
@@ -379,13 +390,7 @@ impl ControlPlane {
             .find(|(n, _)| n == name)
             .map(|(_, c)| c.id())
             .with_context(|| format!("no process {name}"))?;
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // After the command's name in parentheses: state is field 3, utime 14, stime 15.
-        let rest = &stat[stat.rfind(')').context("/proc/PID/stat")? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as u64;
-        Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+        cpu_of(pid)
     }
 
     /// Which of the processes has exited, with the end of its log.

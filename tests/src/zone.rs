@@ -35,7 +35,10 @@ use lastgasp::{
 };
 use serde_json::{json, Value};
 
-use crate::{controlplane::ControlPlane, nodesim::random_below};
+use crate::{
+    controlplane::{cpu_of, ControlPlane},
+    nodesim::random_below,
+};
 
 pub const NS: &str = "lastgasp";
 pub const AGENT_SA: &str = "lastgasp-agent";
@@ -84,12 +87,16 @@ pub struct Gasp {
 #[derive(Clone, Debug)]
 pub struct Burst {
     pub arm: Arm,
+    /// The evidence level's shares, when not the manifests'.
+    pub shares: Option<i64>,
     pub n: usize,
     pub background: bool,
     pub gasps: Vec<Gasp>,
     /// The API server's and etcd's CPU per last gasp, above their idle rate.
     pub apiserver_cpu_ms: f64,
     pub etcd_cpu_ms: f64,
+    /// The bench's own (the N agents') CPU per last gasp, above its idle rate.
+    pub agents_cpu_ms: f64,
     /// Nodes whose evidence was accepted, fenced within the wait; and when
     /// the last of them was fenced.
     pub fenced: usize,
@@ -134,6 +141,24 @@ impl Burst {
             .count()
     }
 
+    /// The refusals other than 429, by kind, with a count.
+    pub fn failures(&self) -> String {
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        for g in self.gasps.iter().filter(|g| g.accepted.is_none()) {
+            let why = match &g.refused {
+                Some(Refusal::Status { code: 429, .. }) => continue,
+                Some(Refusal::Status { code, message, .. }) => format!("{code}: {message}"),
+                Some(Refusal::Transport(e)) => format!("no answer: {e}"),
+                None => "?".into(),
+            };
+            *by.entry(why.chars().take(160).collect()).or_default() += 1;
+        }
+        by.into_iter()
+            .map(|(w, n)| format!("{n} × {w}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     pub fn latencies_ms(&self) -> Vec<f64> {
         self.gasps
             .iter()
@@ -148,19 +173,36 @@ impl Burst {
 
 /// The control plane with lastgasp's manifests (RBAC, admission policy and,
 /// per arm, its FlowSchemas), the controller running, and optional list load.
+///
+/// The controller runs on a runtime of its own; each burst on a fresh one,
+/// dropped with everything it started (the agents' watches, their
+/// keep-warm requests and connections), so that no zone outlives its burst.
 pub struct Bench {
     pub cp: &'static ControlPlane,
+    /// The admin's client on the runtime in use.
     admin: Client,
     /// The kustomize render's APF objects, applied or deleted per arm.
     flowcontrol: Vec<Value>,
-    controller: tokio::task::JoinHandle<()>,
+    controller: Option<tokio::runtime::Runtime>,
     rounds: usize,
+    /// The evidence level's nominalConcurrencyShares instead of the
+    /// manifests' (to compare settings).
+    pub shares: Option<i64>,
 }
 
 impl Drop for Bench {
     fn drop(&mut self) {
-        self.controller.abort();
+        if let Some(rt) = self.controller.take() {
+            rt.shutdown_background();
+        }
     }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 /// A token of `sa` in lastgasp, bound to `node` when given (v1.32 puts the
@@ -232,12 +274,25 @@ pub fn record(sig: &ShutdownSignal, boot_id: &str) -> Result<Value> {
 impl Bench {
     /// Applies `objs` (the kustomize render) but the workloads (the agents
     /// and the controller are played here), and starts the controller with
-    /// its own token and `concurrency`.
-    pub async fn start(
+    /// its own token and `concurrency`. Not from within a runtime.
+    pub fn start(cp: &'static ControlPlane, objs: &[Value], concurrency: usize) -> Result<Bench> {
+        let rt = runtime()?;
+        let (admin, flowcontrol) = rt.block_on(Self::prepare(cp, objs, concurrency))?;
+        Ok(Bench {
+            cp,
+            admin,
+            flowcontrol,
+            controller: Some(rt),
+            rounds: 0,
+            shares: None,
+        })
+    }
+
+    async fn prepare(
         cp: &'static ControlPlane,
         objs: &[Value],
         concurrency: usize,
-    ) -> Result<Bench> {
+    ) -> Result<(Client, Vec<Value>)> {
         let admin = cp.admin();
         let kinds_played = [
             "DaemonSet",
@@ -284,7 +339,7 @@ impl Bench {
             lease_duration: Duration::from_secs(15),
         };
         let mut c = Controller::start(client, cfg).await?;
-        let controller = tokio::spawn(async move {
+        tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
@@ -293,34 +348,43 @@ impl Bench {
                 }
             }
         });
-        Ok(Bench {
-            cp,
-            admin,
-            flowcontrol,
-            controller,
-            rounds: 0,
-        })
+        Ok((admin, flowcontrol))
     }
 
     /// Stops the controller and frees its leader Lease, for a controller
     /// that starts after this one.
-    pub async fn stop(self) -> Result<()> {
-        self.controller.abort();
-        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), NS);
-        match leases
-            .delete("lastgasp-controller", &DeleteParams::default())
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
+    pub fn stop(mut self) -> Result<()> {
+        let rt = runtime()?;
+        if let Some(c) = self.controller.take() {
+            c.shutdown_background();
         }
+        let cp = self.cp;
+        rt.block_on(async move {
+            let leases: Api<Lease> = Api::namespaced(cp.admin(), NS);
+            match leases
+                .delete("lastgasp-controller", &DeleteParams::default())
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        })
     }
 
     /// lastgasp's APF objects on (applied) or off (deleted).
     pub async fn flow_control(&self, on: bool) -> Result<()> {
         if on {
-            return crate::render::apply(&self.admin, &self.flowcontrol, false).await;
+            let mut objs = self.flowcontrol.clone();
+            if let Some(shares) = self.shares {
+                for o in objs.iter_mut().filter(|o| {
+                    o["kind"] == "PriorityLevelConfiguration"
+                        && o["metadata"]["name"] == "lastgasp-evidence"
+                }) {
+                    o["spec"]["limited"]["nominalConcurrencyShares"] = json!(shares);
+                }
+            }
+            return crate::render::apply(&self.admin, &objs, false).await;
         }
         for o in &self.flowcontrol {
             let kind = o["kind"].as_str().unwrap_or_default();
@@ -376,13 +440,27 @@ impl Bench {
     /// four ServiceAccount clients list pods and nodes throughout. Waits up
     /// to `fence_wait` for the controller to fence every node whose
     /// evidence was accepted, then removes the zone.
-    pub async fn burst(
+    pub fn burst(
         &mut self,
         arm: Arm,
         n: usize,
         background: bool,
         fence_wait: Duration,
     ) -> Result<Burst> {
+        let rt = runtime()?;
+        let r = rt.block_on(self.burst_in(arm, n, background, fence_wait));
+        rt.shutdown_background();
+        r
+    }
+
+    async fn burst_in(
+        &mut self,
+        arm: Arm,
+        n: usize,
+        background: bool,
+        fence_wait: Duration,
+    ) -> Result<Burst> {
+        self.admin = self.cp.admin();
         self.rounds += 1;
         let zone = format!("z{}", self.rounds);
         self.flow_control(arm == Arm::PriorityLevel).await?;
@@ -437,16 +515,25 @@ impl Bench {
         };
         // The API server's idle rate (Leases, controllers, the load), then the burst.
         let idle = Duration::from_secs(3);
-        let (a0, e0) = (self.cp.cpu("kube-apiserver")?, self.cp.cpu("etcd")?);
+        let me = std::process::id();
+        let (a0, e0, b0) = (
+            self.cp.cpu("kube-apiserver")?,
+            self.cp.cpu("etcd")?,
+            cpu_of(me)?,
+        );
         tokio::time::sleep(idle).await;
-        let (a1, e1) = (self.cp.cpu("kube-apiserver")?, self.cp.cpu("etcd")?);
+        let (a1, e1, b1) = (
+            self.cp.cpu("kube-apiserver")?,
+            self.cp.cpu("etcd")?,
+            cpu_of(me)?,
+        );
         let dark = Instant::now() + Duration::from_millis(300);
         let sig = forced_poweroff();
         let tasks: Vec<_> = agents
             .into_iter()
-            .map(|(_, boot, lg, _)| {
+            .map(|(name, boot, lg, _)| {
                 let sig = sig.clone();
-                tokio::spawn(async move { gasp(&lg, &boot, &sig, arm, dark).await })
+                tokio::spawn(async move { (name, gasp(&lg, &boot, &sig, arm, dark).await) })
             })
             .collect();
         tokio::time::sleep_until(dark.into()).await;
@@ -454,11 +541,20 @@ impl Bench {
             l.abort();
         }
         let mut gasps = Vec::with_capacity(n);
+        let mut accepted = Vec::new();
         for t in tasks {
-            gasps.push(t.await.context("an agent's task")?);
+            let (name, g) = t.await.context("an agent's task")?;
+            if g.accepted.is_some() {
+                accepted.push(name);
+            }
+            gasps.push(g);
         }
         let answered = dark.elapsed();
-        let (a2, e2) = (self.cp.cpu("kube-apiserver")?, self.cp.cpu("etcd")?);
+        let (a2, e2, b2) = (
+            self.cp.cpu("kube-apiserver")?,
+            self.cp.cpu("etcd")?,
+            cpu_of(me)?,
+        );
         for l in load {
             l.abort();
         }
@@ -466,21 +562,17 @@ impl Bench {
             let idle_rate = idle_used.as_secs_f64() / idle.as_secs_f64();
             ((busy.as_secs_f64() - idle_rate * answered.as_secs_f64()).max(0.0) * 1e3) / n as f64
         };
-        let accepted: Vec<String> = nodes
-            .iter()
-            .zip(&gasps)
-            .filter(|(_, g)| g.accepted.is_some())
-            .map(|(node, _)| node.name_any())
-            .collect();
         let (fenced, last_fenced) = self.wait_fenced(&zone, &accepted, dark, fence_wait).await?;
         self.remove(&zone).await?;
         Ok(Burst {
             arm,
+            shares: self.shares.filter(|_| arm == Arm::PriorityLevel),
             n,
             background,
             gasps,
             apiserver_cpu_ms: per(a2 - a1, a1 - a0),
             etcd_cpu_ms: per(e2 - e1, e1 - e0),
+            agents_cpu_ms: per(b2 - b1, b1 - b0),
             fenced,
             last_fenced,
             fence_wait,
@@ -648,6 +740,9 @@ async fn renew(leases: &Api<Lease>, name: &str, zone: &str) -> Result<()> {
 async fn gasp(lg: &LastGasp, boot: &str, sig: &ShutdownSignal, arm: Arm, dark: Instant) -> Gasp {
     let death = dark + Duration::from_millis(200 + random_below(200));
     let mut sig = sig.clone();
+    // Each agent builds its writes on its own node's CPU: here, before the
+    // instant, so that the bench's CPU does not stand in for theirs.
+    sig.at = SystemTime::now() + dark.saturating_duration_since(Instant::now());
     let rec = match record(&sig, boot) {
         Ok(r) => r,
         Err(e) => {
@@ -658,9 +753,8 @@ async fn gasp(lg: &LastGasp, boot: &str, sig: &ShutdownSignal, arm: Arm, dark: I
             }
         }
     };
-    tokio::time::sleep_until(dark.into()).await;
-    sig.at = SystemTime::now();
     let bodies = lg.bodies("ForcedShutdown", "poweroff -f (zone bench)", &rec, sig.at);
+    tokio::time::sleep_until(dark.into()).await;
     if arm == Arm::Before {
         return before(lg, &rec, &bodies, dark).await;
     }
@@ -671,7 +765,7 @@ async fn gasp(lg: &LastGasp, boot: &str, sig: &ShutdownSignal, arm: Arm, dark: I
                 sent.tries == 1,
             )),
             refused: None,
-            writes: sent.tries + u32::from(sent.condition.is_ok()),
+            writes: sent.tries + u32::from(sent.condition.is_ok()) + u32::from(sent.taint.is_ok()),
         },
         Err(NotDelivered { tries, last, .. }) => Gasp {
             accepted: None,
@@ -689,7 +783,7 @@ async fn before(
     bodies: &lastgasp::act::kube::lastgasp::Bodies,
     dark: Instant,
 ) -> Gasp {
-    let mut evidence = bodies.evidence.clone();
+    let mut evidence = bodies.taint.clone();
     evidence["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_string());
     let (status, spec) = (Patch::Strategic(&bodies.condition), Patch::Merge(&evidence));
     let (s, m) = tokio::join!(lg.patch("status", &status), lg.patch("", &spec));
@@ -709,9 +803,22 @@ async fn before(
 
 /// One line of a burst's figures.
 pub fn summary(b: &Burst) -> String {
+    format!("{}{}", b.label(), summary_figures(b))
+}
+
+impl Burst {
+    /// The arm, with the shares when they are not the manifests'.
+    pub fn label(&self) -> String {
+        match self.shares {
+            Some(s) => format!("{} ({s} shares)", self.arm.label()),
+            None => self.arm.label().to_string(),
+        }
+    }
+}
+
+fn summary_figures(b: &Burst) -> String {
     format!(
-        "{} N={}{}: accepted {} (first try ≤200 ms {}, ≤500 ms {}, ≤1 s {}), 429 {}, failed {}, unanswered {}, fenced {}/{} (last at {:?})",
-        b.arm.label(),
+        " N={}{}: accepted {} (first try ≤200 ms {}, ≤500 ms {}, ≤1 s {}), 429 {}, failed {}, unanswered {}, fenced {}/{} (last at {:?}){}",
         b.n,
         if b.background { " +list load" } else { "" },
         b.accepted(),
@@ -723,6 +830,11 @@ pub fn summary(b: &Burst) -> String {
         b.unanswered(),
         b.fenced,
         b.accepted(),
-        b.last_fenced
+        b.last_fenced,
+        if b.failed() > 0 {
+            format!("; failures: {}", b.failures())
+        } else {
+            String::new()
+        }
     )
 }

@@ -443,17 +443,23 @@ impl Agent {
                 self.metrics
                     .last_gasp_latency
                     .observe(since_detection(s, ms));
-                match &sent.condition {
-                    Ok(_) => tracing::info!(
+                let rest: Vec<String> = [&sent.condition, &sent.taint]
+                    .into_iter()
+                    .filter_map(|r| r.as_ref().err().cloned())
+                    .collect();
+                if rest.is_empty() {
+                    tracing::info!(
                         ms = format!("{ms:.2}"),
                         tries = sent.tries,
                         "last gasp delivered"
-                    ),
-                    Err(why) => tracing::info!(
+                    );
+                } else {
+                    tracing::info!(
                         ms = format!("{ms:.2}"),
                         tries = sent.tries,
-                        "last gasp delivered (the evidence; {why})"
-                    ),
+                        "last gasp delivered (the evidence; {})",
+                        rest.join("; ")
+                    );
                 }
                 Outcome::LastGaspDelivered { ms }
             }

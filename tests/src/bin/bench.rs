@@ -987,6 +987,14 @@ fn zone(quick: bool) -> Result<()> {
             lim.rlim_cur
         );
     }
+    // The controller's warnings (a failed fence, a Lease it could not read).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let Some(k) = kustomize() else {
         bail!("bench zone applies the kustomize render: no kustomize (`cargo xtask bench` installs it)");
     };
@@ -994,42 +1002,65 @@ fn zone(quick: bool) -> Result<()> {
         bail!("bench zone needs the real control plane (see above)");
     };
     let objs = render_kustomize_dir(&k, &kustomize_dir());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let sizes: Vec<usize> = if quick {
-        vec![50, 200]
-    } else {
-        vec![100, 500, 1000]
+    // (arm, N, list load, shares); LASTGASP_ZONE_PLAN="1000:one,1000:pl@40,1000:pl+load"
+    // runs only those (pl@S: the evidence level with S shares).
+    let plan: Vec<(Arm, usize, bool, Option<i64>)> = match std::env::var("LASTGASP_ZONE_PLAN") {
+        Ok(p) => p
+            .split(',')
+            .map(|item| {
+                let (n, rest) = item.split_once(':').context("N:arm")?;
+                let (rest, load) = match rest.strip_suffix("+load") {
+                    Some(r) => (r, true),
+                    None => (rest, false),
+                };
+                let (arm, shares) = match rest.split_once('@') {
+                    Some((a, s)) => (a, Some(s.parse()?)),
+                    None => (rest, None),
+                };
+                let arm = match arm {
+                    "before" => Arm::Before,
+                    "one" => Arm::OneWrite,
+                    "pl" => Arm::PriorityLevel,
+                    a => bail!("unknown arm {a} (before, one, pl)"),
+                };
+                Ok((arm, n.parse()?, load, shares))
+            })
+            .collect::<Result<_>>()?,
+        Err(_) => {
+            let sizes: Vec<usize> = if quick {
+                vec![50, 200]
+            } else {
+                vec![100, 500, 1000]
+            };
+            let big = *sizes.last().unwrap();
+            let arms = [Arm::Before, Arm::OneWrite, Arm::PriorityLevel];
+            sizes
+                .iter()
+                .flat_map(|&n| arms.map(|a| (a, n, false, None)))
+                .chain(arms.map(|a| (a, big, true, None)))
+                .collect()
+        }
     };
-    let big = *sizes.last().unwrap();
-    let mut plan: Vec<(Arm, usize, bool)> = Vec::new();
-    for &n in &sizes {
-        for arm in [Arm::Before, Arm::OneWrite, Arm::PriorityLevel] {
-            plan.push((arm, n, false));
-        }
+    let mut bench = Bench::start(cp, &objs, 16)?;
+    let mut bursts = Vec::new();
+    for (arm, n, background, shares) in plan {
+        bench.shares = shares;
+        let b = bench
+            .burst(arm, n, background, Duration::from_secs(90))
+            .with_context(|| format!("{} N={n}", arm.label()))?;
+        eprintln!("zone: {}", summary(&b));
+        bursts.push(b);
     }
-    for arm in [Arm::Before, Arm::OneWrite, Arm::PriorityLevel] {
-        plan.push((arm, big, true));
-    }
-    let bursts = rt.block_on(async {
-        let mut bench = Bench::start(cp, &objs, 16).await?;
-        let mut out = Vec::new();
-        for (arm, n, background) in plan {
-            let b = bench
-                .burst(arm, n, background, Duration::from_secs(90))
-                .await
-                .with_context(|| format!("{} N={n}", arm.label()))?;
-            eprintln!("zone: {}", summary(&b));
-            out.push(b);
-        }
-        anyhow::Ok(out)
-    })?;
+    bench.stop()?;
     println!(
-        "| N | arm | list load | first try ≤200 ms / ≤500 ms / ≤1 s | accepted | 429 | other failures (unanswered) | answered p50 / max (ms) | writes | API server CPU per last gasp (ms) | etcd CPU (ms) | record accepted → fenced | last fence after dark (s) |"
+        "| N | arm | list load | first try ≤200 ms / ≤500 ms / ≤1 s | accepted | 429 | other failures (unanswered) | answered p50 / max (ms) | writes | CPU per last gasp (ms): API server / etcd / the agents | record accepted → fenced | last fence after dark (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let failures: Vec<String> = bursts
+        .iter()
+        .filter(|b| b.failed() > 0)
+        .map(|b| format!("N={} {}: {}", b.n, b.label(), b.failures()))
+        .collect();
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for b in &bursts {
         let mut l = b.latencies_ms();
         l.sort_by(f64::total_cmp);
@@ -1043,9 +1074,9 @@ fn zone(quick: bool) -> Result<()> {
         };
         let ms = Duration::from_millis;
         println!(
-            "| {} | {} | {} | {} / {} / {} | {} | {} | {} ({}) | {p50} / {max} | {} | {:.2} | {:.2} | {}/{} | {} |",
+            "| {} | {} | {} | {} / {} / {} | {} | {} | {} ({}) | {p50} / {max} | {} | {:.2} / {:.2} / {:.2} | {}/{} | {} |",
             b.n,
-            b.arm.label(),
+            b.label(),
             if b.background { "4 clients" } else { "-" },
             b.first_try_within(ms(200)),
             b.first_try_within(ms(500)),
@@ -1057,12 +1088,16 @@ fn zone(quick: bool) -> Result<()> {
             b.writes(),
             b.apiserver_cpu_ms,
             b.etcd_cpu_ms,
+            b.agents_cpu_ms,
             b.fenced,
             b.accepted(),
             b.last_fenced
                 .map(|d| format!("{:.1}", d.as_secs_f64()))
                 .unwrap_or_else(|| format!("not within {} s", b.fence_wait.as_secs())),
         );
+    }
+    for f in failures {
+        println!("- other failures, {f}");
     }
     Ok(())
 }

@@ -558,10 +558,23 @@ impl Got {
             .collect()
     }
 
-    /// Both last-gasp patches: the condition and the taint/record.
-    pub fn both_patches_ms(&self) -> Option<f64> {
-        let c = self.first(|w| matches!(w, What::Condition(s) if s.starts_with("True")))?;
-        let n = self.first(|w| {
+    /// The last gasp's evidence: the record annotation (one Node patch).
+    pub fn evidence_ms(&self) -> Option<f64> {
+        self.first(|w| {
+            matches!(
+                w,
+                What::NodePatch {
+                    record: true,
+                    late: false,
+                    ..
+                }
+            )
+        })
+    }
+
+    /// The agent's taint set (it follows the evidence when time remains).
+    pub fn taint_ms(&self) -> Option<f64> {
+        self.first(|w| {
             matches!(
                 w,
                 What::NodePatch {
@@ -569,8 +582,12 @@ impl Got {
                     ..
                 }
             )
-        })?;
-        Some(c.max(n))
+        })
+    }
+
+    /// The `ShutdownInProgress` condition set True.
+    pub fn condition_ms(&self) -> Option<f64> {
+        self.first(|w| matches!(w, What::Condition(s) if s.starts_with("True")))
     }
 
     /// Pod removals before the end, in order.

@@ -863,39 +863,20 @@ pub fn matrix(
         if cluster {
             let gots: Vec<&super::cluster::Got> =
                 done.iter().filter_map(|o| o.cluster.as_ref()).collect();
-            let both: Vec<f64> = gots.iter().filter_map(|g| g.both_patches_ms()).collect();
-            let cond: Vec<f64> = gots
-                .iter()
-                .filter_map(|g| {
-                    g.first(|w| {
-                        matches!(w, super::cluster::What::Condition(s) if s.starts_with("True"))
-                    })
-                })
-                .collect();
-            let taint: Vec<f64> = gots
-                .iter()
-                .filter_map(|g| {
-                    g.first(|w| {
-                        matches!(
-                            w,
-                            super::cluster::What::NodePatch {
-                                taint: Some(true),
-                                ..
-                            }
-                        )
-                    })
-                })
-                .collect();
+            let evidence: Vec<f64> = gots.iter().filter_map(|g| g.evidence_ms()).collect();
+            let cond: Vec<f64> = gots.iter().filter_map(|g| g.condition_ms()).collect();
+            let taint: Vec<f64> = gots.iter().filter_map(|g| g.taint_ms()).collect();
             let errs: Vec<f64> = gots
                 .iter()
                 .filter_map(|g| g.clock.as_ref()?.err_ms)
                 .collect();
             let _ = writeln!(
                 m,
-                "- **Patches delivered to the API double before the guest died: {}/{}** (both the \
-                 condition (status patch) and the taint + record (node patch), answered 2xx, received \
-                 before the kernel's last words (\"reboot: Power down\" or \"Restarting system\")); condition alone {}/{}, taint + record alone {}/{}.",
-                both.len(),
+                "- **The last gasp's evidence (the record annotation, one Node patch) received by the \
+                 API double before the guest died: {}/{}** (answered 2xx, before the kernel's last \
+                 words, \"reboot: Power down\" or \"Restarting system\"); what follows it when time \
+                 remains: the condition {}/{}, the agent's taint {}/{}.",
+                evidence.len(),
                 r.n,
                 cond.len(),
                 r.n,
@@ -904,31 +885,23 @@ pub fn matrix(
             );
             let _ = writeln!(
                 m,
-                "- trigger → both patches received by the double (ms, guest trigger vs host receipt): {}",
-                dist(both)
+                "- trigger → evidence received by the double (ms, guest trigger vs host receipt): {}",
+                dist(evidence)
             );
+            let _ = writeln!(m, "- trigger → condition received (ms): {}", dist(cond));
+            let _ = writeln!(m, "- trigger → taint received (ms): {}", dist(taint));
             let _ = writeln!(
                 m,
-                "- trigger → condition patch received (ms): {}",
-                dist(cond)
-            );
-            let _ = writeln!(
-                m,
-                "- trigger → taint + record patch received (ms): {}",
-                dist(taint)
-            );
-            let _ = writeln!(
-                m,
-                "- trigger → the guest's end (the kernel's \"reboot: ...\" received by the host, \"
+                "- trigger → the guest's end (the kernel's \"reboot: ...\" received by the host, \
                  same clock, ms): {}",
                 dist(gots.iter().filter_map(|g| g.end_ms).collect())
             );
             let _ = writeln!(
                 m,
-                "- margin: the guest's end − both patches received (ms): {}",
+                "- margin: the guest's end − evidence received (ms): {}",
                 dist(
                     gots.iter()
-                        .filter_map(|g| Some(g.end_ms? - g.both_patches_ms()?))
+                        .filter_map(|g| Some(g.end_ms? - g.evidence_ms()?))
                         .collect()
                 )
             );

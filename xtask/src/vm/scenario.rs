@@ -1239,8 +1239,8 @@ pub struct Race {
 
 impl Race {
     /// `systemctl poweroff --force --force` must win every run: its first
-    /// record on disk before the guest died and, with `--cluster`, both
-    /// last-gasp patches received by the double. The direct reboot(2)
+    /// record on disk before the guest died and, with `--cluster`, the last
+    /// gasp's evidence (the record annotation) received by the double. The direct reboot(2)
     /// callers are measured: a lost race is counted, not failed (the next
     /// boot delivers it; `reboot-ff` and `busybox-poweroff-f` show that).
     pub fn failed(&self) -> bool {
@@ -1251,7 +1251,7 @@ impl Race {
                     o.failed()
                         || o.cluster
                             .as_ref()
-                            .is_some_and(|g| g.both_patches_ms().is_none())
+                            .is_some_and(|g| g.evidence_ms().is_none())
                 } else {
                     o.problems
                         .iter()

@@ -2,14 +2,15 @@
 //! connections that are already open.
 //!
 //! One write carries the evidence the controller fences on: the record
-//! annotation, with the agent's taint, in one merge patch of the Node, as
-//! small as the record can be. Nothing stands before it: no list, no
-//! discovery, no new connection, no lock; the node's current taints come
-//! from a watch kept warm since start. The condition (a second write, on
-//! `nodes/NAME/status`) follows only once the evidence is answered and only
-//! while the node is expected to be alive. When a whole zone goes dark at
-//! once every write counts at the API server: the condition must never
-//! stand in line before another node's evidence.
+//! annotation, alone, in one merge patch of the Node, as small as the
+//! record can be. Annotations merge by key, so it needs no read and no
+//! cache: nothing stands before it (no list, no discovery, no new
+//! connection, no lock), and nothing in it can be stale. The condition (on
+//! `nodes/NAME/status`) and the agent's NoSchedule taint (the whole taint
+//! list, from a node watch kept warm since start) follow, side by side,
+//! only once the evidence is answered and only while the node is expected
+//! to be alive. When a whole zone goes dark at once every write counts at
+//! the API server: nothing may stand in line before another node's evidence.
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
@@ -39,13 +40,15 @@ pub struct LastGasp {
     this_node: reflector::Store<Node>,
 }
 
-/// The two writes, in the order they leave.
+/// The writes: the evidence first, then the other two side by side.
 #[derive(Debug, Clone)]
 pub struct Bodies {
-    /// The record annotation and the taint (`nodes/NAME`, merge patch).
+    /// The record annotation (`nodes/NAME`, merge patch).
     pub evidence: Value,
     /// The `ShutdownInProgress` condition (`nodes/NAME/status`).
     pub condition: Value,
+    /// The agent's taint in the node's taint list (`nodes/NAME`).
+    pub taint: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +60,8 @@ pub struct Sent {
     pub tries: u32,
     /// When the condition was answered, or why it did not go or failed.
     pub condition: Result<Duration, String>,
+    /// When the taint was answered, or why it did not go or failed.
+    pub taint: Result<Duration, String>,
 }
 
 /// Why one write was not accepted.
@@ -186,7 +191,7 @@ impl LastGasp {
             .unwrap_or_default()
     }
 
-    /// The two bodies; `record` goes as [`evidence_record`] makes it.
+    /// The bodies; `record` goes as [`evidence_record`] makes it.
     pub fn bodies(&self, reason: &str, message: &str, record: &Value, at: SystemTime) -> Bodies {
         let cond = condition(true, reason, message, at);
         let mut taints = self.current_taints();
@@ -194,18 +199,17 @@ impl LastGasp {
             taints.push(shutdown_taint(at));
         }
         Bodies {
-            evidence: json!({
-                "metadata": { "annotations": {
-                    RECORD_ANNOTATION: evidence_record(record).to_string() } },
-                "spec": { "taints": taints },
-            }),
+            evidence: json!({ "metadata": { "annotations": {
+                RECORD_ANNOTATION: evidence_record(record).to_string() } } }),
             condition: json!({ "status": { "conditions": [cond] } }),
+            taint: json!({ "spec": { "taints": taints } }),
         }
     }
 
     /// The evidence, sent again only while a retry can land before `death`
     /// ([`retry_at`]); then, if it was accepted before `death`, the condition
-    /// (once, no retry). Returns when the evidence and the condition are done.
+    /// and the taint side by side (once each, no retry). Returns when all
+    /// that went is answered.
     pub async fn send(&self, bodies: &Bodies, death: Instant) -> Result<Sent, NotDelivered> {
         let started = Instant::now();
         let mut tries = 0;
@@ -220,19 +224,29 @@ impl LastGasp {
             }
         }
         let evidence_done = started.elapsed();
-        let condition = if Instant::now() < death {
-            self.patch("status", &Patch::Strategic(&bodies.condition))
-                .await
-                .map(|()| started.elapsed())
-                .map_err(|e| format!("condition: {e}"))
+        let (condition, taint) = if Instant::now() < death {
+            let (c, t) = (
+                Patch::Strategic(&bodies.condition),
+                Patch::Merge(&bodies.taint),
+            );
+            let (c, t) = tokio::join!(
+                async { self.patch("status", &c).await.map(|()| started.elapsed()) },
+                async { self.patch("", &t).await.map(|()| started.elapsed()) },
+            );
+            (
+                c.map_err(|e| format!("condition: {e}")),
+                t.map_err(|e| format!("taint: {e}")),
+            )
         } else {
-            Err("no time left for the condition".into())
+            let no = || Err("no time left".to_string());
+            (no(), no())
         };
         Ok(Sent {
             started,
             evidence_done,
             tries,
             condition,
+            taint,
         })
     }
 
