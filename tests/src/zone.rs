@@ -205,6 +205,15 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// A zone: its name, Nodes, Lease renewers and agents (node, boot id, the
+/// agent's last gasp, its client).
+type Zone = (
+    String,
+    Vec<Node>,
+    Vec<tokio::task::JoinHandle<()>>,
+    Vec<(String, String, LastGasp, Client)>,
+);
+
 /// A token of `sa` in lastgasp, bound to `node` when given (v1.32 puts the
 /// node in the token: the admission policy and the agent's own-node rule
 /// read it), else unbound.
@@ -460,6 +469,85 @@ impl Bench {
         background: bool,
         fence_wait: Duration,
     ) -> Result<Burst> {
+        let (zone, _, leases, agents) = self.zone_up(arm, n).await?;
+        let load = if background {
+            self.list_load(4).await?
+        } else {
+            Vec::new()
+        };
+        // The API server's idle rate (Leases, controllers, the load), then the burst.
+        let idle = Duration::from_secs(3);
+        let me = std::process::id();
+        let (a0, e0, b0) = (
+            self.cp.cpu("kube-apiserver")?,
+            self.cp.cpu("etcd")?,
+            cpu_of(me)?,
+        );
+        tokio::time::sleep(idle).await;
+        let (a1, e1, b1) = (
+            self.cp.cpu("kube-apiserver")?,
+            self.cp.cpu("etcd")?,
+            cpu_of(me)?,
+        );
+        let dark = Instant::now() + Duration::from_millis(300);
+        let sig = forced_poweroff();
+        let tasks: Vec<_> = agents
+            .into_iter()
+            .map(|(name, boot, lg, client)| {
+                let sig = sig.clone();
+                tokio::spawn(async move {
+                    let g = gasp(&lg, &client, &name, &boot, &sig, arm, dark).await;
+                    (name, g)
+                })
+            })
+            .collect();
+        tokio::time::sleep_until(dark.into()).await;
+        for l in &leases {
+            l.abort();
+        }
+        let mut gasps = Vec::with_capacity(n);
+        let mut accepted = Vec::new();
+        for t in tasks {
+            let (name, g) = t.await.context("an agent's task")?;
+            if g.accepted.is_some() {
+                accepted.push(name);
+            }
+            gasps.push(g);
+        }
+        let answered = dark.elapsed();
+        let (a2, e2, b2) = (
+            self.cp.cpu("kube-apiserver")?,
+            self.cp.cpu("etcd")?,
+            cpu_of(me)?,
+        );
+        for l in load {
+            l.abort();
+        }
+        let per = |busy: Duration, idle_used: Duration| {
+            let idle_rate = idle_used.as_secs_f64() / idle.as_secs_f64();
+            ((busy.as_secs_f64() - idle_rate * answered.as_secs_f64()).max(0.0) * 1e3) / n as f64
+        };
+        let (fenced, last_fenced) = self.wait_fenced(&zone, &accepted, dark, fence_wait).await?;
+        self.remove(&zone).await?;
+        Ok(Burst {
+            arm,
+            shares: self.shares.filter(|_| arm == Arm::PriorityLevel),
+            n,
+            background,
+            gasps,
+            apiserver_cpu_ms: per(a2 - a1, a1 - a0),
+            etcd_cpu_ms: per(e2 - e1, e1 - e0),
+            agents_cpu_ms: per(b2 - b1, b1 - b0),
+            fenced,
+            last_fenced,
+            fence_wait,
+        })
+    }
+
+    /// A zone of `n` Ready nodes with their Leases renewed, and their
+    /// agents warm, the APF objects as `arm` has them (checked on the
+    /// server's own answer).
+    async fn zone_up(&mut self, arm: Arm, n: usize) -> Result<Zone> {
         self.admin = self.cp.admin();
         self.rounds += 1;
         let zone = format!("z{}", self.rounds);
@@ -508,75 +596,67 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let load = if background {
-            self.list_load(4).await?
-        } else {
-            Vec::new()
-        };
-        // The API server's idle rate (Leases, controllers, the load), then the burst.
+        Ok((zone, nodes, leases, agents))
+    }
+
+    /// The API server's and etcd's CPU per last gasp without a burst: each
+    /// of `n` nodes sends what `arm` sends for its evidence, 4 at a time (no
+    /// queue, no refusal; nothing after the evidence), above the idle rate.
+    pub fn cost(&mut self, arm: Arm, n: usize) -> Result<(f64, f64)> {
+        let rt = runtime()?;
+        let r = rt.block_on(self.cost_in(arm, n));
+        rt.shutdown_background();
+        r
+    }
+
+    async fn cost_in(&mut self, arm: Arm, n: usize) -> Result<(f64, f64)> {
+        let (zone, _, leases, agents) = self.zone_up(arm, n).await?;
         let idle = Duration::from_secs(3);
-        let me = std::process::id();
-        let (a0, e0, b0) = (
-            self.cp.cpu("kube-apiserver")?,
-            self.cp.cpu("etcd")?,
-            cpu_of(me)?,
-        );
+        let (a0, e0) = (self.cp.cpu("kube-apiserver")?, self.cp.cpu("etcd")?);
         tokio::time::sleep(idle).await;
-        let (a1, e1, b1) = (
-            self.cp.cpu("kube-apiserver")?,
-            self.cp.cpu("etcd")?,
-            cpu_of(me)?,
-        );
-        let dark = Instant::now() + Duration::from_millis(300);
+        let (a1, e1) = (self.cp.cpu("kube-apiserver")?, self.cp.cpu("etcd")?);
+        let t = Instant::now();
         let sig = forced_poweroff();
-        let tasks: Vec<_> = agents
-            .into_iter()
-            .map(|(name, boot, lg, _)| {
+        let sent: Vec<Result<()>> = stream::iter(agents)
+            .map(|(_, boot, lg, _)| {
                 let sig = sig.clone();
-                tokio::spawn(async move { (name, gasp(&lg, &boot, &sig, arm, dark).await) })
+                async move {
+                    let rec = record(&sig, &boot)?;
+                    let bodies =
+                        lg.bodies("ForcedShutdown", "poweroff -f (zone bench)", &rec, sig.at);
+                    if arm == Arm::Before {
+                        let mut spec = bodies.taint.clone();
+                        spec["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_string());
+                        let (status, spec) =
+                            (Patch::Strategic(&bodies.condition), Patch::Merge(&spec));
+                        let (a, b) = tokio::join!(lg.patch("status", &status), lg.patch("", &spec));
+                        a.and(b).map_err(|e| anyhow::anyhow!("{e}"))
+                    } else {
+                        lg.send(&bodies, Instant::now())
+                            .await
+                            .map(drop)
+                            .map_err(Into::into)
+                    }
+                }
             })
-            .collect();
-        tokio::time::sleep_until(dark.into()).await;
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        let took = t.elapsed();
+        let (a2, e2) = (self.cp.cpu("kube-apiserver")?, self.cp.cpu("etcd")?);
         for l in &leases {
             l.abort();
         }
-        let mut gasps = Vec::with_capacity(n);
-        let mut accepted = Vec::new();
-        for t in tasks {
-            let (name, g) = t.await.context("an agent's task")?;
-            if g.accepted.is_some() {
-                accepted.push(name);
-            }
-            gasps.push(g);
-        }
-        let answered = dark.elapsed();
-        let (a2, e2, b2) = (
-            self.cp.cpu("kube-apiserver")?,
-            self.cp.cpu("etcd")?,
-            cpu_of(me)?,
-        );
-        for l in load {
-            l.abort();
+        let failed = sent.iter().filter(|r| r.is_err()).count();
+        self.remove(&zone).await?;
+        if failed > 0 {
+            bail!("{failed} of {n} last gasps failed while measuring their cost");
         }
         let per = |busy: Duration, idle_used: Duration| {
             let idle_rate = idle_used.as_secs_f64() / idle.as_secs_f64();
-            ((busy.as_secs_f64() - idle_rate * answered.as_secs_f64()).max(0.0) * 1e3) / n as f64
+            ((busy.as_secs_f64() - idle_rate * took.as_secs_f64()).max(0.0) * 1e3) / n as f64
         };
-        let (fenced, last_fenced) = self.wait_fenced(&zone, &accepted, dark, fence_wait).await?;
-        self.remove(&zone).await?;
-        Ok(Burst {
-            arm,
-            shares: self.shares.filter(|_| arm == Arm::PriorityLevel),
-            n,
-            background,
-            gasps,
-            apiserver_cpu_ms: per(a2 - a1, a1 - a0),
-            etcd_cpu_ms: per(e2 - e1, e1 - e0),
-            agents_cpu_ms: per(b2 - b1, b1 - b0),
-            fenced,
-            last_fenced,
-            fence_wait,
-        })
+        Ok((per(a2 - a1, a1 - a0), per(e2 - e1, e1 - e0)))
     }
 
     async fn add_nodes(&self, zone: &str, n: usize) -> Result<Vec<Node>> {
@@ -737,7 +817,15 @@ async fn renew(leases: &Api<Lease>, name: &str, zone: &str) -> Result<()> {
 /// One node's last gasp at `dark`, as its agent sends it under `arm`; the
 /// node is expected to die 200-400 ms later (the condition goes only
 /// before that, and nothing is sent again past it).
-async fn gasp(lg: &LastGasp, boot: &str, sig: &ShutdownSignal, arm: Arm, dark: Instant) -> Gasp {
+async fn gasp(
+    lg: &LastGasp,
+    client: &Client,
+    node: &str,
+    boot: &str,
+    sig: &ShutdownSignal,
+    arm: Arm,
+    dark: Instant,
+) -> Gasp {
     let death = dark + Duration::from_millis(200 + random_below(200));
     let mut sig = sig.clone();
     // Each agent builds its writes on its own node's CPU: here, before the
@@ -755,17 +843,56 @@ async fn gasp(lg: &LastGasp, boot: &str, sig: &ShutdownSignal, arm: Arm, dark: I
     };
     let bodies = lg.bodies("ForcedShutdown", "poweroff -f (zone bench)", &rec, sig.at);
     tokio::time::sleep_until(dark.into()).await;
-    if arm == Arm::Before {
-        return before(lg, &rec, &bodies, dark).await;
+    let (sent, event) = if arm == Arm::Before {
+        // Its Event went after the two writes, always.
+        (Err(before(lg, &rec, &bodies, dark).await), true)
+    } else {
+        let sent = lg.send(&bodies, death).await;
+        // As the agent does: its Warning Event, only while it is expected to live.
+        let event = sent.is_ok() && Instant::now() < death;
+        (Ok(sent), event)
+    };
+    if event {
+        let ev = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: "NodeShutdown".into(),
+            note: Some("poweroff with no time left via exec (zone bench)".into()),
+            action: "Shutdown".into(),
+            secondary: None,
+        };
+        let reporter = kube::runtime::events::Reporter {
+            controller: "lastgasp".into(),
+            instance: Some(node.into()),
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            uid: Some(node.into()),
+            ..Default::default()
+        };
+        let _ = kube::runtime::events::Recorder::new(client.clone(), reporter)
+            .publish(&ev, &reference)
+            .await;
     }
-    match lg.send(&bodies, death).await {
+    let sent = match sent {
+        Err(mut g) => {
+            g.writes += 1;
+            return g;
+        }
+        Ok(sent) => sent,
+    };
+    match sent {
         Ok(sent) => Gasp {
             accepted: Some((
                 dark.elapsed() - sent.started.elapsed() + sent.evidence_done,
                 sent.tries == 1,
             )),
             refused: None,
-            writes: sent.tries + u32::from(sent.condition.is_ok()) + u32::from(sent.taint.is_ok()),
+            writes: sent.tries
+                + u32::from(sent.condition.is_ok())
+                + u32::from(sent.taint.is_ok())
+                + u32::from(event),
         },
         Err(NotDelivered { tries, last, .. }) => Gasp {
             accepted: None,
@@ -786,14 +913,19 @@ async fn before(
     let mut evidence = bodies.taint.clone();
     evidence["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_string());
     let (status, spec) = (Patch::Strategic(&bodies.condition), Patch::Merge(&evidence));
-    let (s, m) = tokio::join!(lg.patch("status", &status), lg.patch("", &spec));
-    match (s, m) {
-        (Ok(()), Ok(())) => Gasp {
-            accepted: Some((dark.elapsed(), true)),
+    // The record (with the taint) is the evidence; the condition beside it
+    // only competes with it.
+    let (_, m) = tokio::join!(lg.patch("status", &status), async {
+        let r = lg.patch("", &spec).await;
+        (r, dark.elapsed())
+    });
+    match m {
+        (Ok(()), at) => Gasp {
+            accepted: Some((at, true)),
             refused: None,
             writes: 2,
         },
-        (Err(e), _) | (_, Err(e)) => Gasp {
+        (Err(e), _) => Gasp {
             accepted: None,
             refused: Some(e),
             writes: 2,

@@ -80,7 +80,7 @@ impl Default for Metrics {
         let last_gasp_latency = Histogram::new(LAST_GASP_BUCKETS.iter().copied());
         r.register_with_unit(
             "lastgasp_last_gasp_latency",
-            "From the detection (kernel boot clock) to both last-gasp patches acknowledged by the API server",
+            "From the detection (kernel boot clock) to the last gasp's evidence (the record annotation) acknowledged by the API server",
             Unit::Seconds,
             last_gasp_latency.clone(),
         );

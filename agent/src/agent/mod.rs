@@ -479,11 +479,17 @@ impl Agent {
         if let Some(l) = &self.logind {
             l.release();
         }
-        tokio::spawn(async move {
-            if let Err(e) = c.node.event(EventType::Warning, "Shutdown", message).await {
-                tracing::warn!("last gasp event: {e:#}");
-            }
-        });
+        // The Event, like the condition, only while the node is expected to
+        // live: past that, in a zone that went dark at once, it would only
+        // stand in line before another node's evidence (the next boot's
+        // PreviousBoot Event tells the story).
+        if Instant::now() < death {
+            tokio::spawn(async move {
+                if let Err(e) = c.node.event(EventType::Warning, "Shutdown", message).await {
+                    tracing::warn!("last gasp event: {e:#}");
+                }
+            });
+        }
     }
 
     /// At start: how did the previous boot end? Reported as an Event (and a

@@ -1042,6 +1042,19 @@ fn zone(quick: bool) -> Result<()> {
         }
     };
     let mut bench = Bench::start(cp, &objs, 16)?;
+    // What a last gasp costs the API server, without a burst.
+    let cost_n = if quick { 100 } else { 300 };
+    let mut costs = Vec::new();
+    if std::env::var("LASTGASP_ZONE_PLAN").is_err() {
+        for arm in [Arm::Before, Arm::PriorityLevel] {
+            let (api, etcd) = bench.cost(arm, cost_n)?;
+            eprintln!(
+                "zone: {} cost: API server {api:.2} ms, etcd {etcd:.2} ms per last gasp",
+                arm.label()
+            );
+            costs.push((arm, api, etcd));
+        }
+    }
     let mut bursts = Vec::new();
     for (arm, n, background, shares) in plan {
         bench.shares = shares;
@@ -1098,6 +1111,15 @@ fn zone(quick: bool) -> Result<()> {
     }
     for f in failures {
         println!("- other failures, {f}");
+    }
+    for (arm, api, etcd) in costs {
+        println!(
+            "- CPU per last gasp without a burst ({cost_n} nodes, 4 at a time), {}: API server {api:.2} ms, etcd {etcd:.2} ms",
+            match arm {
+                Arm::Before => "before (the condition, and the taint with the full record: two writes)",
+                _ => "now (the record alone, compact: one write)",
+            }
+        );
     }
     Ok(())
 }
