@@ -1859,6 +1859,125 @@ fn the_admission_policy_keeps_the_agent_to_its_own_marks() {
 
 /// The chart's knobs: each value set changes what it says and nothing else
 /// breaks the strict parse.
+/// The API Priority and Fairness objects: on by default in both installs,
+/// off with the overlay and the Helm value (nothing else changes); the
+/// agent's FlowSchema takes exactly its last-gasp writes (Node, its status,
+/// Events) into one FIFO queue of its own level, never lent; the
+/// controller's takes all it asks; the values size them.
+#[test]
+fn flow_control_is_on_by_default_and_off_by_a_switch() {
+    let (Some(k), Some(h)) = (kustomize(), helm()) else {
+        return skip(
+            "flow_control_is_on_by_default_and_off_by_a_switch",
+            "no helm or kustomize",
+        );
+    };
+    let is_apf = |k: &Key| k.0.starts_with("flowcontrol.apiserver.k8s.io/");
+    let base = objects("kustomize build", &render_kustomize(&k));
+    let apf: Vec<&Key> = base.keys().filter(|k| is_apf(k)).collect();
+    assert_eq!(apf.len(), 4, "{apf:?}");
+    let off = objects(
+        "kustomize build deploy/overlays/no-flowcontrol",
+        &render_kustomize_dir(&k, &repo().join("deploy/overlays/no-flowcontrol")),
+    );
+    let without: BTreeMap<Key, Value> = base
+        .iter()
+        .filter(|(k, _)| !is_apf(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_same("the base without APF", &without, "no-flowcontrol", &off);
+    let helm_off = objects(
+        "helm template --set flowControl.enabled=false",
+        &render_helm(&h, &["flowControl.enabled=false"]),
+    );
+    assert_same(
+        "no-flowcontrol",
+        &off,
+        "helm --set flowControl.enabled=false",
+        &without_helm_only(&helm_off),
+    );
+    let fs: k8s_openapi::api::flowcontrol::v1::FlowSchema =
+        get(&base, "FlowSchema", "lastgasp-agent-evidence");
+    let spec = fs.spec;
+    assert_eq!(spec.priority_level_configuration.name, "lastgasp-evidence");
+    // Before `service-accounts` (9000), where the agent falls otherwise.
+    assert!(spec.matching_precedence.unwrap() < 9000);
+    let rule = &spec.rules.unwrap()[0];
+    let subject = rule.subjects[0].service_account.as_ref().unwrap();
+    assert_eq!(
+        (subject.namespace.as_str(), subject.name.as_str()),
+        ("lastgasp", "lastgasp-agent")
+    );
+    let writes: Vec<(Vec<String>, Vec<String>, Vec<String>)> = rule
+        .resource_rules
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|r| (r.api_groups.clone(), r.resources.clone(), r.verbs.clone()))
+        .collect();
+    let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        writes,
+        [
+            (v(&[""]), v(&["nodes", "nodes/status"]), v(&["patch"])),
+            (
+                v(&["events.k8s.io"]),
+                v(&["events"]),
+                v(&["create", "patch"])
+            ),
+        ],
+        "the last gasp's writes only: no reads, no pod deletions"
+    );
+    assert!(rule.non_resource_rules.is_none());
+    let pl: k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration =
+        get(&base, "PriorityLevelConfiguration", "lastgasp-evidence");
+    let limited = pl.spec.limited.unwrap();
+    assert_eq!(
+        limited.lendable_percent,
+        Some(0),
+        "its seats are there when the burst comes"
+    );
+    let q = limited.limit_response.queuing.unwrap();
+    assert_eq!(
+        (q.queues, q.hand_size),
+        (Some(1), Some(1)),
+        "one FIFO queue"
+    );
+    assert_eq!(q.queue_length_limit, Some(2000));
+    let ctl: k8s_openapi::api::flowcontrol::v1::FlowSchema =
+        get(&base, "FlowSchema", "lastgasp-controller");
+    let ctl = ctl.spec;
+    assert_eq!(ctl.priority_level_configuration.name, "lastgasp-controller");
+    assert_eq!(
+        ctl.rules.unwrap()[0].subjects[0]
+            .service_account
+            .as_ref()
+            .unwrap()
+            .name,
+        "lastgasp-controller"
+    );
+    // The values size the level.
+    let sized = render_helm(
+        &h,
+        &[
+            "flowControl.evidence.queueLengthLimit=10000",
+            "flowControl.evidence.nominalConcurrencyShares=20",
+        ],
+    );
+    let pl = sized
+        .iter()
+        .find(|o| {
+            o["kind"] == "PriorityLevelConfiguration"
+                && o["metadata"]["name"] == "lastgasp-evidence"
+        })
+        .unwrap();
+    assert_eq!(pl["spec"]["limited"]["nominalConcurrencyShares"], 20);
+    assert_eq!(
+        pl["spec"]["limited"]["limitResponse"]["queuing"]["queueLengthLimit"],
+        10000
+    );
+}
+
 #[test]
 fn the_charts_values_take_effect() {
     let Some(h) = helm() else {
