@@ -856,15 +856,15 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize, real: bool) -> Result<
     sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
     rows.push(Row {
         what: if real {
-            "last gasp, exec of `reboot -ff` -> the evidence (record + taint, one write) answered by the real kube-apiserver v1.32.13, loopback (ms)".into()
+            "last gasp, exec of `reboot -ff` -> the record (the evidence, one write) answered by the real kube-apiserver v1.32.13, loopback (ms)".into()
         } else {
-            "last gasp, exec of `reboot -ff` -> the evidence (record + taint, one write) applied in the API double, loopback (ms)".into()
+            "last gasp, exec of `reboot -ff` -> the record (the evidence, one write) applied in the API double, loopback (ms)".into()
         },
         figure: distribution(lat_ms),
         target: format!("p99 ≤ 5 ({})", verdict(percentile(&sorted, 0.99) <= 5.0)),
     });
     rows.push(Row {
-        what: "  the agent's whole handling: enrich, decide, audit, the evidence, then the condition (ms)".into(),
+        what: "  the agent's whole handling: enrich, decide, audit, the record, then the condition and the taint (ms)".into(),
         figure: distribution(fsync_ms),
         target: "-".into(),
     });
