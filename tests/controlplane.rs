@@ -44,7 +44,7 @@ fn a_silent_node_with_a_record_is_fenced_and_its_stateful_pod_moves() {
         .await
         .unwrap();
         let boot = scn.sim.boot_id(scn.a()).unwrap();
-        let took = recovery::last_gasp(&c, scn.a(), &boot).await.unwrap();
+        let took = recovery::last_gasp(&c, scn.a(), &boot, recovery::reboot_syscall()).await.unwrap();
         let off = scn.sim.power_off(scn.a());
         let (running, detached) = scn.watch_recovery(off, Duration::from_secs(45)).await.unwrap();
         println!("last gasp {took:?}; Running elsewhere after {running:?}, node A's attachment gone after {detached:?}");
@@ -96,7 +96,9 @@ fn a_node_that_renews_after_its_record_is_never_fenced() {
         let uid = pods.get(&format!("{APP}-0")).await.unwrap().uid();
         let boot = scn.sim.boot_id(scn.a()).unwrap();
         let nodes: Api<Node> = Api::all(c.clone());
-        recovery::last_gasp(&c, scn.a(), &boot).await.unwrap();
+        recovery::last_gasp(&c, scn.a(), &boot, recovery::reboot_syscall())
+            .await
+            .unwrap();
         // Alive for 25 s (two renewals at least), then silent for 25 s.
         let t0 = SystemTime::now();
         while t0.elapsed().unwrap() < Duration::from_secs(50) {

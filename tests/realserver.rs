@@ -329,7 +329,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         // 1. The last gasp, 2. the next boot clears the marks.
         let nc = NodeClient::start_with(agent_watch, agent.clone(), a).await.unwrap();
         let boot = sim.boot_id(a).unwrap();
-        recovery::last_gasp(&agent, a, &boot).await.unwrap();
+        recovery::last_gasp(&agent, a, &boot, lastgasp_tests::zone::forced_poweroff()).await.unwrap();
         let nodes: Api<Node> = Api::all(admin.clone());
         let n = nodes.get(a).await.unwrap();
         assert!(n.annotations().contains_key(RECORD_ANNOTATION));
@@ -527,7 +527,9 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         let ctl = recovery::spawn_controller(client, cfg).await.unwrap();
 
         let boot = sim.boot_id(a).unwrap();
-        recovery::last_gasp(&admin, a, &boot).await.unwrap();
+        recovery::last_gasp(&admin, a, &boot, recovery::reboot_syscall())
+            .await
+            .unwrap();
         sim.power_off(a);
         let nodes: Api<Node> = Api::all(admin.clone());
         let pods: Api<Pod> = Api::namespaced(admin.clone(), work);

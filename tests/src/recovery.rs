@@ -74,12 +74,9 @@ pub async fn spawn_controller(
     }))
 }
 
-/// The agent's last gasp for a forced power-off of `node` in `boot_id`, as
-/// the agent sends it for a reboot(2): the evidence (record and taint) in
-/// one write; no time is left for the condition.
-pub async fn last_gasp(client: &Client, node: &str, boot_id: &str) -> Result<Duration> {
-    let lg = LastGasp::start(client.clone(), client.clone(), node).await?;
-    let sig = ShutdownSignal {
+/// A power-off by reboot(2) from the node, as the kernel hook reports it.
+pub fn reboot_syscall() -> ShutdownSignal {
+    ShutdownSignal {
         source: Source::RebootSyscall,
         kind: Kind::Poweroff,
         forced: true,
@@ -98,7 +95,20 @@ pub async fn last_gasp(client: &Client, node: &str, boot_id: &str) -> Result<Dur
             valid_magic: true,
             ret: None,
         },
-    };
+    }
+}
+
+/// The agent's last gasp for `sig` (a forced power-off) of `node` in
+/// `boot_id`, as the agent sends it: the record (the evidence) in one
+/// write; after a reboot(2) nothing else (no time is left), after an exec
+/// the condition and the taint too. How long the record took.
+pub async fn last_gasp(
+    client: &Client,
+    node: &str,
+    boot_id: &str,
+    sig: ShutdownSignal,
+) -> Result<Duration> {
+    let lg = LastGasp::start(client.clone(), client.clone(), node).await?;
     let ep = Decider::new()
         .decide(&sig)
         .episode
@@ -228,7 +238,7 @@ pub async fn run_once(
     let phase = nodesim::random_below(1000) as f64 / 1000.0;
     let last = scn.sim.last_beat(scn.a()).context("node A's heartbeat")?;
     tokio::time::sleep_until((last + nodesim::HEARTBEAT.mul_f64(phase)).into()).await;
-    last_gasp(&client, scn.a(), &boot).await?;
+    last_gasp(&client, scn.a(), &boot, reboot_syscall()).await?;
     let off = scn.sim.power_off(scn.a());
     let r = scn.watch_recovery(off, within).await;
     if let Some(c) = controller {
