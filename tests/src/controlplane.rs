@@ -117,6 +117,8 @@ pub struct ControlPlane {
     pub url: String,
     pub ca_pem: String,
     ca_der: Vec<u8>,
+    /// Signs client certificates (a kubelet's, for a real node).
+    ca: Issuer<'static, KeyPair>,
     pub port: u16,
     procs: std::sync::Mutex<Vec<(String, Child)>>,
 }
@@ -182,7 +184,10 @@ impl ControlPlane {
         let (srv, srv_key) = leaf(
             &ca,
             "kube-apiserver",
-            &["127.0.0.1", "localhost"],
+            // 10.0.2.100: the address a QEMU guest reaches the host's
+            // loopback at (vm-test's real node); 10.0.0.1: the `kubernetes`
+            // Service of --service-cluster-ip-range, for in-cluster clients.
+            &["127.0.0.1", "localhost", "10.0.2.100", "10.0.0.1"],
             ExtendedKeyUsagePurpose::ServerAuth,
         )?;
         let (fp, fp_key) = leaf(
@@ -216,6 +221,7 @@ impl ControlPlane {
             url: String::new(),
             ca_pem,
             ca_der,
+            ca,
             port: 0,
             procs: Default::default(),
             dir: dir.clone(),
@@ -451,6 +457,22 @@ impl ControlPlane {
             self.dir.join("ca.crt").display()
         )?;
         Ok(p)
+    }
+
+    /// A kubelet's client certificate and key for `node` (user
+    /// `system:node:NODE` in group `system:nodes`, as the Node authorizer
+    /// wants it), signed by the cluster's CA: PEM (cert, key).
+    pub fn node_credentials(&self, node: &str) -> Result<(String, String)> {
+        let mut p = CertificateParams::new(Vec::<String>::new())?;
+        p.distinguished_name
+            .push(DnType::CommonName, format!("system:node:{node}"));
+        p.distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        p.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate()?;
+        let cert = p.signed_by(&key, &self.ca)?;
+        Ok((cert.pem(), key.serialize_pem()))
     }
 
     /// A kube-rs configuration for `token` (the admin's by default).

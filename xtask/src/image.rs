@@ -100,6 +100,59 @@ pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
     Ok(Image { tag })
 }
 
+/// The real-node scenarios' only other image (`vm-test --node`): a static
+/// binary built here (`tests/vm/node/sleeper.c`: the pod sandbox's pause
+/// process without arguments, a workload that takes N ms to stop with one),
+/// `FROM scratch`, saved as an OCI archive. Returns (archive, tag).
+pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
+    setup::ensure_debs(&[("podman", "podman"), ("runc", "runc"), ("gcc", "gcc")])?;
+    let dir = target.join("image/sleeper");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(dir.join("rootfs"))?;
+    fs::write(
+        dir.join("containers.conf"),
+        "[containers]\ndefault_ulimits = []\n",
+    )?;
+    crate::run(
+        Command::new("gcc")
+            .args(["-static", "-O2", "-o"])
+            .arg(dir.join("rootfs/sleeper"))
+            .arg(root.join("tests/vm/node/sleeper.c")),
+    )
+    .context("gcc -static tests/vm/node/sleeper.c (needs Debian's libc6-dev)")?;
+    fs::write(
+        dir.join("Containerfile"),
+        "# Made by cargo xtask vm-test --node: one static binary.\n\
+         FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/sleeper\"]\n",
+    )?;
+    let tag = "localhost/lastgasp-sleeper:1".to_string();
+    crate::run(
+        podman(&dir)
+            .args(["build", "--quiet", "-t", &tag])
+            .arg(&dir),
+    )
+    .context("podman build (sleeper)")?;
+    let archive = target.join("image/lastgasp-sleeper.oci.tar");
+    let _ = fs::remove_file(&archive);
+    crate::run(
+        podman(&dir)
+            .args(["save", "--format", "oci-archive", "-o"])
+            .arg(&archive)
+            .arg(&tag),
+    )
+    .context("podman save (sleeper)")?;
+    Ok((archive, tag))
+}
+
+/// Where `build` saved the agent's image, and its tag.
+pub fn archive(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
+    let version = env_version(root)?;
+    Ok((
+        target.join(format!("image/lastgasp-{version}.oci.tar")),
+        format!("localhost/lastgasp:{version}"),
+    ))
+}
+
 /// The shared libraries `bin` loads, as `ldd` resolves them.
 fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
     let out = Command::new("ldd")

@@ -32,6 +32,12 @@ const BINARIES: &[(&str, &str, &str)] = &[
         "4f41f70c525e58aa6a390929b97459e5ec341d3d52d92bf4362b880f84dff2e4",
         "937ad3758f8846ff2ddff9ebe8e4ba4ab7890dcac9b63274149771050302958d",
     ),
+    // For the real node in the VM guest (`vm-test --node`).
+    (
+        "kubelet",
+        "cd2efdb8fd3705b5bf1c5d3a27136abacbf22a8e09262eb0b2012b5f0b878fd2",
+        "4aa455b2e8af69af9a4c07eeda7cea34e3f6a6fe97f4c10b0f89c6b9acf53864",
+    ),
 ];
 
 /// Where the compressed binaries are: `LASTGASP_K8S_TOOLS`, else the

@@ -13,6 +13,7 @@
 //!   exist).
 mod cluster;
 mod image;
+mod node;
 mod qemu;
 mod report;
 mod scenario;
@@ -51,6 +52,18 @@ pub struct Args {
     /// Use the debug build of the agent, as `cargo xtask test` (CI) does.
     #[arg(long)]
     pub debug: bool,
+    /// A real Kubernetes node in the guest (containerd, the kubelet v1.32.13;
+    /// the agent as its DaemonSet's pod) on the real control plane: the
+    /// real-node scenarios (or those named), in each arm of --arm.
+    #[arg(long)]
+    pub node: bool,
+    /// With --node: lastgasp (the kubelet's graceful shutdown off), kubelet
+    /// (its graceful shutdown on, no agent), both; default all three.
+    #[arg(long, value_delimiter = ',')]
+    pub arm: Vec<String>,
+    /// With --node: do not switch a powered-off node on again.
+    #[arg(long)]
+    pub one_boot: bool,
 }
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
@@ -82,7 +95,18 @@ pub fn vm_test(
 ) -> Result<()> {
     if args.list {
         scenario::print_list();
+        println!("\nwith --node (arms {}):", node::ARMS.join(", "));
+        for (n, t) in node::SCENARIOS {
+            println!("  {n:<16} {t}");
+        }
         return Ok(());
+    }
+    if args.node {
+        if let Err(e) = preflight() {
+            bail!("the VM tests cannot run here: {e:#}");
+        }
+        let agent = build_agent(!args.debug)?;
+        return node_test(root, &args, &agent);
     }
     // `race` names the last-gasp race itself: `vm-test race` runs only it.
     let named: Vec<String> = args
@@ -142,6 +166,141 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
     };
     println!("vm-test: the CI subset: {}", CI_SUBSET.join(", "));
     run_all(root, &selected, 0, &args, "debug")
+}
+
+/// `vm-test --node`: every named (arm, scenario) on a fresh control plane
+/// and guest, then the comparison table.
+fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
+    let started = Instant::now();
+    let arms: Vec<&'static str> = if args.arm.is_empty() {
+        node::ARMS.to_vec()
+    } else {
+        args.arm
+            .iter()
+            .map(|a| {
+                node::ARMS
+                    .iter()
+                    .find(|x| **x == a.as_str())
+                    .copied()
+                    .with_context(|| format!("unknown arm {a} ({})", node::ARMS.join(", ")))
+            })
+            .collect::<Result<_>>()?
+    };
+    let scenarios: Vec<&'static str> = if args.scenarios.is_empty() {
+        node::SCENARIOS.iter().map(|(n, _)| *n).collect()
+    } else {
+        args.scenarios
+            .iter()
+            .map(|s| {
+                node::SCENARIOS
+                    .iter()
+                    .find(|(n, _)| *n == s.as_str())
+                    .map(|(n, _)| *n)
+                    .with_context(|| format!("unknown real-node scenario {s} (see --list)"))
+            })
+            .collect::<Result<_>>()?
+    };
+    let accel = qemu::Accel::choose();
+    let img = image::ensure(root)?;
+    let target = crate::target_dir(root);
+    let Some(k8s) = crate::k8s::ensure(root)? else {
+        bail!(
+            "the real node needs the Kubernetes {} binaries (see above)",
+            crate::k8s::VERSION
+        );
+    };
+    let tools = setup::ensure_manifest_tools()?;
+    // The agent's image: `cargo xtask image`'s archive (CI built it just
+    // before), else built now from the agent of this run.
+    let agent_image = crate::image::archive(root, &target)?;
+    if !args.debug || !agent_image.0.is_file() {
+        crate::image::build(root, &target, agent)?;
+    }
+    let sleeper = crate::image::sleeper(root, &target)?;
+    crate::build::run(
+        crate::build::cargo()
+            .current_dir(root)
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "lastgasp-tests",
+                "--bin",
+                "lastgasp-vm-cluster",
+            ])
+            .env("LASTGASP_EBPF_OBJ", crate::build::ebpf_object(root)),
+    )?;
+    let helper = target.join("debug/lastgasp-vm-cluster");
+    let prep = node::prepare(
+        root,
+        helper,
+        vec![
+            ("LASTGASP_K8S_BIN".into(), k8s.bin_dir.clone()),
+            ("LASTGASP_ETCD".into(), k8s.etcd.clone()),
+            ("LASTGASP_KUSTOMIZE".into(), tools.kustomize.clone()),
+        ],
+        agent_image,
+        sleeper,
+        &k8s.bin_dir.join("kubelet"),
+    )?;
+    let out = target.join("vm");
+    enough_disk(&out)?;
+    let run_dir = out.join(format!("node-{}", date_stamp()));
+    fs::create_dir_all(&run_dir)?;
+    println!(
+        "vm-test: real node: accelerator {accel}, guest image {}, {} MiB, results under {}",
+        img.dir.display(),
+        node::MEM_MIB,
+        run_dir.display()
+    );
+    let guest = qemu::Guest {
+        image: &img,
+        accel: &accel,
+        agent,
+        vm_dir: root.join("tests/vm"),
+        keep_disks: args.keep_disks,
+    };
+    let mut outcomes = Vec::new();
+    let total = arms.len() * scenarios.len();
+    for (i, (arm, sc)) in arms
+        .iter()
+        .flat_map(|a| scenarios.iter().map(move |s| (*a, *s)))
+        .enumerate()
+    {
+        println!("vm-test: [{}/{total}] real node, arm {arm}: {sc}", i + 1);
+        let o = node::run(
+            &guest,
+            &prep,
+            arm,
+            sc,
+            &run_dir.join(format!("{arm}-{sc}")),
+            !args.one_boot,
+        );
+        println!("vm-test:   {}", o.one_line());
+        outcomes.push(o);
+    }
+    let md = format!(
+        "{}\nGuest: {} MiB, {accel}; {:.1} min in all.\n",
+        node::matrix(&outcomes),
+        node::MEM_MIB,
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    println!("\n{md}");
+    node::write_matrix(&run_dir.join("node-matrix.md"), &md)?;
+    node::write_matrix(&out.join("node-matrix.md"), &md)?;
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.failed())
+        .map(|o| format!("{}/{}", o.arm, o.scenario))
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "real-node scenarios failed: {} (logs under {})",
+            failed.join(", "),
+            run_dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// What must be true before a guest can boot: root (debootstrap, 9p

@@ -26,6 +26,13 @@ say() {
 finish() {
     say "END $1"
     systemctl stop lastgasp.service
+    # A real node: the kubelet first (it would restart the agent's pod),
+    # then the agent's container, which writes its last records on SIGTERM.
+    if [ -f "$IN/node.env" ]; then
+        systemctl stop lastgasp-vm-watch.service kubelet.service 2>/dev/null
+        pkill -TERM -f '^/usr/local/bin/lastgasp ' 2>/dev/null
+        for _ in $(seq 1 50); do pgrep -f '^/usr/local/bin/lastgasp ' > /dev/null || break; sleep 0.1; done
+    fi
     umount "$AUDIT" 2>/dev/null
     sync
     systemctl poweroff --force --force
@@ -61,12 +68,27 @@ if [ -f "$IN/lastgasp.env" ]; then
     cp "$IN/kubeconfig" /run/kubeconfig.lastgasp
     cp "$IN/lastgasp.yaml" /run/lastgasp.yaml
     cp "$IN/ca.crt" /run/lastgasp-ca.crt
+fi
+if [ -f "$IN/lastgasp.env" ] || [ -f "$IN/node.env" ]; then
     nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
     ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" && ip route add default via 10.0.2.2 \
         || say "FAIL no network for cluster mode (nic '$nic')"
 fi
 
+# A real node (`vm-test --node`): containerd and the kubelet; the agent, if
+# the arm has it, is the DaemonSet's pod (tests/vm/guest/node.sh).
+if [ -f "$IN/node.env" ]; then
+    # shellcheck source=/dev/null
+    . "$IN/node.env"
+    # shellcheck source=node.sh
+    . "$IN/node.sh"
+    node_network
+    node_files
+    node_up
+fi
+
 # The agent, as the unit the host put on the share.
+[ -f "$IN/node.env" ] || {
 mkdir -p /run/systemd/system
 cp "$IN/lastgasp.service" /run/systemd/system/lastgasp.service
 systemctl daemon-reload
@@ -97,6 +119,7 @@ pid=$(head -1 /sys/fs/cgroup/system.slice/lastgasp.service/cgroup.procs)
 grep -E '^(Uid|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' "/proc/$pid/status" > "$OUT/agent-status-boot$boot"
 tr '\0' ' ' < "/proc/$pid/cmdline" > "$OUT/agent-cmdline-boot$boot"
 say "ARMED pid=$pid argv0=$(tr '\0' '\n' < "/proc/$pid/cmdline" | head -1)"
+}
 
 if [ "$boot" -gt 1 ]; then
     # What the node reports about its last shutdown once it is back.
@@ -108,6 +131,28 @@ if [ "$boot" -gt 1 ]; then
     # never left); stopping it earlier would race that report. Wait until
     # the API double has logged the Event (its test endpoint, read-only),
     # then up to 5 s for a late record, before ending the guest.
+    # A real node: the agent's pod reports the previous boot as it starts
+    # and clears its marks once the kubelet says Ready; wait for the Node
+    # to be Ready without the agent's taint (read with the kubelet's own
+    # credentials: the Node authorizer lets it read its Node).
+    if [ -f "$IN/node.env" ]; then
+        back=no
+        for _ in $(seq 1 120); do
+            curl -s --max-time 5 --cacert /var/lib/kubelet/pki/ca.crt --cert /var/lib/kubelet/pki/kubelet.crt \
+                --key /var/lib/kubelet/pki/kubelet.key "https://10.0.2.100:6443/api/v1/nodes/$(hostname)" \
+                > "$OUT/node-after-boot$boot.json" 2>/dev/null
+            if grep -q '"type": *"Ready", *"status": *"True"\|"status": *"True", *"type": *"Ready"' "$OUT/node-after-boot$boot.json" \
+                && ! grep -q 'lastgasp.dev/shutting-down' "$OUT/node-after-boot$boot.json" \
+                && { [ "$ARM" = kubelet ] || grep -qs 'previous boot' /var/log/pods/lastgasp_lastgasp-agent-*/agent/*.log; }; then
+                back=yes
+                break
+            fi
+            sleep 1
+        done
+        # The controller lifts its fence on its next pass.
+        sleep 5
+        say "REPORTED node-back=$back"
+    fi
     if [ -f "$IN/lastgasp.env" ]; then
         reported=no
         for _ in $(seq 1 60); do

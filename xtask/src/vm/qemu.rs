@@ -122,7 +122,14 @@ pub struct Spec<'a> {
     pub disks_from: Option<PathBuf>,
     /// Keep the root overlay after the boot (another boot of it follows).
     pub keep_overlay: bool,
+    /// The guest's memory.
+    pub mem_mib: u32,
+    /// From the runner's BOOT marker to ARMED (or FAIL).
+    pub arm_timeout: Duration,
 }
+
+/// The guest's memory for the agent as a host service.
+pub const MEM_MIB: u32 = 1024;
 
 #[derive(Clone, Debug)]
 pub struct Line {
@@ -179,7 +186,7 @@ impl Run {
 const AUDIT_DISK_BYTES: u64 = 32 << 20;
 
 /// From the runner's BOOT marker to the agent armed (or the runner's FAIL).
-const ARM_TIMEOUT: Duration = Duration::from_secs(180);
+pub const ARM_TIMEOUT: Duration = Duration::from_secs(180);
 /// How a kill for a guest stuck before the trigger starts (see `Exit::Killed`).
 pub const HUNG_BEFORE_TRIGGER: &str = "the guest hung: the agent had not armed";
 
@@ -192,7 +199,7 @@ impl Guest<'_> {
             Some(from) => {
                 let share = from.join("share");
                 for (name, data) in &spec.extra_in {
-                    fs::write(share.join("in").join(name), data)?;
+                    write_in(&share.join("in"), name, data)?;
                 }
                 (from.join("root.qcow2"), from.join("audit.img"), share)
             }
@@ -214,7 +221,7 @@ impl Guest<'_> {
                 Accel::Tcg(_) => ["-accel", "tcg,thread=multi"],
                 Accel::Kvm => ["-accel", "kvm"],
             })
-            .args(["-smp", "2", "-m", "1024"])
+            .args(["-smp", "2", "-m", &spec.mem_mib.to_string()])
             // The guest's clock starts from the host's UTC (whole seconds);
             // cluster mode relates the two to the ms (vm/cluster.rs).
             .args(["-rtc", "base=utc"])
@@ -341,14 +348,14 @@ impl Guest<'_> {
                     super::free_space(dir).map_or("?".into(), super::mib),
                     dir.display()
                 )))
-            } else if booted_at.is_some_and(|b| !armed && now > b + ARM_TIMEOUT) {
+            } else if booted_at.is_some_and(|b| !armed && now > b + spec.arm_timeout) {
                 // The runner gives the agent 120 s to arm; past that the guest
                 // itself is stuck (seen under TCG: soft lockups of both vCPUs
                 // while the agent attaches its programs).
                 Some(Some(format!(
                     "{} {} s after the boot, before the trigger{}",
                     HUNG_BEFORE_TRIGGER,
-                    ARM_TIMEOUT.as_secs(),
+                    spec.arm_timeout.as_secs(),
                     if lockup {
                         " (the guest kernel reported soft lockups)"
                     } else {
@@ -450,7 +457,7 @@ impl Guest<'_> {
         fs::copy(&sc, inp.join("scenario.sh"))
             .with_context(|| format!("copying {}", sc.display()))?;
         for (name, data) in &spec.extra_in {
-            fs::write(inp.join(name), data)?;
+            write_in(&inp, name, data)?;
         }
 
         let overlay = dir.join("root.qcow2");
@@ -496,6 +503,19 @@ fn run_quiet(cmd: &mut Command) -> Result<()> {
 }
 
 /// Waits for `child` at most `timeout`; `None` if it is still running.
+/// One file of the share's `in/` (`name` may have directories).
+fn write_in(inp: &Path, name: &str, data: &[u8]) -> Result<()> {
+    let to = inp.join(name);
+    if let Some(d) = to.parent() {
+        fs::create_dir_all(d)?;
+    }
+    fs::write(&to, data).with_context(|| format!("writing {}", to.display()))?;
+    if name.ends_with(".sh") || !name.contains('.') {
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
+
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
     let t = Instant::now();
     loop {

@@ -724,6 +724,8 @@ fn run_inner(
         nic: None,
         disks_from: None,
         keep_overlay: sc.next_boot,
+        mem_mib: super::qemu::MEM_MIB,
+        arm_timeout: super::qemu::ARM_TIMEOUT,
     };
     if let Some(c) = cluster.as_deref_mut() {
         c.prepare(&mut spec)?;
@@ -819,6 +821,8 @@ fn next_boot(
         nic: None,
         disks_from: Some(dir.to_path_buf()),
         keep_overlay: false,
+        mem_mib: super::qemu::MEM_MIB,
+        arm_timeout: super::qemu::ARM_TIMEOUT,
     };
     if let Some(c) = cluster.as_deref() {
         c.attach(&mut spec)?;

@@ -1,0 +1,87 @@
+# A real Kubernetes node in the guest, for `cargo xtask vm-test --node`
+# (sourced by runner.sh when the share carries in/node.env). containerd (with
+# runc and the CNI bridge) and the kubelet v1.32.13 join the real control
+# plane on the host, reached at 10.0.2.100:6443 through qemu's guestfwd.
+# Images come from OCI archives on the share (no registry). The agent, when
+# the arm has it, is the DaemonSet's pod; the host unit is not started.
+#
+# node.env sets ARM (lastgasp | kubelet | both) and EXPECT_TASKS (the
+# containers that must run: the agent's, if any, and the workloads').
+
+# The `kubernetes` Service (10.0.0.1:443) as kube-proxy would route it: the
+# agent's in-cluster configuration points there.
+node_network() {
+    modprobe br_netfilter 2>/dev/null
+    iptables -t nat -A OUTPUT -d 10.0.0.1/32 -p tcp --dport 443 -j DNAT --to-destination 10.0.2.100:6443 \
+        || say "FAIL iptables: no DNAT for the kubernetes Service"
+}
+
+node_files() {
+    mkdir -p /etc/containerd /etc/cni/net.d /var/lib/kubelet/pki /run/systemd/system
+    cp "$IN/node/containerd.toml" /etc/containerd/config.toml
+    cp "$IN/node/cni.conflist" /etc/cni/net.d/10-lastgasp.conflist
+    cp "$IN/node/kubelet.yaml" /var/lib/kubelet/config.yaml
+    cp "$IN/node/kubeconfig" /var/lib/kubelet/kubeconfig
+    cp "$IN/node/ca.crt" "$IN/node/kubelet.crt" "$IN/node/kubelet.key" /var/lib/kubelet/pki/
+    cp "$IN/node/kubelet.service" /run/systemd/system/kubelet.service
+    # The binaries run from the root file system: the share may go first
+    # in a shutdown.
+    cp "$IN/node/kubelet" /usr/local/bin/kubelet
+    cp "$IN/lastgasp" /usr/local/sbin/lastgasp
+    chmod 755 /usr/local/bin/kubelet /usr/local/sbin/lastgasp
+}
+
+node_images() {
+    local a
+    for a in "$IN"/node/images/*.tar; do
+        ctr -n k8s.io images import --no-unpack=false "$a" >> "$OUT/node-images-boot$boot.log" 2>&1 \
+            || { say "FAIL ctr import $(basename "$a")"; return 1; }
+    done
+    # What the DaemonSet names (lastgasp:0.1.0) is docker.io/library/... to
+    # the CRI; the archive calls it localhost/lastgasp:VERSION.
+    ctr -n k8s.io images ls -q >> "$OUT/node-images-boot$boot.log"
+    while read -r from to; do
+        ctr -n k8s.io images tag --force "$from" "$to" >> "$OUT/node-images-boot$boot.log" 2>&1
+    done < "$IN/node/tags"
+}
+
+# Containers running under containerd's k8s.io namespace (pods' sandboxes
+# are tasks too: only the named containers count, from node.env).
+node_tasks() {
+    ctr -n k8s.io tasks ls 2>/dev/null | awk '$3 == "RUNNING"' | wc -l
+}
+
+# Until the agent's container says "armed" (arms with the agent) and the
+# expected tasks run; then ARMED.
+node_up() {
+    systemctl daemon-reload
+    systemctl start containerd || { say "FAIL containerd did not start"; finish fail; }
+    node_images || finish fail
+    systemctl start kubelet || { say "FAIL the kubelet did not start"; finish fail; }
+    say "KUBELET-STARTED"
+    local armed= i
+    for i in $(seq 1 1800); do
+        if [ "$ARM" = kubelet ] || grep -qs '"armed"\|lastgasp: armed\| armed ' /var/log/pods/lastgasp_lastgasp-agent-*/agent/*.log; then
+            if [ "$(node_tasks)" -ge "$EXPECT_TASKS" ]; then armed=1; break; fi
+        fi
+        systemctl is-active -q kubelet || break
+        sleep 0.2
+    done
+    { ctr -n k8s.io tasks ls; ls -l /var/log/pods/; free -m; systemd-inhibit --list --no-pager; } \
+        > "$OUT/node-state-boot$boot.txt" 2>&1
+    if [ -z "$armed" ]; then
+        { systemctl status --no-pager -l kubelet containerd; journalctl -b --no-pager -n 200 -u kubelet -u containerd;
+          tail -n 50 /var/log/pods/*/*/*.log; } > "$OUT/node-diag-boot$boot.log" 2>&1
+        say "FAIL the node's pods did not start (out/node-diag-boot$boot.log)"
+        finish fail
+    fi
+    local agent
+    agent=$(pgrep -f '^/usr/local/bin/lastgasp .*run' | head -1)
+    say "ARMED node arm=$ARM agent=${agent:-none} tasks=$(node_tasks) mem_used_mib=$(free -m | awk '/^Mem:/ {print $3}')"
+    # Where the agent's container and the kubelet die, against the shutdown:
+    # a root process whose argv[0] starts with '@' outlives systemd-shutdown's
+    # kill sweep (vm-guest.md), so it sees them go and says so on the console.
+    cp "$IN/node/watch.sh" /usr/local/sbin/lastgasp-vm-watch
+    systemd-run --quiet --unit lastgasp-vm-watch -p DefaultDependencies=no \
+        bash -c 'exec -a @lastgasp-vm-watch bash /usr/local/sbin/lastgasp-vm-watch "$0"' "${agent:-0}"
+}

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Started by node.sh with argv[0] "@lastgasp-vm-watch": systemd-shutdown
+# spares it, so it outlives the node's services and containers and reports
+# on the console when each of them ends: the agent's container (its pid, $1),
+# the kubelet and containerd. The host relates those times to the trigger.
+# Builtins only in the loop: a forked child would be killed by the sweep.
+agent=${1:-0}
+say() { local t=${EPOCHREALTIME/./}; echo "lastgasp-vm: ${t}000 $*" > /dev/kmsg; }
+alive() { [ "$1" != 0 ] && kill -0 "$1" 2>/dev/null; }
+kubelet=$(pgrep -x kubelet | head -1)
+containerd=$(pgrep -x containerd | head -1)
+mkfifo /run/lastgasp-vm-watch.fifo 2>/dev/null
+exec 3<>/run/lastgasp-vm-watch.fifo
+say "WATCH agent=$agent kubelet=${kubelet:-0} containerd=${containerd:-0}"
+gone_a= gone_k= gone_c=
+while :; do
+    if [ -z "$gone_a" ] && ! alive "$agent"; then gone_a=1; [ "$agent" != 0 ] && say "GONE agent"; fi
+    if [ -z "$gone_k" ] && ! alive "${kubelet:-0}"; then gone_k=1; say "GONE kubelet"; fi
+    if [ -z "$gone_c" ] && ! alive "${containerd:-0}"; then gone_c=1; say "GONE containerd"; fi
+    read -r -t 0.02 -u 3 _
+done

@@ -1,0 +1,668 @@
+//! `cargo xtask vm-test --node`: a real Kubernetes node in the guest.
+//!
+//! The host runs the real control plane (`lastgasp-vm-cluster`, from the
+//! tests package: etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler v1.32.13, `deploy/` applied as an operator applies it,
+//! the lastgasp controller, a simulated second node, and a record of every
+//! pod, Node and Event change). The guest runs containerd, runc, the CNI
+//! bridge and the kubelet v1.32.13, which joins through qemu's guestfwd with
+//! a client certificate made by that control plane's CA; its images come
+//! from OCI archives the harness builds (the agent's image, and one static
+//! binary that is both the pod sandbox and the workload). The agent, where
+//! the arm has it, is the DaemonSet's pod.
+//!
+//! Arms: `lastgasp` (the kubelet's graceful shutdown off, as the operator's
+//! guide says), `kubelet` (its graceful shutdown on, 30 s and 10 s for
+//! critical pods; no agent), `both`. The same shutdowns in each; what the
+//! API server saw is the table (`node_matrix`).
+use std::{
+    fmt::Write as _,
+    fs,
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::qemu::{Exit, Guest, Run, Spec};
+
+/// The scenarios of the real node: (name, `tests/vm/scenarios/NAME.sh`,
+/// does the guest come back on its own (a reboot)).
+pub const SCENARIOS: &[(&str, &str)] = &[
+    ("poweroff", "systemctl poweroff"),
+    ("poweroff-force", "systemctl poweroff --force"),
+    ("poweroff-target", "systemctl start poweroff.target"),
+    ("sigrtmin4", "kill -s SIGRTMIN+4 1"),
+    ("shutdown-h-1", "shutdown -h +1, waited out"),
+    ("reboot-ff", "reboot -ff"),
+];
+
+pub const ARMS: &[&str] = &["lastgasp", "kubelet", "both"];
+
+/// `cargo xtask test`'s real-node scenario: the agent as its DaemonSet's
+/// pod, the kubelet's graceful shutdown off, a forced power-off; one boot.
+#[allow(dead_code)] // until CI runs it
+pub const CI: (&str, &str) = ("lastgasp", "poweroff-force");
+
+/// The guest's memory with the kubelet, containerd and four pods (the
+/// runner reports what is in use when the pods run: `mem_used_mib`).
+pub const MEM_MIB: u32 = 1536;
+const NODE: &str = "lastgasp-guest";
+/// Workload containers (web, cache, db) the guest must run before the
+/// trigger; the agent's is one more.
+const WORKLOADS: usize = 3;
+
+/// What every run needs, built once.
+pub struct Prepared {
+    helper: PathBuf,
+    env: Vec<(String, PathBuf)>,
+    files: Vec<(String, Vec<u8>)>,
+    objects: PathBuf,
+    node_dir: PathBuf,
+}
+
+/// The binaries, images and files of the real node: `agent_image` and
+/// `sleeper` are OCI archives with their tags; `helper` the
+/// `lastgasp-vm-cluster` binary; `env` what it needs to find the control
+/// plane's binaries and kustomize.
+pub fn prepare(
+    root: &Path,
+    helper: PathBuf,
+    env: Vec<(String, PathBuf)>,
+    agent_image: (PathBuf, String),
+    sleeper: (PathBuf, String),
+    kubelet: &Path,
+) -> Result<Prepared> {
+    let node_dir = root.join("tests/vm/node");
+    let read = |p: &Path| fs::read(p).with_context(|| format!("reading {}", p.display()));
+    let mut files = vec![
+        (
+            "node.sh".to_string(),
+            read(&root.join("tests/vm/guest/node.sh"))?,
+        ),
+        ("node/kubelet".into(), read(kubelet)?),
+        (
+            "node/containerd.toml".into(),
+            read(&node_dir.join("containerd.toml"))?,
+        ),
+        (
+            "node/cni.conflist".into(),
+            read(&node_dir.join("cni.conflist"))?,
+        ),
+        (
+            "node/kubelet.service".into(),
+            read(&node_dir.join("kubelet.service"))?,
+        ),
+        ("node/watch.sh".into(), read(&node_dir.join("watch.sh"))?),
+        ("node/images/lastgasp.tar".into(), read(&agent_image.0)?),
+        ("node/images/sleeper.tar".into(), read(&sleeper.0)?),
+    ];
+    // What the DaemonSet names the image: the CRI's docker.io/library/...
+    let version = agent_image.1.rsplit(':').next().unwrap_or_default();
+    files.push((
+        "node/tags".into(),
+        format!("{} docker.io/library/lastgasp:{version}\n", agent_image.1).into_bytes(),
+    ));
+    Ok(Prepared {
+        helper,
+        env,
+        files,
+        objects: node_dir.join("objects.json"),
+        node_dir,
+    })
+}
+
+/// One (arm, scenario): its outcome for the table.
+pub struct NodeOutcome {
+    pub arm: &'static str,
+    pub scenario: &'static str,
+    pub trigger: &'static str,
+    pub problems: Vec<String>,
+    /// Filled from the run: one string per column.
+    pub ran_as: String,
+    pub pods: String,
+    pub replaced: String,
+    pub at_death: String,
+    pub after: String,
+    pub agent_end: String,
+    pub events: String,
+    pub guest: String,
+}
+
+impl NodeOutcome {
+    pub fn failed(&self) -> bool {
+        !self.problems.is_empty()
+    }
+
+    pub fn one_line(&self) -> String {
+        if self.failed() {
+            format!("FAIL: {}", self.problems.join("; "))
+        } else {
+            format!("ok: {} | {} | {}", self.pods, self.at_death, self.agent_end)
+        }
+    }
+}
+
+/// The control plane for one run: the helper process.
+struct Cluster {
+    child: Child,
+    port: u16,
+    out: PathBuf,
+}
+
+impl Cluster {
+    fn start(p: &Prepared, dir: &Path, agent: bool) -> Result<Cluster> {
+        let out = dir.join("cluster");
+        fs::create_dir_all(&out)?;
+        let mut cmd = Command::new(&p.helper);
+        cmd.arg("--out")
+            .arg(&out)
+            .args(["--node", NODE, "--objects"])
+            .arg(&p.objects)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(dir.join("cluster.log"))?);
+        if agent {
+            cmd.arg("--agent");
+        }
+        for (k, v) in &p.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().context("starting lastgasp-vm-cluster")?;
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(port) = line.strip_prefix("READY ") {
+                    let _ = tx.send(port.trim().parse::<u16>().ok());
+                }
+            }
+        });
+        let port = match rx.recv_timeout(Duration::from_secs(180)) {
+            Ok(Some(p)) => p,
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let log = fs::read_to_string(dir.join("cluster.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                bail!(
+                    "the control plane for the real node did not come up:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+        };
+        Ok(Cluster { child, port, out })
+    }
+
+    /// Closes its stdin: it stops, the control plane with it.
+    fn stop(mut self) {
+        drop(self.child.stdin.take());
+        for _ in 0..100 {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The files of one run's share (`in/`), the arm's kubelet config and the
+/// node's credentials from the control plane.
+fn files(p: &Prepared, c: &Cluster, arm: &str) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut files = p.files.clone();
+    let (grace, critical) = if arm == "lastgasp" {
+        ("0s", "0s")
+    } else {
+        ("30s", "10s")
+    };
+    let kubelet = fs::read_to_string(p.node_dir.join("kubelet.yaml"))?
+        .replace(
+            "shutdownGracePeriod: GRACE",
+            &format!("shutdownGracePeriod: {grace}"),
+        )
+        .replace(
+            "shutdownGracePeriodCriticalPods: CRITICAL",
+            &format!("shutdownGracePeriodCriticalPods: {critical}"),
+        );
+    files.push(("node/kubelet.yaml".into(), kubelet.into_bytes()));
+    for f in ["ca.crt", "kubelet.crt", "kubelet.key"] {
+        files.push((format!("node/{f}"), fs::read(c.out.join("node").join(f))?));
+    }
+    files.push((
+        "node/kubeconfig".into(),
+        String::from(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: vm\n  cluster:\n    server: https://10.0.2.100:6443\n    certificate-authority: /var/lib/kubelet/pki/ca.crt\nusers:\n- name: node\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet.crt\n    client-key: /var/lib/kubelet/pki/kubelet.key\ncontexts:\n- name: vm\n  context:\n    cluster: vm\n    user: node\ncurrent-context: vm\n"
+        )
+        .into_bytes(),
+    ));
+    let agent = usize::from(arm != "kubelet");
+    files.push((
+        "node.env".into(),
+        format!("ARM={arm}\nEXPECT_TASKS={}\n", WORKLOADS + agent).into_bytes(),
+    ));
+    Ok(files)
+}
+
+/// One arm and scenario on a fresh control plane and guest; with
+/// `next_boot`, a guest that powered off is switched on again to see what
+/// the cluster knows once it is back.
+pub fn run(
+    guest: &Guest,
+    p: &Prepared,
+    arm: &'static str,
+    scenario: &'static str,
+    dir: &Path,
+    next_boot: bool,
+) -> NodeOutcome {
+    let trigger = SCENARIOS
+        .iter()
+        .find(|(n, _)| *n == scenario)
+        .map(|(_, t)| *t)
+        .unwrap_or("?");
+    let mut o = NodeOutcome {
+        arm,
+        scenario,
+        trigger,
+        problems: Vec::new(),
+        ran_as: if arm == "kubelet" {
+            "no agent".into()
+        } else {
+            "DaemonSet pod".into()
+        },
+        pods: "-".into(),
+        replaced: "-".into(),
+        at_death: "-".into(),
+        after: "-".into(),
+        agent_end: "-".into(),
+        events: "-".into(),
+        guest: "-".into(),
+    };
+    if let Err(e) = run_inner(guest, p, dir, next_boot, &mut o) {
+        o.problems.push(format!("{e:#}"));
+    }
+    o
+}
+
+fn run_inner(
+    guest: &Guest,
+    p: &Prepared,
+    dir: &Path,
+    next_boot: bool,
+    o: &mut NodeOutcome,
+) -> Result<()> {
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
+    let cluster = Cluster::start(p, dir, o.arm != "kubelet")?;
+    let nic = format!(
+        "user,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:socat STDIO TCP:127.0.0.1:{}",
+        cluster.port
+    );
+    let reboots = o.scenario == "reboot-ff";
+    let spec = Spec {
+        scenario: o.scenario,
+        dir: dir.join("boot1"),
+        allow_reset: reboots && next_boot,
+        boot_timeout: Duration::from_secs(240),
+        timeout: Duration::from_secs(if o.scenario == "shutdown-h-1" {
+            1200
+        } else {
+            900
+        }),
+        extra_in: files(p, &cluster, o.arm)?,
+        nic: Some(nic.clone()),
+        disks_from: None,
+        keep_overlay: next_boot,
+        mem_mib: MEM_MIB,
+        arm_timeout: Duration::from_secs(600),
+    };
+    let run = guest.boot(&spec);
+    let run = match run {
+        Ok(r) => r,
+        Err(e) => {
+            cluster.stop();
+            return Err(e);
+        }
+    };
+    let powered_off = matches!(run.exit, Exit::Exited(_)) && !reboots;
+    let run2 = if next_boot && powered_off && run.markers("TRIGGER").len() == 1 {
+        println!("vm-test:   the node powered off: switching it on again (same disks)");
+        let spec2 = Spec {
+            dir: dir.join("boot2"),
+            allow_reset: false,
+            disks_from: Some(dir.join("boot1")),
+            keep_overlay: false,
+            extra_in: Vec::new(),
+            ..spec
+        };
+        Some(guest.boot(&spec2))
+    } else {
+        None
+    };
+    let out = cluster.out.clone();
+    cluster.stop();
+    let run2 = run2.transpose()?;
+    judge(&run, run2.as_ref(), &out, o)
+}
+
+/// A console line's host time.
+fn at(run: &Run, t: Duration) -> SystemTime {
+    run.start_wall + t
+}
+
+fn secs_after(t: f64, zero: SystemTime) -> f64 {
+    let z = zero
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    t - z
+}
+
+/// Reads the run's markers and the API server's record into the columns.
+fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Result<()> {
+    let fail = run.markers("FAIL");
+    if let Some(f) = fail.first() {
+        o.problems.push(format!("the guest: {}", f.text.trim()));
+    }
+    let armed = run.markers("ARMED");
+    if let Some(a) = armed.first() {
+        o.guest = a
+            .text
+            .split_whitespace()
+            .filter(|w| w.starts_with("mem_used_mib=") || w.starts_with("tasks="))
+            .collect::<Vec<_>>()
+            .join(" ");
+    }
+    let Some(trig) = run.markers("TRIGGER").first().map(|l| at(run, l.t)) else {
+        o.problems.push("the trigger never ran".into());
+        return Ok(());
+    };
+    // The guest's end: the kernel's last words.
+    let end = run
+        .console
+        .iter()
+        .find(|l| l.text.contains("reboot: Power down") || l.text.contains("reboot: Restarting"))
+        .map(|l| at(run, l.t));
+    let ms = |t: SystemTime| {
+        t.duration_since(trig)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_else(|e| -e.duration().as_secs_f64())
+    };
+    let gone = |what: &str| {
+        run.markers("GONE")
+            .into_iter()
+            .find(|l| l.text.contains(&format!("GONE {what}")))
+            .map(|l| ms(at(run, l.t)))
+    };
+    let end_s = end.map(ms);
+    o.guest = format!(
+        "{}; down at {}",
+        o.guest,
+        end_s
+            .map(|s| format!("+{s:.1} s"))
+            .unwrap_or_else(|| "never (stayed up)".into())
+    );
+    let lines: Vec<Value> = fs::read_to_string(out.join("cluster.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let rel = |v: &Value| secs_after(v["t"].as_f64().unwrap_or(0.0), trig);
+    let end_rel = end_s.unwrap_or(f64::MAX);
+    // The workloads that ran on the node at the trigger: by name.
+    let mut pods: Vec<(String, String)> = Vec::new(); // (name, uid)
+    for l in lines.iter().filter(|l| l["kind"] == "Pod" && rel(l) <= 0.0) {
+        let p = &l["obj"];
+        if p["ns"] == "default" && p["node"] == NODE {
+            let key = (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                p["uid"].as_str().unwrap_or_default().to_string(),
+            );
+            if l["event"] == "delete" {
+                pods.retain(|x| x != &key);
+            } else if !pods.contains(&key) {
+                pods.push(key);
+            }
+        }
+    }
+    let mut ended = Vec::new();
+    let mut replaced = Vec::new();
+    for (name, uid) in &pods {
+        let mine: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["kind"] == "Pod" && l["obj"]["uid"] == uid.as_str() && rel(l) > 0.0)
+            .collect();
+        let first = |f: &dyn Fn(&Value) -> bool| mine.iter().find(|l| f(l)).map(|l| rel(l));
+        let deleting = first(&|l| l["obj"]["deleting"] == true);
+        let failed = first(&|l| l["obj"]["phase"] == "Failed");
+        let deleted = first(&|l| l["event"] == "delete");
+        let app = name.split('-').next().unwrap_or(name);
+        let mut s = format!("{app}:");
+        if let Some(t) = failed {
+            let reason = mine
+                .iter()
+                .find(|l| l["obj"]["phase"] == "Failed")
+                .and_then(|l| l["obj"]["reason"].as_str())
+                .unwrap_or("");
+            let _ = write!(s, " Failed ({reason}) +{t:.1}");
+        }
+        if let Some(t) = deleting {
+            let _ = write!(s, " deletion +{t:.1}");
+        }
+        if let Some(t) = deleted {
+            let _ = write!(s, " gone +{t:.1}");
+        }
+        if failed.is_none() && deleting.is_none() && deleted.is_none() {
+            s.push_str(" untouched");
+        }
+        // Its state when the node died (or at the end).
+        let last_before = mine
+            .iter()
+            .rev()
+            .find(|l| rel(l) <= end_rel)
+            .map(|l| &l["obj"]);
+        match (deleted.is_some_and(|t| t <= end_rel), last_before) {
+            (true, _) => s.push_str(" (gone before the node)"),
+            (false, Some(p)) if p["deleting"] == true => s.push_str(" (Terminating at the end)"),
+            (false, Some(p)) => {
+                let _ = write!(s, " ({} at the end)", p["phase"].as_str().unwrap_or("?"));
+            }
+            (false, None) => s.push_str(" (Running at the end)"),
+        }
+        ended.push(s);
+        // Its replacement: a pod of the same app Running on another node.
+        let rep = lines.iter().find(|l| {
+            l["kind"] == "Pod"
+                && rel(l) > 0.0
+                && l["obj"]["ns"] == "default"
+                && l["obj"]["uid"] != uid.as_str()
+                && l["obj"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&format!("{app}-")))
+                && l["obj"]["node"].as_str().is_some_and(|n| n != NODE)
+                && l["obj"]["phase"] == "Running"
+        });
+        replaced.push(match rep {
+            Some(l) => format!("{app} +{:.1}", rel(l)),
+            None => format!("{app} none"),
+        });
+    }
+    if pods.len() < WORKLOADS {
+        o.problems.push(format!(
+            "{} of {WORKLOADS} workload pods were on the node at the trigger",
+            pods.len()
+        ));
+    }
+    o.pods = ended.join("; ");
+    o.replaced = replaced.join("; ");
+    // The Node as the API server had it when the node died, and at the end.
+    let node_at = |until: f64| {
+        lines
+            .iter()
+            .rfind(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE && rel(l) <= until)
+            .map(|l| node_text(&l["obj"]))
+            .unwrap_or_else(|| "-".into())
+    };
+    o.at_death = node_at(end_rel);
+    o.after = match run2 {
+        Some(r2) => {
+            let back = r2
+                .markers("REPORTED")
+                .first()
+                .map(|l| l.text.contains("node-back=yes"))
+                .unwrap_or(false);
+            format!(
+                "{} (back: {})",
+                node_at(f64::MAX),
+                if back { "yes" } else { "no" }
+            )
+        }
+        None if o.scenario == "reboot-ff" => node_at(f64::MAX),
+        None => "not switched on again".into(),
+    };
+    // Events after the trigger, by reason and source.
+    let mut evs: Vec<String> = Vec::new();
+    for l in lines
+        .iter()
+        .filter(|l| l["kind"] == "Event" && rel(l) > 0.0)
+    {
+        let e = &l["obj"];
+        if !e["object"].as_str().is_some_and(|x| x.starts_with("Node/")) {
+            continue;
+        }
+        let s = format!(
+            "{} ({}) +{:.1}",
+            e["reason"].as_str().unwrap_or("?"),
+            e["source"].as_str().unwrap_or("?"),
+            rel(l)
+        );
+        if !evs
+            .iter()
+            .any(|x| x.split(" +").next() == s.split(" +").next())
+        {
+            evs.push(s);
+        }
+    }
+    o.events = if evs.is_empty() {
+        "none".into()
+    } else {
+        evs.join("; ")
+    };
+    // Where the agent's container died, against its last write the API
+    // server saw (a change to the Node or a pod deletion while it lived).
+    if o.arm != "kubelet" {
+        let gone_agent = gone("agent");
+        let last_write = lines
+            .iter()
+            .filter(|l| rel(l) > 0.0 && rel(l) <= gone_agent.unwrap_or(end_rel).min(end_rel))
+            .filter(|l| {
+                (l["kind"] == "Node" && l["obj"]["name"] == NODE)
+                    || (l["kind"] == "Pod" && l["obj"]["deleting"] == true)
+            })
+            .map(rel)
+            .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
+        o.agent_end = format!(
+            "container gone {}; kubelet gone {}; last Node/pod change seen before it {}",
+            gone_agent
+                .map(|t| format!("+{t:.2} s"))
+                .unwrap_or_else(|| "never (alive at the end)".into()),
+            gone("kubelet")
+                .map(|t| format!("+{t:.2} s"))
+                .unwrap_or_else(|| "-".into()),
+            last_write
+                .map(|t| format!("+{t:.2} s"))
+                .unwrap_or_else(|| "none".into())
+        );
+    } else {
+        o.agent_end = format!(
+            "kubelet gone {}",
+            gone("kubelet")
+                .map(|t| format!("+{t:.2} s"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    Ok(())
+}
+
+fn node_text(n: &Value) -> String {
+    let conds: Vec<String> = n["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{}={}{}",
+                c["type"].as_str().unwrap_or("?"),
+                c["status"].as_str().unwrap_or("?"),
+                c["reason"]
+                    .as_str()
+                    .map(|r| format!("/{r}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    let taints: Vec<&str> = n["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.as_str())
+        .collect();
+    let rec = match &n["record"] {
+        Value::Null => "no record".to_string(),
+        r => format!(
+            "record {} via {}{}",
+            r["kind"].as_str().unwrap_or("?"),
+            r["source"].as_str().unwrap_or("?"),
+            if r["back"] == true { ", back" } else { "" }
+        ),
+    };
+    format!(
+        "{}; taints [{}]; {rec}",
+        conds.join(", "),
+        taints.join(", ")
+    )
+}
+
+/// The comparison table (docs/testing.md).
+pub fn matrix(outcomes: &[NodeOutcome]) -> String {
+    let mut m = String::new();
+    let _ = writeln!(
+        m,
+        "| arm | scenario | the agent | workload pods on the node: how each ended, s after the trigger, and its state when the node went down | replacements Running on the other node | the Node when the node went down | after it came back | where the agent's container and the kubelet ended | Node Events | guest | result |"
+    );
+    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for o in outcomes {
+        let _ = writeln!(
+            m,
+            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            o.arm,
+            o.trigger,
+            o.ran_as,
+            o.pods,
+            o.replaced,
+            o.at_death,
+            o.after,
+            o.agent_end,
+            o.events,
+            o.guest,
+            if o.failed() {
+                format!("**FAIL**: {}", o.problems.join("; "))
+            } else {
+                "ran".into()
+            }
+        );
+    }
+    m
+}
+
+/// Writes `text` to `path` and says so.
+pub fn write_matrix(path: &Path, text: &str) -> Result<()> {
+    let mut f = fs::File::create(path)?;
+    f.write_all(text.as_bytes())?;
+    println!("vm-test: real-node matrix written to {}", path.display());
+    Ok(())
+}
