@@ -45,6 +45,8 @@ done
 # kexec-tools must not hijack reboots: the kexec scenario loads its kernel itself.
 echo 'LOAD_KEXEC=false' > "$root/etc/default/kexec"
 chroot "$root" systemctl enable lastgasp-vm.service >/dev/null 2>&1
+# containerd only for the real node (`vm-test --node`), which starts it.
+chroot "$root" systemctl disable containerd.service >/dev/null 2>&1 || true
 mkdir -p "$root/mnt/lastgasp" "$root/var/lib/lastgasp"
 
 # A small initrd: only what mounts an ext4 root on virtio-blk.
