@@ -56,6 +56,14 @@ pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
     ] {
         fs::create_dir_all(rootfs.join(d))?;
     }
+    // As on any distribution: the D-Bus system bus is found at
+    // /var/run/dbus/system_bus_socket (zbus's default, the spec's), and the
+    // DaemonSet mounts the host's /run/dbus at /run/dbus. Without the link
+    // the agent in its pod never reached logind: no delay lock, no
+    // PrepareForShutdown (found by `vm-test --node`).
+    fs::create_dir_all(rootfs.join("run"))?;
+    fs::create_dir_all(rootfs.join("var"))?;
+    std::os::unix::fs::symlink("../run", rootfs.join("var/run"))?;
     fs::write(
         dir.join("containers.conf"),
         "[containers]\ndefault_ulimits = []\n",

@@ -68,6 +68,16 @@ fn args() -> Result<Args> {
 
 fn main() -> Result<()> {
     let args = args()?;
+    // The controller's log (its verdicts at info), on our stderr.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,lastgasp::controller=info")
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
     fs::create_dir_all(args.out.join("node"))?;
     let Some(cp) = controlplane::plain("vm cluster") else {
         bail!("no control plane binaries (LASTGASP_K8S_BIN, LASTGASP_ETCD)");

@@ -75,13 +75,19 @@ node_up() {
         say "FAIL the node's pods did not start (out/node-diag-boot$boot.log)"
         finish fail
     fi
-    local agent
+    local agent kubelet containerd
     agent=$(pgrep -f '^/usr/local/bin/lastgasp .*run' | head -1)
-    say "ARMED node arm=$ARM agent=${agent:-none} tasks=$(node_tasks) mem_used_mib=$(free -m | awk '/^Mem:/ {print $3}')"
+    kubelet=$(pgrep -x kubelet | head -1)
+    containerd=$(pgrep -x containerd | head -1)
+    cat /var/log/pods/lastgasp_lastgasp-agent-*/agent/*.log > "$OUT/agent-pod-boot$boot.log" 2>/dev/null
     # Where the agent's container and the kubelet die, against the shutdown:
     # a root process whose argv[0] starts with '@' outlives systemd-shutdown's
     # kill sweep (vm-guest.md), so it sees them go and says so on the console.
     cp "$IN/node/watch.sh" /usr/local/sbin/lastgasp-vm-watch
+    rm -f /run/lastgasp-vm-watch.ready
     systemd-run --quiet --unit lastgasp-vm-watch -p DefaultDependencies=no \
-        bash -c 'exec -a @lastgasp-vm-watch bash /usr/local/sbin/lastgasp-vm-watch "$0"' "${agent:-0}"
+        bash -c 'exec -a @lastgasp-vm-watch bash /usr/local/sbin/lastgasp-vm-watch "$0" "$1" "$2"' \
+        "${agent:-0}" "${kubelet:-0}" "${containerd:-0}"
+    for _ in $(seq 1 100); do [ -e /run/lastgasp-vm-watch.ready ] && break; sleep 0.1; done
+    say "ARMED node arm=$ARM agent=${agent:-none} tasks=$(node_tasks) mem_used_mib=$(free -m | awk '/^Mem:/ {print $3}') inhibitors=$(systemd-inhibit --list --no-pager --no-legend 2>/dev/null | awk '{print $1}' | paste -sd+)"
 }

@@ -1,17 +1,16 @@
 #!/bin/bash
 # Started by node.sh with argv[0] "@lastgasp-vm-watch": systemd-shutdown
 # spares it, so it outlives the node's services and containers and reports
-# on the console when each of them ends: the agent's container (its pid, $1),
-# the kubelet and containerd. The host relates those times to the trigger.
+# on the console when each of them ends: the agent's container, the kubelet
+# and containerd (their pids: $1, $2, $3). The host relates those times to the trigger.
 # Builtins only in the loop: a forked child would be killed by the sweep.
-agent=${1:-0}
+agent=${1:-0} kubelet=${2:-0} containerd=${3:-0}
 say() { local t=${EPOCHREALTIME/./}; echo "lastgasp-vm: ${t}000 $*" > /dev/kmsg; }
 alive() { [ "$1" != 0 ] && kill -0 "$1" 2>/dev/null; }
-kubelet=$(pgrep -x kubelet | head -1)
-containerd=$(pgrep -x containerd | head -1)
 mkfifo /run/lastgasp-vm-watch.fifo 2>/dev/null
 exec 3<>/run/lastgasp-vm-watch.fifo
-say "WATCH agent=$agent kubelet=${kubelet:-0} containerd=${containerd:-0}"
+say "WATCH agent=$agent kubelet=$kubelet containerd=$containerd"
+: > /run/lastgasp-vm-watch.ready
 gone_a= gone_k= gone_c=
 while :; do
     if [ -z "$gone_a" ] && ! alive "$agent"; then gone_a=1; [ "$agent" != 0 ] && say "GONE agent"; fi

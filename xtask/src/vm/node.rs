@@ -27,7 +27,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::qemu::{Exit, Guest, Run, Spec};
+use super::qemu::{Guest, Run, Spec};
 
 /// The scenarios of the real node: (name, `tests/vm/scenarios/NAME.sh`,
 /// does the guest come back on its own (a reboot)).
@@ -49,7 +49,22 @@ pub const CI: (&str, &str) = ("lastgasp", "poweroff-force");
 
 /// The guest's memory with the kubelet, containerd and four pods (the
 /// runner reports what is in use when the pods run: `mem_used_mib`).
-pub const MEM_MIB: u32 = 1536;
+pub const MEM_MIB: u32 = 1024;
+/// After the node went down, the cluster is watched this long before the
+/// guest is switched on again (or the run ends): the controller's fence
+/// (the Lease silent for 10 s + 2 s) and the replacements fall in it.
+const LINGER: Duration = Duration::from_secs(30);
+/// Kubelet Events that say nothing about the shutdown.
+const NOISE: &[&str] = &[
+    "MissingClusterDNS",
+    "Starting",
+    "NodeHasSufficientMemory",
+    "NodeHasNoDiskPressure",
+    "NodeHasSufficientPID",
+    "NodeAllocatableEnforced",
+    "InvalidDiskCapacity",
+    "RegisteredNode",
+];
 const NODE: &str = "lastgasp-guest";
 /// Workload containers (web, cache, db) the guest must run before the
 /// trigger; the agent's is one more.
@@ -117,6 +132,9 @@ pub fn prepare(
 
 /// One (arm, scenario): its outcome for the table.
 pub struct NodeOutcome {
+    /// CI's: the record must be on the Node before it dies, and the node
+    /// fenced after.
+    pub strict: bool,
     pub arm: &'static str,
     pub scenario: &'static str,
     pub trigger: &'static str,
@@ -258,6 +276,7 @@ pub fn run(
     scenario: &'static str,
     dir: &Path,
     next_boot: bool,
+    strict: bool,
 ) -> NodeOutcome {
     let trigger = SCENARIOS
         .iter()
@@ -265,6 +284,7 @@ pub fn run(
         .map(|(_, t)| *t)
         .unwrap_or("?");
     let mut o = NodeOutcome {
+        strict,
         arm,
         scenario,
         trigger,
@@ -328,7 +348,17 @@ fn run_inner(
             return Err(e);
         }
     };
-    let powered_off = matches!(run.exit, Exit::Exited(_)) && !reboots;
+    let last_words = |w: &str| run.console.iter().any(|l| l.text.contains(w));
+    let powered_off = last_words("reboot: Power down");
+    // A reboot in the same qemu comes back by itself; otherwise it is down.
+    let went_down = powered_off || (last_words("reboot: Restarting") && !next_boot);
+    if went_down && run.markers("TRIGGER").len() == 1 {
+        println!(
+            "vm-test:   the node is down: the cluster watched for {} s",
+            LINGER.as_secs()
+        );
+        std::thread::sleep(LINGER);
+    }
     let run2 = if next_boot && powered_off && run.markers("TRIGGER").len() == 1 {
         println!("vm-test:   the node powered off: switching it on again (same disks)");
         let spec2 = Spec {
@@ -508,6 +538,43 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             .unwrap_or_else(|| "-".into())
     };
     o.at_death = node_at(end_rel);
+    let fenced = lines
+        .iter()
+        .find(|l| {
+            l["kind"] == "Node"
+                && l["obj"]["name"] == NODE
+                && rel(l) > 0.0
+                && l["obj"]["taints"].as_array().is_some_and(|t| {
+                    t.iter().any(|t| {
+                        t.as_str()
+                            .is_some_and(|t| t.starts_with("node.kubernetes.io/out-of-service"))
+                    })
+                })
+        })
+        .map(rel);
+    if let Some(f) = fenced {
+        o.at_death
+            .push_str(&format!("; fenced (out-of-service) +{f:.1}"));
+    }
+    if o.strict {
+        if o.arm != "kubelet"
+            && !armed
+                .first()
+                .is_some_and(|a| !a.text.contains("agent=none"))
+        {
+            o.problems.push("the agent's pod was not running".into());
+        }
+        if !o.at_death.contains("record ") {
+            o.problems
+                .push("the agent's record was not on the Node when the node went down".into());
+        }
+        if fenced.is_none() {
+            o.problems.push(format!(
+                "the controller did not fence the node within {} s",
+                LINGER.as_secs()
+            ));
+        }
+    }
     o.after = match run2 {
         Some(r2) => {
             let back = r2
@@ -531,7 +598,9 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         .filter(|l| l["kind"] == "Event" && rel(l) > 0.0)
     {
         let e = &l["obj"];
-        if !e["object"].as_str().is_some_and(|x| x.starts_with("Node/")) {
+        if !e["object"].as_str().is_some_and(|x| x.starts_with("Node/"))
+            || NOISE.contains(&e["reason"].as_str().unwrap_or_default())
+        {
             continue;
         }
         let s = format!(

@@ -741,9 +741,12 @@ pub fn matrix(
     );
     let _ = writeln!(
         m,
-        "| scenario | trigger | guest | detectors, in order | first: kind / forced / scope / effect | decision | cluster got | trigger → first record written | trigger → end (host) | audit disk after | next boot | result |"
+        "| scenario | trigger | how the agent ran | guest | detectors, in order | first: kind / forced / scope / effect | decision | cluster got | trigger → first record written | trigger → end (host) | audit disk after | next boot | result |"
     );
-    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // These scenarios run the agent as the host's service; the DaemonSet's
+    // pod is `vm-test --node`'s (its own table).
+    let ran_as = "host unit";
     for o in outcomes {
         let result = match &o.status {
             Status::Pass => {
@@ -769,7 +772,7 @@ pub fn matrix(
         if let Status::Skipped(_) = o.status {
             let _ = writeln!(
                 m,
-                "| {} | `{}` | - | - | - | {} | {} | - | - | - | - | {} |",
+                "| {} | `{}` | {ran_as} | - | - | - | {} | {} | - | - | - | - | {} |",
                 o.name,
                 cell(o.trigger),
                 o.decision,
@@ -804,7 +807,7 @@ pub fn matrix(
         };
         let _ = writeln!(
             m,
-            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | `{}` | {ran_as} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             o.name,
             cell(o.trigger),
             cell(&o.end_seen),
