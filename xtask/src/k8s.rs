@@ -43,7 +43,7 @@ const BINARIES: &[(&str, &str, &str)] = &[
 /// Where the compressed binaries are: `LASTGASP_K8S_TOOLS`, else the
 /// workplace's `shared/tools/kubernetes-v1.32.13` beside the checkout or
 /// beside one of its parents (a CI checkout may sit deeper).
-fn tools_dir(root: &Path) -> PathBuf {
+pub(crate) fn tools_dir(root: &Path) -> PathBuf {
     if let Some(dir) = env::var_os("LASTGASP_K8S_TOOLS") {
         return PathBuf::from(dir);
     }

@@ -155,7 +155,7 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
         return Ok(());
     }
     let selected = scenario::select(&CI_SUBSET.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
-    build_agent()?;
+    let agent = build_agent()?;
     if let Err(e) = enough_disk(&crate::target_dir(root).join("vm")) {
         println!("SKIPPED VM scenarios: {e:#}");
         return Ok(());
@@ -165,7 +165,35 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
         ..Args::default()
     };
     println!("vm-test: the CI subset: {}", CI_SUBSET.join(", "));
-    run_all(root, &selected, 0, &args, "debug")
+    let subset = run_all(root, &selected, 0, &args, "debug");
+    // Then the real node: the agent as its DaemonSet's pod (the image
+    // `cargo xtask test` built just before), the kubelet's graceful
+    // shutdown off, `systemctl poweroff --force`, one boot. Run even when
+    // the subset failed, so that one run says all that is wrong.
+    let node = if crate::k8s::tools_dir(root)
+        .join("kube-apiserver.xz")
+        .is_file()
+    {
+        let (arm, sc) = node::CI;
+        let args = Args {
+            node: true,
+            arm: vec![arm.into()],
+            scenarios: vec![sc.into()],
+            one_boot: true,
+            debug: true,
+            ..Args::default()
+        };
+        println!("vm-test: the CI's real-node scenario: arm {arm}, {sc}");
+        node_test(root, &args, &agent)
+    } else {
+        println!(
+            "SKIPPED the real-node scenario: no Kubernetes {} binaries in {}",
+            crate::k8s::VERSION,
+            crate::k8s::tools_dir(root).display()
+        );
+        Ok(())
+    };
+    subset.and(node)
 }
 
 /// `vm-test --node`: every named (arm, scenario) on a fresh control plane

@@ -44,7 +44,6 @@ pub const ARMS: &[&str] = &["lastgasp", "kubelet", "both"];
 
 /// `cargo xtask test`'s real-node scenario: the agent as its DaemonSet's
 /// pod, the kubelet's graceful shutdown off, a forced power-off; one boot.
-#[allow(dead_code)] // until CI runs it
 pub const CI: (&str, &str) = ("lastgasp", "poweroff-force");
 
 /// The guest's memory with the kubelet, containerd and four pods (the
@@ -91,6 +90,8 @@ pub fn prepare(
     sleeper: (PathBuf, String),
     kubelet: &Path,
 ) -> Result<Prepared> {
+    // qemu's guestfwd runs socat to reach the control plane on loopback.
+    crate::setup::ensure_debs(&[("socat", "socat")])?;
     let node_dir = root.join("tests/vm/node");
     let read = |p: &Path| fs::read(p).with_context(|| format!("reading {}", p.display()));
     let mut files = vec![
@@ -408,7 +409,23 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             .join(" ");
     }
     let Some(trig) = run.markers("TRIGGER").first().map(|l| at(run, l.t)) else {
-        o.problems.push("the trigger never ran".into());
+        let registered = fs::read_to_string(out.join("cluster.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("\"kind\":\"Node\"") && l.contains(NODE));
+        let why = if registered {
+            String::new()
+        } else {
+            // qemu says why the guest could not reach the API server.
+            match run.stderr.lines().rfind(|l| !l.trim().is_empty()) {
+                Some(l) => format!(
+                    ": the kubelet never registered the Node (qemu: {})",
+                    l.trim()
+                ),
+                None => ": the kubelet never registered the Node".into(),
+            }
+        };
+        o.problems.push(format!("the trigger never ran{why}"));
         return Ok(());
     };
     // The guest's end: the kernel's last words.
