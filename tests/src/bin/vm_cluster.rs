@@ -160,17 +160,20 @@ async fn controller(cp: &'static ControlPlane) {
     }
 }
 
-/// Once a workload pod runs on the real node, a simulated second node
-/// (Lease, Ready, pods Running) joins: the replacements of what the real
-/// node's shutdown ends can run there.
+/// Once every workload pod runs on the real node as the API server sees it,
+/// a simulated second node (Lease, Ready, pods Running) joins, so that the
+/// replacements of what the real node's shutdown ends can run there; then
+/// `CLUSTER-READY` on stdout tells the harness that the guest may trigger
+/// (containerd runs the containers seconds before the kubelet reports them).
 async fn second_node(admin: Client, real: String) {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     loop {
         let running = pods.list(&Default::default()).await.is_ok_and(|l| {
-            l.items.iter().any(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(real.as_str())
-                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
+            !l.items.is_empty()
+                && l.items.iter().all(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(real.as_str())
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
         });
         if running {
             break;
@@ -179,8 +182,12 @@ async fn second_node(admin: Client, real: String) {
     }
     match Sim::start(admin).await {
         Ok(sim) => {
-            if let Err(e) = sim.add_node("sim-b").await {
-                eprintln!("vm-cluster: the second node: {e:#}");
+            match sim.add_node("sim-b").await {
+                Ok(_) => {
+                    println!("CLUSTER-READY");
+                    let _ = std::io::stdout().flush();
+                }
+                Err(e) => eprintln!("vm-cluster: the second node: {e:#}"),
             }
             // The simulator lives as long as this process.
             std::mem::forget(sim);

@@ -69,6 +69,17 @@ node_up() {
         systemctl is-active -q kubelet || break
         sleep 0.2
     done
+    # The API server must see the pods Running (the kubelet reports them
+    # seconds after containerd runs them) and the second node up: the host
+    # writes in/cluster-ready then.
+    if [ -n "$armed" ]; then
+        armed=
+        while [ "$SECONDS" -lt "$until" ]; do
+            [ -e "$IN/cluster-ready" ] && { armed=1; break; }
+            sleep 0.5
+        done
+        [ -n "$armed" ] || say "FAIL the API server never had the node's pods Running (no in/cluster-ready)"
+    fi
     { ctr -n k8s.io tasks ls; ls -l /var/log/pods/; free -m; systemd-inhibit --list --no-pager; } \
         > "$OUT/node-state-boot$boot.txt" 2>&1
     if [ -z "$armed" ]; then

@@ -193,10 +193,15 @@ impl Cluster {
         let mut child = cmd.spawn().context("starting lastgasp-vm-cluster")?;
         let stdout = child.stdout.take().expect("piped");
         let (tx, rx) = std::sync::mpsc::channel();
+        // The guest triggers only once the API server has its pods Running
+        // and the second node is up: a file on its share says so.
+        let ready = dir.join("boot1/share/in/cluster-ready");
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(port) = line.strip_prefix("READY ") {
                     let _ = tx.send(port.trim().parse::<u16>().ok());
+                } else if line.trim() == "CLUSTER-READY" {
+                    let _ = fs::write(&ready, b"");
                 }
             }
         });
@@ -353,14 +358,14 @@ fn run_inner(
     let powered_off = last_words("reboot: Power down");
     // A reboot in the same qemu comes back by itself; otherwise it is down.
     let went_down = powered_off || (last_words("reboot: Restarting") && !next_boot);
-    if went_down && run.markers("TRIGGER").len() == 1 {
+    if went_down && run.markers("TRIGGER ").len() == 1 {
         println!(
             "vm-test:   the node is down: the cluster watched for {} s",
             LINGER.as_secs()
         );
         std::thread::sleep(LINGER);
     }
-    let run2 = if next_boot && powered_off && run.markers("TRIGGER").len() == 1 {
+    let run2 = if next_boot && powered_off && run.markers("TRIGGER ").len() == 1 {
         println!("vm-test:   the node powered off: switching it on again (same disks)");
         let spec2 = Spec {
             dir: dir.join("boot2"),
@@ -574,11 +579,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             .push_str(&format!("; fenced (out-of-service) +{f:.1}"));
     }
     if o.strict {
-        if o.arm != "kubelet"
-            && !armed
-                .first()
-                .is_some_and(|a| !a.text.contains("agent=none"))
-        {
+        if o.arm != "kubelet" && armed.first().is_none_or(|a| a.text.contains("agent=none")) {
             o.problems.push("the agent's pod was not running".into());
         }
         if !o.at_death.contains("record ") {
