@@ -577,8 +577,9 @@ impl Agent {
                 note.push_str(
                     "; the audit log lacked it: found on the Node (the cluster had it before the boot ended)",
                 );
-                tracing::info!(boot = prev, end = report.end.as_str(), "{note}");
             }
+            // The pod's log says it too (`kubectl logs`, and the VM runner).
+            tracing::info!(boot = prev, end = report.end.as_str(), "{note}");
             let type_ = if report.end == BootEnd::Graceful {
                 EventType::Normal
             } else {
