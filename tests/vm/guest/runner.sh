@@ -141,8 +141,10 @@ if [ "$boot" -gt 1 ]; then
             curl -s --max-time 5 --cacert /var/lib/kubelet/pki/ca.crt --cert /var/lib/kubelet/pki/kubelet.crt \
                 --key /var/lib/kubelet/pki/kubelet.key "https://10.0.2.100:6443/api/v1/nodes/$(hostname)" \
                 > "$OUT/node-after-boot$boot.json" 2>/dev/null
-            if grep -q '"type": *"Ready", *"status": *"True"\|"status": *"True", *"type": *"Ready"' "$OUT/node-after-boot$boot.json" \
-                && ! grep -q 'lastgasp.dev/shutting-down' "$OUT/node-after-boot$boot.json" \
+            # The API server pretty-prints: one field per line.
+            node_json=$(tr -d ' \n' < "$OUT/node-after-boot$boot.json")
+            if [[ $node_json == *'"type":"Ready","status":"True"'* ]] \
+                && [[ $node_json != *lastgasp.dev/shutting-down* ]] \
                 && { [ "$ARM" = kubelet ] || grep -qs 'previous boot' /var/log/pods/lastgasp_lastgasp-agent-*/agent/*.log; }; then
                 back=yes
                 break
