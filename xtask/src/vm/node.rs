@@ -354,10 +354,17 @@ fn run_inner(
             return Err(e);
         }
     };
-    let last_words = |w: &str| run.console.iter().any(|l| l.text.contains(w));
-    let powered_off = last_words("reboot: Power down");
+    // How the trigger ended the node: the kernel's first last words after
+    // it (a reboot that came back ends later with the runner's power-off).
+    let trig_t = run.markers("TRIGGER ").first().map(|l| l.t);
+    let first_end = run.console.iter().find(|l| {
+        trig_t.is_some_and(|t| l.t >= t)
+            && (l.text.contains("reboot: Power down") || l.text.contains("reboot: Restarting"))
+    });
+    let powered_off = first_end.is_some_and(|l| l.text.contains("reboot: Power down"));
     // A reboot in the same qemu comes back by itself; otherwise it is down.
-    let went_down = powered_off || (last_words("reboot: Restarting") && !next_boot);
+    let went_down =
+        powered_off || (first_end.is_some_and(|l| l.text.contains("Restarting")) && !next_boot);
     if went_down && run.markers("TRIGGER ").len() == 1 {
         println!(
             "vm-test:   the node is down: the cluster watched for {} s",
