@@ -497,17 +497,19 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             .collect();
         let first = |f: &dyn Fn(&Value) -> bool| mine.iter().find(|l| f(l)).map(|l| rel(l));
         let deleting = first(&|l| l["obj"]["deleting"] == true);
-        let failed = first(&|l| l["obj"]["phase"] == "Failed");
+        // The kubelet's own shutdown ends a pod by its phase: Failed, or
+        // Succeeded when its containers exit 0 on SIGTERM.
+        let terminal =
+            |l: &Value| l["obj"]["phase"] == "Failed" || l["obj"]["phase"] == "Succeeded";
+        let failed = first(&|l| terminal(l));
         let deleted = first(&|l| l["event"] == "delete");
         let app = name.split('-').next().unwrap_or(name);
         let mut s = format!("{app}:");
         if let Some(t) = failed {
-            let reason = mine
-                .iter()
-                .find(|l| l["obj"]["phase"] == "Failed")
-                .and_then(|l| l["obj"]["reason"].as_str())
-                .unwrap_or("");
-            let _ = write!(s, " Failed ({reason}) +{t:.1}");
+            let end = mine.iter().find(|l| terminal(l)).map(|l| &l["obj"]);
+            let phase = end.and_then(|p| p["phase"].as_str()).unwrap_or("?");
+            let reason = end.and_then(|p| p["reason"].as_str()).unwrap_or("");
+            let _ = write!(s, " {phase} ({reason}) +{t:.1}");
         }
         if let Some(t) = deleting {
             let _ = write!(s, " deletion +{t:.1}");
