@@ -665,10 +665,10 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             "container gone {}; kubelet gone {}; last Node/pod change seen before it {}",
             gone_agent
                 .map(|t| format!("+{t:.2} s"))
-                .unwrap_or_else(|| "never (alive at the end)".into()),
+                .unwrap_or_else(|| with_kernel(end_s)),
             gone("kubelet")
                 .map(|t| format!("+{t:.2} s"))
-                .unwrap_or_else(|| "-".into()),
+                .unwrap_or_else(|| with_kernel(end_s)),
             last_write
                 .map(|t| format!("+{t:.2} s"))
                 .unwrap_or_else(|| "none".into())
@@ -678,10 +678,18 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             "kubelet gone {}",
             gone("kubelet")
                 .map(|t| format!("+{t:.2} s"))
-                .unwrap_or_else(|| "-".into())
+                .unwrap_or_else(|| with_kernel(end_s))
         );
     }
     Ok(())
+}
+
+/// What ended when nothing stopped it before the kernel did.
+fn with_kernel(end_s: Option<f64>) -> String {
+    match end_s {
+        Some(e) => format!("with the kernel (+{e:.2} s)"),
+        None => "never (alive at the end)".into(),
+    }
 }
 
 fn node_text(n: &Value) -> String {
