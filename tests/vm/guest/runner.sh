@@ -70,7 +70,13 @@ if [ -f "$IN/lastgasp.env" ]; then
     cp "$IN/ca.crt" /run/lastgasp-ca.crt
 fi
 if [ -f "$IN/lastgasp.env" ] || [ -f "$IN/node.env" ]; then
-    nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+    # The virtio NIC can appear after the runner starts (seen once in 18 boots).
+    nic=
+    for _ in $(seq 1 100); do
+        nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+        [ -n "$nic" ] && break
+        sleep 0.1
+    done
     ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" && ip route add default via 10.0.2.2 \
         || say "FAIL no network for cluster mode (nic '$nic')"
 fi
