@@ -70,7 +70,9 @@ if [ -f "$IN/lastgasp.env" ]; then
     cp "$IN/ca.crt" /run/lastgasp-ca.crt
 fi
 if [ -f "$IN/lastgasp.env" ] || [ -f "$IN/node.env" ]; then
-    # The virtio NIC can appear after the runner starts (seen once in 18 boots).
+    # The virtio NIC can appear, or be renamed by udev (eth0 -> ens*), after
+    # the runner starts: seen twice in 18 real-node boots.
+    udevadm settle --timeout=10 2>/dev/null
     nic=
     for _ in $(seq 1 100); do
         nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
