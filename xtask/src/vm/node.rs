@@ -354,25 +354,20 @@ fn run_inner(
             return Err(e);
         }
     };
-    // How the trigger ended the node: the kernel's first last words after
-    // it (a reboot that came back ends later with the runner's power-off).
-    let trig_t = run.markers("TRIGGER ").first().map(|l| l.t);
-    let first_end = run.console.iter().find(|l| {
-        trig_t.is_some_and(|t| l.t >= t)
-            && (l.text.contains("reboot: Power down") || l.text.contains("reboot: Restarting"))
-    });
+    let first_end = kernel_end(&run);
     let powered_off = first_end.is_some_and(|l| l.text.contains("reboot: Power down"));
     // A reboot in the same qemu comes back by itself; otherwise it is down.
     let went_down =
         powered_off || (first_end.is_some_and(|l| l.text.contains("Restarting")) && !next_boot);
-    if went_down && run.markers("TRIGGER ").len() == 1 {
+    let triggered_once = run.markers("TRIGGER ").len() == 1;
+    if went_down && triggered_once {
         println!(
             "vm-test:   the node is down: the cluster watched for {} s",
             LINGER.as_secs()
         );
         std::thread::sleep(LINGER);
     }
-    let run2 = if next_boot && powered_off && run.markers("TRIGGER ").len() == 1 {
+    let run2 = if next_boot && powered_off && triggered_once {
         println!("vm-test:   the node powered off: switching it on again (same disks)");
         let spec2 = Spec {
             dir: dir.join("boot2"),
@@ -390,6 +385,16 @@ fn run_inner(
     cluster.stop();
     let run2 = run2.transpose()?;
     judge(&run, run2.as_ref(), &out, o)
+}
+
+/// How the trigger ended the guest: the kernel's first last words after it
+/// (a reboot that came back ends again later, with the runner's power-off).
+fn kernel_end(run: &Run) -> Option<&super::qemu::Line> {
+    let trig = run.markers("TRIGGER ").first()?.t;
+    run.console.iter().find(|l| {
+        l.t >= trig
+            && (l.text.contains("reboot: Power down") || l.text.contains("reboot: Restarting"))
+    })
 }
 
 /// A console line's host time.
@@ -440,12 +445,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         o.problems.push(format!("the trigger never ran{why}"));
         return Ok(());
     };
-    // The guest's end: the kernel's last words.
-    let end = run
-        .console
-        .iter()
-        .find(|l| l.text.contains("reboot: Power down") || l.text.contains("reboot: Restarting"))
-        .map(|l| at(run, l.t));
+    let end = kernel_end(run).map(|l| at(run, l.t));
     let ms = |t: SystemTime| {
         t.duration_since(trig)
             .map(|d| d.as_secs_f64())
@@ -561,14 +561,19 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
     o.pods = ended.join("; ");
     o.replaced = replaced.join("; ");
     // The Node as the API server had it when the node died, and at the end.
-    let node_at = |until: f64| {
+    let node_obj_at = |until: f64| {
         lines
             .iter()
             .rfind(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE && rel(l) <= until)
-            .map(|l| node_text(&l["obj"]))
+            .map(|l| &l["obj"])
+    };
+    let node_at = |until: f64| {
+        node_obj_at(until)
+            .map(node_text)
             .unwrap_or_else(|| "-".into())
     };
     o.at_death = node_at(end_rel);
+    let recorded_at_death = node_obj_at(end_rel).is_some_and(|n| !n["record"].is_null());
     let fenced = lines
         .iter()
         .find(|l| {
@@ -591,7 +596,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         if o.arm != "kubelet" && armed.first().is_none_or(|a| a.text.contains("agent=none")) {
             o.problems.push("the agent's pod was not running".into());
         }
-        if !o.at_death.contains("record ") {
+        if !recorded_at_death {
             o.problems
                 .push("the agent's record was not on the Node when the node went down".into());
         }
