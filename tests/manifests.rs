@@ -993,6 +993,7 @@ fn signal(source: Source, forced: bool) -> ShutdownSignal {
         kind: Kind::Poweroff,
         forced,
         bypasses_logind: forced,
+        calls_reboot: false,
         scope: Scope::Node,
         effect: Effect::Now,
         actor: Some(Actor {

@@ -77,6 +77,10 @@ pub enum Action {
     /// No time: send the last gasp now. `escalated` when a graceful episode
     /// was under way.
     Immediate { escalated: bool },
+    /// The kernel itself is going down in an episode that already told the
+    /// cluster: the record goes out once more, with the proof of death
+    /// ([`Episode::death`]), as the agent's last word.
+    LastWord,
     /// The shutdown was called off: undo what the episode did.
     Cancel,
     /// The shutdown did not come: undo every mark the episode made.
@@ -147,6 +151,68 @@ pub struct Episode {
     /// When the node should be gone (or the request confirmed) by.
     #[serde(default, with = "humantime_serde")]
     pub expected_end: Option<SystemTime>,
+    /// What shows that the node's kernel is going down now, the strongest
+    /// seen: the controller fences only on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub death: Option<Death>,
+}
+
+/// How sure the agent is that the node's kernel goes down now, weakest
+/// first.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Proof {
+    /// A caller that can reboot ran a tool that calls reboot(2) itself at
+    /// once: nothing is stopped first, the kubelet lives until the kernel
+    /// goes down, so its silence is the kernel's end.
+    DirectTool,
+    /// The kernel's own power-off: a reboot(2) from a caller that can reboot,
+    /// in the node's PID namespace (PID 1's last step after every process
+    /// was stopped, or a direct caller), or the kernel's power-off functions.
+    Kernel,
+}
+
+/// The proof of death an episode carries into the record.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Death {
+    pub proof: Proof,
+    /// When the signal that proves it was seen (the node's clock).
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+    /// What was seen, and by whom.
+    pub by: String,
+}
+
+/// The proof of death `s` carries, if any (its caller's power is judged
+/// here: a claim that cannot cause the end proves nothing).
+pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
+    if s.scope != Scope::Node || s.effect != Effect::Now {
+        return None;
+    }
+    let proof = match s.source {
+        Source::KernelHook => Proof::Kernel,
+        Source::RebootSyscall if can_reboot(s) == Some(true) => Proof::Kernel,
+        Source::Exec if s.forced && s.calls_reboot && can_reboot(s) == Some(true) => {
+            Proof::DirectTool
+        }
+        _ => return None,
+    };
+    Some(Death {
+        proof,
+        at: s.at,
+        by: summary(s),
+    })
+}
+
+/// Keeps the stronger proof: the first of equal strength stays.
+fn prove(ep: &mut Episode, s: &ShutdownSignal) -> bool {
+    match proof_of(s) {
+        Some(d) if ep.death.as_ref().is_none_or(|old| d.proof > old.proof) => {
+            ep.death = Some(d);
+            true
+        }
+        _ => false,
+    }
 }
 
 impl Authority {
@@ -447,12 +513,18 @@ impl Decider {
         if leaves_no_time(s) {
             return match path {
                 Some(Path::Immediate) => {
-                    confirm(self.current.as_mut().unwrap(), s, authority);
-                    Action::Join
+                    let ep = self.current.as_mut().unwrap();
+                    confirm(ep, s, authority);
+                    if prove(ep, s) {
+                        Action::LastWord
+                    } else {
+                        Action::Join
+                    }
                 }
                 Some(Path::Graceful) | Some(Path::Scheduled) => {
                     let ep = self.current.as_mut().unwrap();
                     confirm(ep, s, authority);
+                    prove(ep, s);
                     ep.path = Path::Immediate;
                     ep.forced |= s.forced;
                     ep.expected_end = Some(s.at + self.policy.immediate_end);
@@ -461,6 +533,7 @@ impl Decider {
                 None | Some(Path::Pending) => {
                     self.open_or_confirm(s, Path::Immediate, authority);
                     let ep = self.current.as_mut().unwrap();
+                    prove(ep, s);
                     ep.marked = true;
                     ep.expected_end = Some(s.at + self.policy.immediate_end);
                     Action::Immediate { escalated: false }
@@ -576,6 +649,15 @@ impl Decider {
                 why: why.to_string(),
             };
         };
+        // A claim that could not cause a shutdown cannot undo one either.
+        if can_reboot(s) != Some(true) {
+            return Action::AuditOnly {
+                why: format!(
+                    "{why}; its caller {} cannot reboot: it retracts nothing",
+                    who(s)
+                ),
+            };
+        }
         match path {
             Some(Path::Pending) => Action::AuditOnly {
                 why: why.to_string(),
@@ -623,6 +705,7 @@ impl Decider {
             host_confirmed: confirms_as_host(s),
             marked: false,
             expected_end: None,
+            death: None,
         });
     }
 }
@@ -814,6 +897,7 @@ mod tests {
             kind,
             forced,
             bypasses_logind: forced || !matches!(source, Source::Logind | Source::Exec),
+            calls_reboot: false,
             scope: Scope::Node,
             effect,
             actor: (!bus).then(root),
@@ -846,6 +930,12 @@ mod tests {
     }
     fn reboot2(kind: Kind, forced: bool) -> ShutdownSignal {
         sig(RebootSyscall, kind, forced, Effect::Now)
+    }
+    /// `poweroff -f` by root: the tool calls reboot(2) itself.
+    fn direct_tool(kind: Kind) -> ShutdownSignal {
+        let mut s = exec(kind, true);
+        s.calls_reboot = true;
+        s
     }
     fn pid1_shutdown() -> ShutdownSignal {
         let mut s = exec(Poweroff, false);
@@ -911,6 +1001,7 @@ mod tests {
             } => "graceful",
             Action::Immediate { escalated: false } => "immediate",
             Action::Immediate { escalated: true } => "escalate",
+            Action::LastWord => "last-word",
             Action::Cancel => "cancel",
             Action::Abandon { .. } => "abandon",
             Action::Expire { .. } => "expire",
@@ -956,7 +1047,7 @@ mod tests {
                 "reboot -ff by root",
                 true,
                 vec![exec(Reboot, true), reboot2(Reboot, true)],
-                vec!["immediate", "join"],
+                vec!["immediate", "last-word"],
                 vec![1, 1],
             ),
             (
@@ -974,7 +1065,7 @@ mod tests {
                     exec(Poweroff, true),
                     reboot2(Poweroff, true),
                 ],
-                vec!["graceful(protected)", "escalate", "join"],
+                vec!["graceful(protected)", "escalate", "last-word"],
                 vec![1, 1, 1],
             ),
             (
@@ -1131,8 +1222,27 @@ mod tests {
                     reboot2(Reboot, true).with_effect(failed()),
                     exec(Reboot, true),
                 ],
-                vec!["immediate", "join", "abandon", "immediate"],
+                vec!["immediate", "last-word", "abandon", "immediate"],
                 vec![1, 1, 1, 2],
+            ),
+            (
+                "root's systemctl poweroff --force, then an unprivileged reboot(2) that fails: nothing undone",
+                true,
+                vec![
+                    exec(Poweroff, true),
+                    reboot2(Poweroff, true).unprivileged().with_effect(none()),
+                    reboot2(Poweroff, true).unprivileged().with_effect(failed()),
+                    sig(KernelHook, Poweroff, true, Effect::Now),
+                ],
+                vec!["immediate", "audit", "audit", "last-word"],
+                vec![1, 1, 1, 1],
+            ),
+            (
+                "a direct tool's own reboot(2) is its last word once more",
+                true,
+                vec![direct_tool(Poweroff), reboot2(Poweroff, true), reboot2(Poweroff, true)],
+                vec!["immediate", "last-word", "join"],
+                vec![1, 1, 1],
             ),
             (
                 "a failed reboot(2) during a shutdown logind confirmed: it goes on",
@@ -1237,6 +1347,45 @@ mod tests {
                 .collect();
             let want: Vec<(&str, u32)> = want.into_iter().zip(ids).collect();
             assert_eq!(got, want, "{name}");
+        }
+    }
+
+    /// Which paths prove that the kernel goes down now: only the kernel's
+    /// own power-off, and a direct tool whose caller can reboot. A path
+    /// through PID 1 (`--force`, SIGRTMIN+14, systemd-shutdown) stops or
+    /// kills processes first, waiting for each: it proves nothing until the
+    /// final reboot(2).
+    #[test]
+    fn only_the_kernel_and_direct_tools_prove_death() {
+        let proof = |signals: Vec<ShutdownSignal>| {
+            let mut d = Decider::new();
+            signals
+                .iter()
+                .map(|s| d.decide(s))
+                .last()
+                .and_then(|d| d.episode?.death.map(|x| x.proof))
+        };
+        let pid1_reboot = || {
+            let mut s = reboot2(Poweroff, false);
+            s.actor.as_mut().unwrap().ns_pid = 1;
+            s
+        };
+        let cases: Vec<(&str, Vec<ShutdownSignal>, Option<Proof>)> = vec![
+            ("reboot(2) by root", vec![reboot2(Poweroff, true)], Some(Proof::Kernel)),
+            ("kernel hook", vec![sig(KernelHook, Poweroff, true, Effect::Now)], Some(Proof::Kernel)),
+            ("poweroff -f by root", vec![direct_tool(Poweroff)], Some(Proof::DirectTool)),
+            ("poweroff -f, then its reboot(2)", vec![direct_tool(Poweroff), reboot2(Poweroff, true)], Some(Proof::Kernel)),
+            ("systemctl poweroff --force", vec![exec(Poweroff, true)], None),
+            ("SIGRTMIN+14 to PID 1", vec![sig(SignalPid1, Poweroff, true, Effect::Now)], None),
+            ("--force, PID 1 runs systemd-shutdown", vec![exec(Poweroff, true), pid1_shutdown()], None),
+            ("--force, then systemd-shutdown's reboot(2)", vec![exec(Poweroff, true), pid1_shutdown(), pid1_reboot()], Some(Proof::Kernel)),
+            ("graceful, then systemd-shutdown's reboot(2)", vec![logind(Effect::Now), pid1_shutdown(), pid1_reboot()], Some(Proof::Kernel)),
+            ("graceful only", vec![logind(Effect::Now), job(Poweroff)], None),
+            ("a direct tool run by a caller that cannot reboot", vec![direct_tool(Poweroff).unprivileged()], None),
+            ("a container's reboot(2)", vec![reboot2(Poweroff, true).in_container()], None),
+        ];
+        for (name, signals, want) in cases {
+            assert_eq!(proof(signals), want, "{name}");
         }
     }
 

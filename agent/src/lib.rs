@@ -13,6 +13,7 @@ pub(crate) mod health;
 pub(crate) mod http;
 pub mod node;
 pub(crate) mod preflight;
+pub mod record;
 pub mod report;
 pub mod signal;
 pub(crate) mod timespan;

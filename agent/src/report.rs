@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     act::audit::{boots, Entry, Outcome, Record},
     decide::{Episode, Path as EpPath},
+    record::{Closing, ShutdownRecord},
 };
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -146,18 +147,21 @@ fn found_on_node(records: &[Record], boot_id: &str) -> Option<Episode> {
         Entry::Outcome {
             outcome: Outcome::FoundOnNode { boot_id: b, record },
             ..
-        } if b == boot_id => episode_of(record),
+        } if b == boot_id => serde_json::from_value::<ShutdownRecord>(record.clone())
+            .ok()
+            .and_then(|r| episode_of(&r)),
         _ => None,
     })
 }
 
-/// The episode a Node's record annotation announces, if it can end a boot:
-/// one that was not abandoned (the shutdown it announced never came).
-pub fn episode_of(record: &serde_json::Value) -> Option<Episode> {
-    if record.get("abandoned") == Some(&serde_json::Value::Bool(true)) {
-        return None;
+/// The episode a Node's record announces, if it can end a boot: one that
+/// was not closed without the shutdown (cancelled, abandoned, expired, or
+/// failed: the shutdown it announced never came).
+pub fn episode_of(record: &ShutdownRecord) -> Option<Episode> {
+    match record.closed.as_ref().map(|c| c.how) {
+        None | Some(Closing::Back) => record.episode.clone(),
+        Some(_) => None,
     }
-    serde_json::from_value(record.get("episode")?.clone()).ok()
 }
 
 /// The boot before `current`, among those the log knows.
@@ -209,6 +213,7 @@ mod tests {
             host_confirmed: true,
             marked: true,
             expected_end: None,
+            death: None,
         }
     }
 
@@ -218,6 +223,7 @@ mod tests {
             kind: Kind::Poweroff,
             forced: false,
             bypasses_logind: false,
+            calls_reboot: false,
             scope: Scope::Node,
             effect: Effect::Now,
             actor: None,

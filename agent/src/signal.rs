@@ -174,6 +174,11 @@ pub struct ShutdownSignal {
     pub forced: bool,
     /// The path does not go through logind, so no delay lock protects it.
     pub bypasses_logind: bool,
+    /// The caller calls reboot(2) itself at once, with no service manager
+    /// between (`reboot -f`, `systemctl poweroff -ff`, `busybox poweroff
+    /// -f`): nothing on the node is stopped before the kernel goes down.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub calls_reboot: bool,
     pub scope: Scope,
     #[serde(flatten)]
     pub effect: Effect,

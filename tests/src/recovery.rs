@@ -81,6 +81,7 @@ pub fn reboot_syscall() -> ShutdownSignal {
         kind: Kind::Poweroff,
         forced: true,
         bypasses_logind: true,
+        calls_reboot: false,
         scope: Scope::Node,
         effect: Effect::Now,
         actor: None,

@@ -157,6 +157,7 @@ pub fn logind_signal() -> ShutdownSignal {
         kind: Kind::Poweroff,
         forced: false,
         bypasses_logind: false,
+        calls_reboot: false,
         scope: Scope::Node,
         effect: Effect::Now,
         actor: None,
@@ -187,6 +188,7 @@ pub fn forced_exec() -> ShutdownSignal {
         kind: Kind::Reboot,
         forced: true,
         bypasses_logind: true,
+        calls_reboot: false,
         scope: Scope::Node,
         effect: Effect::Now,
         actor: Some(Actor {

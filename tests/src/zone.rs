@@ -246,6 +246,7 @@ pub fn forced_poweroff() -> ShutdownSignal {
         kind: Kind::Poweroff,
         forced: true,
         bypasses_logind: true,
+        calls_reboot: false,
         scope: Scope::Node,
         effect: Effect::Now,
         actor: Some(Actor {

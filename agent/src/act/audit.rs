@@ -487,6 +487,7 @@ mod tests {
             kind,
             forced: true,
             bypasses_logind: true,
+            calls_reboot: false,
             scope: Scope::Node,
             effect: Effect::Now,
             actor: None,

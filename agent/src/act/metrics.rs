@@ -211,6 +211,7 @@ pub struct ControllerMetrics {
     pub nodes: Gauge,
     pub fenced: Gauge,
     pub pods_deleted: Counter,
+    pub paused: Gauge,
 }
 
 impl Default for ControllerMetrics {
@@ -225,7 +226,7 @@ impl Default for ControllerMetrics {
         let actions = Family::<Labels, Counter>::default();
         r.register(
             "lastgasp_controller_actions",
-            "out-of-service taint actions: taint-added, taint-removed, refused-rate-limit, kept-same-boot",
+            "What the controller did or held back: taint-added, taint-removed, kept-same-boot, contradicted, would-fence (policy observe), held-opted-out, held-paused, held-ceiling, refused-rate-limit",
             actions.clone(),
         );
         let pass_errors = Counter::default();
@@ -252,6 +253,12 @@ impl Default for ControllerMetrics {
             "Pods of fenced nodes deleted with grace 0",
             pods_deleted.clone(),
         );
+        let paused = Gauge::default();
+        r.register(
+            "lastgasp_controller_paused",
+            "1 while fencing is paused (lastgasp.dev/paused on the controller's Lease), as the leader last read it",
+            paused.clone(),
+        );
         ControllerMetrics {
             registry: Arc::new(r),
             lease_held,
@@ -260,6 +267,7 @@ impl Default for ControllerMetrics {
             nodes,
             fenced,
             pods_deleted,
+            paused,
         }
     }
 }

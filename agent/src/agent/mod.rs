@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::Result;
 use kube::runtime::events::EventType;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::{sync::mpsc, task::JoinHandle};
 
 use crate::{
@@ -29,6 +29,7 @@ use crate::{
     },
     decide::{self, Action, Decider, Decision, Episode, HostAnswer, HostQuery, Policy, Tick},
     detect::{actor, clock, logind::LogindHandle},
+    record::{Closing, EpisodeKey, ShutdownRecord},
     report::{self, BootEnd, BootReport},
     signal::ShutdownSignal,
 };
@@ -257,6 +258,12 @@ impl Agent {
                     self.last_gasp(s, &ep, *escalated).await;
                 }
             }
+            // The kernel goes down: the record once more, with its proof.
+            Action::LastWord => {
+                if let Some(s) = s {
+                    self.last_gasp(s, &ep, false).await;
+                }
+            }
             Action::Cancel => {
                 self.stop_graceful();
                 let (cluster, audit, metrics) = (
@@ -264,9 +271,14 @@ impl Agent {
                     self.audit.clone(),
                     self.metrics.clone(),
                 );
+                let key = EpisodeKey::of(&self.boot_id, &ep);
                 tokio::spawn(async move {
                     if let Some(c) = &cluster {
-                        if let Err(e) = graceful::cancel(&c.node, &ep).await {
+                        let (undone, ()) = tokio::join!(
+                            graceful::cancel(&c.node, &ep),
+                            c.node.close_record(&key, Closing::Cancelled, "the shutdown was cancelled"),
+                        );
+                        if let Err(e) = undone {
                             tracing::error!("undoing the shutdown in the cluster: {e:#}");
                         }
                     }
@@ -278,6 +290,12 @@ impl Agent {
                 self.unwind(ep, why.clone());
             }
             Action::Expire { why } => {
+                if let Some(c) = self.cluster.clone() {
+                    let (key, why) = (EpisodeKey::of(&self.boot_id, &ep), why.clone());
+                    tokio::spawn(async move {
+                        c.node.close_record(&key, Closing::Expired, &why).await;
+                    });
+                }
                 self.outcome(ep.id, Outcome::Expired { why: why.clone() })
                     .await;
             }
@@ -312,17 +330,15 @@ impl Agent {
             self.metrics.clone(),
             self.logind.clone(),
         );
+        let key = EpisodeKey::of(&self.boot_id, &ep);
         tokio::spawn(async move {
             if let (Some(c), true) = (&cluster, ep.marked) {
                 let msg = format!("episode {}: {why}", ep.id);
-                let (t, cond, rec, ev) = tokio::join!(
-                    c.node.set_taint(false),
-                    c.node.set_condition(false, "ShutdownAbandoned", &msg),
-                    c.node.mark_abandoned(&why),
-                    c.node
-                        .event(EventType::Normal, "ShutdownAbandoned", msg.clone()),
+                let (marks, ()) = tokio::join!(
+                    unmark(&c.node, &msg),
+                    c.node.close_record(&key, Closing::Abandoned, &why),
                 );
-                if let Err(e) = t.and(cond).and(rec).and(ev) {
+                if let Err(e) = marks {
                     tracing::error!("undoing the abandoned shutdown's marks: {e:#}");
                 }
             }
@@ -333,13 +349,8 @@ impl Agent {
         });
     }
 
-    fn record(&self, s: &ShutdownSignal, ep: &Episode) -> Value {
-        json!({
-            "boot_id": self.boot_id,
-            "at": humantime::format_rfc3339_nanos(s.at).to_string(),
-            "episode": ep,
-            "signal": s,
-        })
+    fn record(&self, s: &ShutdownSignal, ep: &Episode) -> ShutdownRecord {
+        ShutdownRecord::new(&self.boot_id, s, ep)
     }
 
     fn start_graceful(&mut self, s: &ShutdownSignal, ep: Episode) {
@@ -536,7 +547,7 @@ impl Agent {
         };
         // The cluster half runs beside the loop: with the API server down its
         // retries (seconds) must not delay the audit of the next shutdown.
-        let (audit, metrics) = (self.audit.clone(), self.metrics.clone());
+        let (audit, metrics, host) = (self.audit.clone(), self.metrics.clone(), self.host.clone());
         let current = boot_id.to_string();
         let mut records = contents.records;
         let local = r.clone();
@@ -545,12 +556,19 @@ impl Agent {
             // outcome) never reached the disk: the Node still holds it.
             let mut report = local;
             let mut found = false;
-            match c.node.record().await {
-                Ok(Some(rec)) if rec["boot_id"] == prev.as_str() => {
+            let on_node = match c.node.record().await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("reading the Node's shutdown record: {e:#}");
+                    None
+                }
+            };
+            match on_node {
+                Some(rec) if rec.boot_id == prev => {
                     let ep = report::episode_of(&rec).map_or(0, |e| e.id);
                     let outcome = Outcome::FoundOnNode {
                         boot_id: prev.clone(),
-                        record: rec,
+                        record: serde_json::to_value(&rec).unwrap_or_default(),
                     };
                     records.push(crate::act::audit::Record {
                         boot_id: current.clone(),
@@ -568,8 +586,10 @@ impl Agent {
                         found = true;
                     }
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!("reading the Node's shutdown record: {e:#}"),
+                Some(rec) if rec.boot_id == current && rec.closed.is_none() => {
+                    close_orphan(&c, &host, rec).await;
+                }
+                _ => {}
             }
             metrics.count_boot_end(report.end.as_str());
             let mut note = previous_boot_note(&report, &pstore);
@@ -589,8 +609,7 @@ impl Agent {
                 tracing::warn!("previous-boot event: {e:#}");
             }
             if let (true, Some(ep)) = (report.undelivered, &report.episode) {
-                let record =
-                    json!({ "episode": ep, "boot_id": prev, "delivered_late": true, "back": true });
+                let record = ShutdownRecord::late(&prev, ep, SystemTime::now());
                 match c.node.set_earlier_record(&record, &current).await {
                     Ok(true) => {
                         let late = Outcome::DeliveredLate {
@@ -624,6 +643,50 @@ impl Agent {
 
     async fn outcome(&self, episode: u32, outcome: Outcome) {
         write_outcome(&self.audit, &self.metrics, episode, outcome).await;
+    }
+}
+
+/// The agent's own marks off: its taint, its condition False, an Event.
+async fn unmark(node: &NodeClient, msg: &str) -> Result<()> {
+    let (t, cond, ev) = tokio::join!(
+        node.set_taint(false),
+        node.set_condition(false, "ShutdownAbandoned", msg),
+        node.event(EventType::Normal, "ShutdownAbandoned", msg.to_string()),
+    );
+    t.and(cond).and(ev)
+}
+
+/// A record of this boot still open when the agent starts (it restarted,
+/// or userspace did: a soft-reboot keeps the boot id). The boot went on,
+/// so a proof of death in it was wrong (a reboot(2) that failed); without
+/// one, the host is asked, and the record closed with the agent's marks
+/// when no shutdown is under way. Under way: it stays, and the shutdown's
+/// own last word follows.
+async fn close_orphan(c: &Cluster, host: &HostQuery, rec: ShutdownRecord) {
+    let (how, why) = match rec.death() {
+        Some(d) => (
+            Closing::Failed,
+            format!("this boot went on after the record's proof ({})", d.by),
+        ),
+        None => match host().await {
+            HostAnswer::NotUnderWay => (
+                Closing::Abandoned,
+                "the agent started again in the record's boot and neither logind nor systemd has a shutdown under way".to_string(),
+            ),
+            answer => {
+                tracing::warn!(?answer, "an open shutdown record of this boot: left open");
+                return;
+            }
+        },
+    };
+    let key = rec.key();
+    let msg = format!("episode {}: {why}", key.id.unwrap_or(0));
+    let (marks, ()) = tokio::join!(
+        unmark(&c.node, &msg),
+        c.node.close_record(&key, how, &why)
+    );
+    if let Err(e) = marks {
+        tracing::error!("undoing an earlier start's marks: {e:#}");
     }
 }
 

@@ -317,6 +317,7 @@ fn signal(
         kind,
         forced: false,
         bypasses_logind,
+        calls_reboot: false,
         scope: Scope::Node,
         effect,
         actor: None,

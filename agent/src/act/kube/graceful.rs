@@ -167,7 +167,7 @@ pub async fn run(
     nc: &NodeClient,
     opts: &GracefulOptions,
     ep: &Episode,
-    record: &serde_json::Value,
+    record: &crate::record::ShutdownRecord,
     metrics: &Metrics,
 ) -> Result<GracefulReport> {
     let t0 = Instant::now();

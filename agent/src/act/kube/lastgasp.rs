@@ -23,8 +23,11 @@ use kube::{
 };
 use serde_json::{json, Value};
 
-use super::{condition, shutdown_taint, RECORD_ANNOTATION, TAINT_KEY};
-use crate::signal::{Kind, ShutdownSignal};
+use super::{condition, record_params, shutdown_taint, RECORD_ANNOTATION, TAINT_KEY};
+use crate::{
+    record::ShutdownRecord,
+    signal::{Kind, ShutdownSignal},
+};
 
 /// How often idle connections are used, so that none is closed by the
 /// server or the pool before a shutdown needs it.
@@ -129,26 +132,6 @@ pub fn retry_at(r: &Refusal, now: Instant, death: Instant) -> Result<Instant, St
     }
 }
 
-/// The record as the last gasp carries it: the boot, the time, the episode
-/// (with its timeline: what happened, how and by whom) and the signal's
-/// kind, source, scope and caller. The hook's raw detail and the caller's
-/// ancestry and cgroup stay in the node's audit log.
-pub fn evidence_record(record: &Value) -> Value {
-    let mut r = record.clone();
-    if let Some(sig) = r.get_mut("signal").and_then(Value::as_object_mut) {
-        sig.retain(|k, _| {
-            matches!(
-                k.as_str(),
-                "source" | "kind" | "forced" | "scope" | "effect" | "at" | "actor"
-            )
-        });
-        if let Some(actor) = sig.get_mut("actor").and_then(Value::as_object_mut) {
-            actor.retain(|k, _| matches!(k.as_str(), "pid" | "comm" | "uid" | "euid"));
-        }
-    }
-    r
-}
-
 impl LastGasp {
     /// Warms the connections and starts the node watch.
     pub async fn start(watch_client: Client, patch_client: Client, node: &str) -> Result<Self> {
@@ -191,8 +174,14 @@ impl LastGasp {
             .unwrap_or_default()
     }
 
-    /// The bodies; `record` goes as [`evidence_record`] makes it.
-    pub fn bodies(&self, reason: &str, message: &str, record: &Value, at: SystemTime) -> Bodies {
+    /// The bodies.
+    pub fn bodies(
+        &self,
+        reason: &str,
+        message: &str,
+        record: &ShutdownRecord,
+        at: SystemTime,
+    ) -> Bodies {
         let cond = condition(true, reason, message, at);
         let mut taints = self.current_taints();
         if !taints.iter().any(|t| t.key == TAINT_KEY) {
@@ -200,7 +189,7 @@ impl LastGasp {
         }
         Bodies {
             evidence: json!({ "metadata": { "annotations": {
-                RECORD_ANNOTATION: evidence_record(record).to_string() } } }),
+                RECORD_ANNOTATION: record.to_json() } } }),
             condition: json!({ "status": { "conditions": [cond] } }),
             taint: json!({ "spec": { "taints": taints } }),
         }
@@ -215,7 +204,10 @@ impl LastGasp {
         let mut tries = 0;
         loop {
             tries += 1;
-            match self.patch("", &Patch::Merge(&bodies.evidence)).await {
+            match self
+                .patch("", &record_params(), &Patch::Merge(&bodies.evidence))
+                .await
+            {
                 Ok(()) => break,
                 Err(last) => match retry_at(&last, Instant::now(), death) {
                     Ok(at) => tokio::time::sleep_until(at.into()).await,
@@ -229,9 +221,10 @@ impl LastGasp {
                 Patch::Strategic(&bodies.condition),
                 Patch::Merge(&bodies.taint),
             );
+            let p = PatchParams::default();
             let (c, t) = tokio::join!(
-                async { self.patch("status", &c).await.map(|()| started.elapsed()) },
-                async { self.patch("", &t).await.map(|()| started.elapsed()) },
+                async { self.patch("status", &p, &c).await.map(|()| started.elapsed()) },
+                async { self.patch("", &p, &t).await.map(|()| started.elapsed()) },
             );
             (
                 c.map_err(|e| format!("condition: {e}")),
@@ -253,13 +246,17 @@ impl LastGasp {
     /// One PATCH of the Node (`sub`: "" or "status"), never sent again,
     /// read to its end so that the connection stays open; a refusal keeps
     /// the server's Retry-After (kube's typed errors drop the headers).
-    pub async fn patch(&self, sub: &str, patch: &Patch<&Value>) -> Result<(), Refusal> {
+    pub async fn patch(
+        &self,
+        sub: &str,
+        params: &PatchParams,
+        patch: &Patch<&Value>,
+    ) -> Result<(), Refusal> {
         let req = kube::core::Request::new("/api/v1/nodes");
-        let params = PatchParams::default();
         let req = if sub.is_empty() {
-            req.patch(&self.node, &params, patch)
+            req.patch(&self.node, params, patch)
         } else {
-            req.patch_subresource(sub, &self.node, &params, patch)
+            req.patch_subresource(sub, &self.node, params, patch)
         }
         .map_err(|e| Refusal::Transport(e.to_string()))?;
         let resp = self
@@ -354,28 +351,5 @@ mod tests {
         // Any other answer is final.
         let why = retry_at(&refused(403, None), now, now + s(60)).unwrap_err();
         assert!(why.contains("403"), "{why}");
-    }
-
-    #[test]
-    fn the_evidence_keeps_what_the_controller_and_the_next_boot_read() {
-        let full = json!({
-            "boot_id": "b", "at": "2026-11-25T00:00:00Z",
-            "episode": {"id": 3, "timeline": [{"summary": "reboot -ff by reboot (7)"}]},
-            "signal": {"source": "exec", "kind": "poweroff", "forced": true, "scope": "node",
-                "effect": "now", "at": "2026-11-25T00:00:00Z", "boot_ns": 5, "bypasses_logind": true,
-                "detail": {"argv": ["reboot", "-ff"], "raw": "reboot\\0-ff"},
-                "actor": {"pid": 7, "comm": "reboot", "uid": 0, "euid": 0, "cgroup": "/x",
-                    "parents": [{"pid": 1, "comm": "systemd"}], "exe": "/usr/sbin/reboot"}}
-        });
-        let e = evidence_record(&full);
-        assert_eq!(e["boot_id"], "b");
-        assert_eq!(e["episode"], full["episode"]);
-        assert_eq!(
-            e["signal"],
-            json!({"source": "exec", "kind": "poweroff", "forced": true, "scope": "node",
-                "effect": "now", "at": "2026-11-25T00:00:00Z",
-                "actor": {"pid": 7, "comm": "reboot", "uid": 0, "euid": 0}})
-        );
-        assert!(e.to_string().len() < full.to_string().len() / 2 + 100);
     }
 }

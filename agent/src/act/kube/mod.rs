@@ -29,6 +29,7 @@ use kube::{
 use serde_json::json;
 
 use self::retry::retry;
+use crate::record::{self, Closing, EpisodeKey, ShutdownRecord, RECORD_MANAGER};
 
 /// The node condition the agent owns (the kubelet owns Ready).
 pub const CONDITION: &str = "ShutdownInProgress";
@@ -36,8 +37,7 @@ pub const CONDITION: &str = "ShutdownInProgress";
 pub const TAINT_KEY: &str = "lastgasp.dev/shutting-down";
 /// Event reason, as the kubelet's shutdown manager uses.
 pub const EVENT_REASON: &str = "NodeShutdown";
-/// Annotation holding the last shutdown's record.
-pub const RECORD_ANNOTATION: &str = "lastgasp.dev/last-shutdown";
+pub use crate::record::RECORD_ANNOTATION;
 
 /// By (type, action): the last note and the Recorder that published it.
 type Recorders = HashMap<(EventType, String), (String, Recorder)>;
@@ -147,7 +147,7 @@ impl NodeClient {
     pub async fn set_taint_and_record(
         &self,
         present: bool,
-        record: Option<&serde_json::Value>,
+        record: Option<&ShutdownRecord>,
     ) -> Result<()> {
         retry("taint", || async {
             let node = self.nodes.get(&self.node).await?;
@@ -166,11 +166,15 @@ impl NodeClient {
                 "metadata": { "resourceVersion": node.metadata.resource_version },
                 "spec": { "taints": taints },
             });
-            if let Some(r) = record {
-                patch["metadata"]["annotations"] = json!({ RECORD_ANNOTATION: r.to_string() });
-            }
+            let params = match record {
+                Some(r) => {
+                    patch["metadata"]["annotations"] = json!({ RECORD_ANNOTATION: r.to_json() });
+                    record_params()
+                }
+                None => PatchParams::default(),
+            };
             self.nodes
-                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(&self.node, &params, &Patch::Merge(&patch))
                 .await
                 .map(|_| ())
         })
@@ -181,10 +185,9 @@ impl NodeClient {
 
 impl NodeClient {
     /// Writes the shutdown record annotation (merge patch on metadata).
-    pub async fn set_record(&self, record: &serde_json::Value) -> Result<()> {
-        let body =
-            json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_string() } } });
-        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+    pub async fn set_record(&self, record: &ShutdownRecord) -> Result<()> {
+        let body = json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_json() } } });
+        let (params, patch) = (record_params(), Patch::Merge(&body));
         retry("record", || self.nodes.patch(&self.node, &params, &patch)).await?;
         Ok(())
     }
@@ -195,33 +198,37 @@ impl NodeClient {
     /// that a concurrent last gasp is never overwritten. False: left out.
     pub async fn set_earlier_record(
         &self,
-        record: &serde_json::Value,
+        record: &ShutdownRecord,
         current_boot: &str,
     ) -> Result<bool> {
         let written = retry("record", || async {
             let node = self.nodes.get(&self.node).await?;
-            let current = record_of(&node)
-                .and_then(|r| r.get("boot_id")?.as_str().map(str::to_string))
-                .is_some_and(|b| b == current_boot);
+            let current = matches!(record::of_node(&node), Some(Ok(r)) if r.boot_id == current_boot);
             if current {
                 return Ok(false);
             }
-            let body = json!({ "metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": { RECORD_ANNOTATION: record.to_string() } } });
-            self.nodes
-                .patch(&self.node, &PatchParams::default(), &Patch::Merge(&body))
-                .await?;
+            self.put_record(&node, record).await?;
             Ok(true)
         })
         .await?;
         Ok(written)
     }
 
+    /// The record, in one merge patch guarded by `node`'s resourceVersion.
+    async fn put_record(&self, node: &Node, record: &ShutdownRecord) -> Result<(), kube::Error> {
+        let body = json!({ "metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": { RECORD_ANNOTATION: record.to_json() } } });
+        self.nodes
+            .patch(&self.node, &record_params(), &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+    }
+
     /// Once the kubelet reports the node Ready: the agent's taint off, its
-    /// condition False, and the record marked as back (so the controller
-    /// never acts on it again) — only a record of an earlier boot: an agent
-    /// restarted within the boot whose shutdown it recorded leaves it as it is.
+    /// condition False, and a record of an earlier boot closed as back (so
+    /// the controller never acts on it again). A record of this boot is the
+    /// start's business ([`NodeClient::close_record`]).
     pub async fn clear_when_ready(&self, current_boot: &str) -> Result<()> {
         loop {
             let node = retry("get node", || self.nodes.get(&self.node)).await?;
@@ -234,15 +241,9 @@ impl NodeClient {
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
             if ready {
-                let rec = record_of(&node);
-                let earlier = rec
-                    .as_ref()
-                    .and_then(|r| r.get("boot_id")?.as_str().map(str::to_string))
-                    .is_some_and(|b| b != current_boot);
-                if rec.is_some() && !earlier {
-                    tracing::info!(
-                        "the shutdown record is this boot's (or names none): left as it is"
-                    );
+                let rec = readable(record::of_node(&node));
+                if rec.as_ref().is_some_and(|r| r.boot_id == current_boot) {
+                    tracing::info!("the shutdown record is this boot's: left as it is");
                     return Ok(());
                 }
                 let ours_on = conds
@@ -253,11 +254,9 @@ impl NodeClient {
                         .await?;
                 }
                 self.set_taint(false).await?;
-                if let Some(mut rec) = rec {
-                    if rec.get("back") != Some(&serde_json::Value::Bool(true)) {
-                        rec["back"] = serde_json::Value::Bool(true);
-                        self.set_record(&rec).await?;
-                    }
+                if let Some(rec) = rec.filter(|r| r.closed.is_none()) {
+                    let why = format!("the node is Ready again on boot {current_boot}");
+                    self.close_record(&rec.key(), Closing::Back, &why).await;
                 }
                 return Ok(());
             }
@@ -265,33 +264,73 @@ impl NodeClient {
         }
     }
 
-    /// The record annotation as it stands, if any (an annotation that is not
-    /// a JSON object is no record).
-    pub async fn record(&self) -> Result<Option<serde_json::Value>> {
+    /// The record annotation as it stands, if any (an unreadable one is
+    /// logged and read as none).
+    pub async fn record(&self) -> Result<Option<ShutdownRecord>> {
         let node = retry("get node", || self.nodes.get(&self.node)).await?;
-        Ok(record_of(&node))
+        Ok(readable(record::of_node(&node)))
     }
 
-    /// Marks the record `abandoned` (the shutdown it announced never came),
-    /// so the controller never fences on it.
-    pub async fn mark_abandoned(&self, why: &str) -> Result<()> {
-        let Some(mut rec) = self.record().await? else {
-            return Ok(());
+    /// Closes `rec`'s episode on the Node: every end of an episode other
+    /// than the node going down on it. Nothing is written when the Node
+    /// holds another episode's record by then, or this one closed already.
+    /// Retried with backoff until it lands (through an API server outage
+    /// too): an open record is evidence the controller could act on.
+    pub async fn close_record(&self, key: &EpisodeKey, how: Closing, why: &str) {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match self.try_close(key, how, why).await {
+                Ok(true) => {
+                    tracing::info!(boot = key.boot_id, episode = key.id, %how, "the shutdown record closed: {why}");
+                    return;
+                }
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(boot = key.boot_id, episode = key.id, "closing the shutdown record: {e}; again in {wait:?}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+
+    async fn try_close(
+        &self,
+        key: &EpisodeKey,
+        how: Closing,
+        why: &str,
+    ) -> Result<bool, kube::Error> {
+        let node = self.nodes.get(&self.node).await?;
+        let Some(Ok(now)) = record::of_node(&node) else {
+            return Ok(false);
         };
-        rec["abandoned"] = serde_json::Value::Bool(true);
-        rec["abandoned_why"] = serde_json::Value::String(why.to_string());
-        self.set_record(&rec).await
+        if now.key() != *key || now.closed.is_some() {
+            return Ok(false);
+        }
+        self.put_record(&node, &now.closed(how, why, SystemTime::now()))
+            .await?;
+        Ok(true)
     }
 }
 
-/// The record annotation of `node`, when it is a JSON object.
-pub fn record_of(node: &Node) -> Option<serde_json::Value> {
-    node.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(RECORD_ANNOTATION))
-        .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
-        .filter(|v| v.is_object())
+/// Every write of the record under its own field manager (see
+/// [`RECORD_MANAGER`]).
+pub fn record_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(RECORD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// A record, or none where the annotation is unreadable (said in the log).
+fn readable(r: Option<Result<ShutdownRecord, String>>) -> Option<ShutdownRecord> {
+    match r? {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!("the Node's shutdown record annotation is unreadable: {e}");
+            None
+        }
+    }
 }
 
 /// A reflector store kept up to date by a watch in the background (with

@@ -157,6 +157,8 @@ pub struct Intent {
     pub forced: bool,
     /// does not go through logind, so no logind delay lock protects it
     pub bypasses_logind: bool,
+    /// the tool calls reboot(2) itself at once (no service manager between)
+    pub calls_reboot: bool,
     pub effect: Effect,
 }
 
@@ -166,7 +168,16 @@ impl Intent {
             kind,
             forced,
             bypasses_logind,
+            calls_reboot: false,
             effect,
+        }
+    }
+
+    /// The tool itself calls reboot(2), at once.
+    pub(crate) fn calling_reboot(self) -> Self {
+        Self {
+            calls_reboot: true,
+            ..self
         }
     }
 
@@ -234,6 +245,7 @@ pub fn decode(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
         kind: d.intent.kind,
         forced: d.intent.forced,
         bypasses_logind: d.intent.bypasses_logind,
+        calls_reboot: d.intent.calls_reboot,
         scope,
         effect: d.intent.effect,
         actor: Some(actor),
@@ -262,6 +274,11 @@ pub(crate) mod expect {
 
     pub(crate) fn forced(kind: Kind) -> Intent {
         Intent::new(kind, Effect::Now, true, true)
+    }
+
+    /// Forced, and the tool calls reboot(2) itself.
+    pub(crate) fn rebooting(kind: Kind) -> Intent {
+        forced(kind).calling_reboot()
     }
 
     /// Not forced, past logind.

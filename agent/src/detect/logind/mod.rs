@@ -743,6 +743,7 @@ fn signal(
         kind,
         forced: false,
         bypasses_logind: false,
+        calls_reboot: false,
         scope: Scope::Node,
         effect,
         actor,

@@ -138,7 +138,7 @@ pub(super) enum Request {
 
 pub(super) fn systemctl(args: &[&[u8]], now: SystemTime) -> Intent {
     let (mut force, mut remote, mut system, mut offline, mut dry_run) =
-        (false, false, true, false, false);
+        (0u8, false, true, false, false);
     let mut when = None;
     let mut words = Vec::new();
     // In argv order, like getopt: help and --when=cancel|show act at once.
@@ -154,7 +154,7 @@ pub(super) fn systemctl(args: &[&[u8]], now: SystemTime) -> Intent {
                 b"show" => return Intent::nothing(Kind::Unknown, "shows the scheduled shutdown"),
                 value => when = Some(value),
             },
-            Tok::Short(b'f', _) | Tok::Long("force", _) => force = true,
+            Tok::Short(b'f', _) | Tok::Long("force", _) => force = force.saturating_add(1),
             Tok::Short(b'H', _) | Tok::Long("host", _) => remote = true,
             Tok::Short(b'M', machine) | Tok::Long("machine", machine) => {
                 remote |= machine != Some(b".host");
@@ -214,9 +214,14 @@ pub(super) fn systemctl(args: &[&[u8]], now: SystemTime) -> Intent {
 
     match request {
         Request::Unit(kind) => Intent::new(kind, Effect::Now, false, true),
-        // `--force` skips logind for halt, poweroff, reboot and kexec (`-ff` even systemd,
-        // calling reboot(2) at once); systemd's soft-reboot ignores it and asks logind.
-        Request::Verb(kind) if force && kind != Kind::SoftReboot => {
+        // `--force` skips logind for halt, poweroff, reboot and kexec (PID 1 then
+        // stops nothing and kills every process, waiting for each up to its
+        // timeout); `-ff` skips systemd too, calling reboot(2) at once.
+        // systemd's soft-reboot ignores it and asks logind.
+        Request::Verb(kind) if force >= 2 && kind != Kind::SoftReboot => {
+            Intent::new(kind, Effect::Now, true, true).calling_reboot()
+        }
+        Request::Verb(kind) if force == 1 && kind != Kind::SoftReboot => {
             Intent::new(kind, Effect::Now, true, true)
         }
         Request::Verb(kind) => {
@@ -492,8 +497,13 @@ pub(super) fn halt(mut kind: Kind, args: &[&[u8]]) -> Intent {
     if wtmp_only {
         return Intent::nothing(kind, "-w: only writes a wtmp record");
     }
-    // Forced: systemd calls reboot(2) itself.
-    Intent::new(kind, Effect::Now, force, force)
+    // Forced (`-f` counts as systemctl's `-ff`): the tool calls reboot(2) itself.
+    let intent = Intent::new(kind, Effect::Now, force, force);
+    if force {
+        intent.calling_reboot()
+    } else {
+        intent
+    }
 }
 
 pub(super) fn busybox(args: &[&[u8]], now: SystemTime) -> Intent {
@@ -548,7 +558,12 @@ pub(super) fn busybox_halt(kind: Kind, args: &[&[u8]], now: SystemTime) -> Inten
             _ => return Intent::nothing(Kind::Unknown, "invalid -d delay"),
         },
     };
-    Intent::new(kind, effect, force, true)
+    let intent = Intent::new(kind, effect, force, true);
+    if force {
+        intent.calling_reboot()
+    } else {
+        intent
+    }
 }
 
 /// `init` and `telinit` with a runlevel. `init` is also how the kernel starts PID 1, with
@@ -635,7 +650,7 @@ pub(super) fn kexec(args: &[&[u8]]) -> Intent {
     if status {
         Intent::nothing(Kind::Unknown, "queries whether a kernel is loaded")
     } else if exec {
-        Intent::new(Kind::Kexec, Effect::Now, true, true)
+        Intent::new(Kind::Kexec, Effect::Now, true, true).calling_reboot()
     } else if via_shutdown && kernel {
         // The `shutdown -r now` it runs is seen as an exec of its own.
         Intent::new(Kind::Kexec, Effect::Now, false, false)

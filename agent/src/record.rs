@@ -1,0 +1,430 @@
+//! The shutdown record: what the agent writes on its own Node (the
+//! annotation `lastgasp.dev/last-shutdown`), and what the controller, the
+//! next boot's report and `lastgasp history` read. One typed, versioned
+//! struct; nothing else builds or picks apart the annotation.
+//!
+//! Version 2 adds the proof of death (`episode.death`) and `closed`.
+//! Version skew: a controller reads both versions; a version-1 record (an
+//! older agent) is evidence only where it came from the kernel itself (a
+//! reboot(2) or a kernel power-off hook), its `back` and `abandoned` flags
+//! read as `closed`. An older controller does not understand `closed` or
+//! the proof: upgrade the controller before the agents.
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    decide::{Death, Episode, Proof},
+    signal::{Kind, Scope, ShutdownSignal, Source},
+};
+
+/// The Node annotation that holds the record.
+pub const RECORD_ANNOTATION: &str = "lastgasp.dev/last-shutdown";
+/// The format this agent writes.
+pub const VERSION: u32 = 2;
+/// The field manager of every write of the record: its `managedFields`
+/// time on the Node is the API server's own time of the last record write
+/// (whole seconds), which the controller reads instead of any node's clock.
+pub const RECORD_MANAGER: &str = "lastgasp-record";
+/// How far a record's own time may run ahead of the API server's time of
+/// its write before it counts as no evidence (clock skew).
+pub const MAX_SKEW: Duration = Duration::from_secs(5);
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(try_from = "Wire")]
+pub struct ShutdownRecord {
+    /// The format's version (1 when absent: agents before the proof).
+    pub v: u32,
+    /// The boot the record was written in.
+    pub boot_id: String,
+    /// When the signal that wrote it was seen (the node's clock).
+    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub at: Option<SystemTime>,
+    /// The episode: its kind, path, timeline and proof of death.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub episode: Option<Episode>,
+    /// The signal that wrote it, in short.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<SignalSummary>,
+    /// The episode ended without the node going down on it, or the node came
+    /// back: the record is evidence of nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed: Option<Closed>,
+    /// Delivered after the next boot (the last gasp did not get out in time).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delivered_late: bool,
+}
+
+/// The record as either version writes it.
+#[derive(Deserialize)]
+struct Wire {
+    #[serde(default = "v1")]
+    v: u32,
+    boot_id: String,
+    #[serde(default, with = "humantime_serde")]
+    at: Option<SystemTime>,
+    #[serde(default)]
+    episode: Option<Episode>,
+    #[serde(default)]
+    signal: Option<SignalSummary>,
+    #[serde(default)]
+    closed: Option<Closed>,
+    #[serde(default)]
+    delivered_late: bool,
+    // Version 1's way of closing a record.
+    #[serde(default)]
+    back: bool,
+    #[serde(default)]
+    abandoned: bool,
+    #[serde(default)]
+    abandoned_why: Option<String>,
+}
+
+fn v1() -> u32 {
+    1
+}
+
+impl TryFrom<Wire> for ShutdownRecord {
+    type Error = String;
+
+    fn try_from(w: Wire) -> Result<Self, String> {
+        if w.v > VERSION {
+            return Err(format!(
+                "record version {} is newer than this build's {VERSION}",
+                w.v
+            ));
+        }
+        let at = w.at.or(w.signal.as_ref().map(|s| s.at));
+        let closed = w.closed.or_else(|| {
+            (w.back || w.abandoned).then(|| Closed {
+                how: if w.back {
+                    Closing::Back
+                } else {
+                    Closing::Abandoned
+                },
+                at: at.unwrap_or(SystemTime::UNIX_EPOCH),
+                why: w.abandoned_why.unwrap_or_default(),
+            })
+        });
+        Ok(ShutdownRecord {
+            v: w.v,
+            boot_id: w.boot_id,
+            at,
+            episode: w.episode,
+            signal: w.signal,
+            closed,
+            delivered_late: w.delivered_late,
+        })
+    }
+}
+
+/// The signal as the record carries it: the hook's raw detail, the caller's
+/// ancestry and cgroup stay in the node's audit log.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SignalSummary {
+    pub source: Source,
+    pub kind: Kind,
+    pub forced: bool,
+    pub scope: Scope,
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<ActorSummary>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ActorSummary {
+    pub pid: u32,
+    pub comm: String,
+    pub uid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub euid: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Closed {
+    pub how: Closing,
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+    pub why: String,
+}
+
+/// How an episode's record was closed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Closing {
+    /// The shutdown was called off by the authority that opened it.
+    Cancelled,
+    /// Its expected end passed and the host had no shutdown under way, or
+    /// the agent restarted in the same boot and the host had none.
+    Abandoned,
+    /// A request never confirmed.
+    Expired,
+    /// The node lived on after its proof of death (a reboot(2) that returned).
+    Failed,
+    /// The node came back on a new boot.
+    Back,
+}
+
+impl std::fmt::Display for Closing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(s)) => f.write_str(&s),
+            _ => Err(std::fmt::Error),
+        }
+    }
+}
+
+impl ShutdownRecord {
+    /// The record of `ep` as `s` leaves it, in `boot_id`.
+    pub fn new(boot_id: &str, s: &ShutdownSignal, ep: &Episode) -> Self {
+        ShutdownRecord {
+            v: VERSION,
+            boot_id: boot_id.to_string(),
+            at: Some(s.at),
+            episode: Some(ep.clone()),
+            signal: Some(SignalSummary {
+                source: s.source,
+                kind: s.kind,
+                forced: s.forced,
+                scope: s.scope,
+                at: s.at,
+                actor: s.actor.as_ref().map(|a| ActorSummary {
+                    pid: a.pid,
+                    comm: a.comm.clone(),
+                    uid: a.uid,
+                    euid: a.euid,
+                }),
+            }),
+            closed: None,
+            delivered_late: false,
+        }
+    }
+
+    /// An earlier boot's episode, delivered after the next boot: closed as
+    /// back at once (it only completes the story).
+    pub fn late(boot_id: &str, ep: &Episode, now: SystemTime) -> Self {
+        ShutdownRecord {
+            v: VERSION,
+            boot_id: boot_id.to_string(),
+            at: ep.timeline.first().map(|e| e.at),
+            episode: Some(ep.clone()),
+            signal: None,
+            closed: Some(Closed {
+                how: Closing::Back,
+                at: now,
+                why: "delivered after the next boot".into(),
+            }),
+            delivered_late: true,
+        }
+    }
+
+    /// Reads an annotation's text: an error says why it is no record.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        serde_json::from_str(raw).map_err(|e| format!("not a shutdown record: {e}"))
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serialising plain data cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The shutdown's kind: the episode's (filled in by later signals), else
+    /// the signal's.
+    pub fn kind(&self) -> Kind {
+        match (&self.episode, &self.signal) {
+            (Some(ep), _) if ep.kind != Kind::Unknown => ep.kind,
+            (_, Some(s)) => s.kind,
+            (Some(ep), None) => ep.kind,
+            (None, None) => Kind::Unknown,
+        }
+    }
+
+    /// The proof that the node's kernel went down. A version-1 record has
+    /// none of its own: one that came from the kernel (a reboot(2) that
+    /// older agents recorded only from callers that could reboot, or a
+    /// kernel hook) counts as the kernel's.
+    pub fn death(&self) -> Option<Death> {
+        if let Some(d) = self.episode.as_ref().and_then(|e| e.death.clone()) {
+            return Some(d);
+        }
+        let s = self.signal.as_ref()?;
+        (self.v < 2
+            && s.scope == Scope::Node
+            && matches!(s.source, Source::RebootSyscall | Source::KernelHook))
+        .then(|| Death {
+            proof: Proof::Kernel,
+            at: s.at,
+            by: format!("{} (a version-1 record)", s.source),
+        })
+    }
+
+    /// Which episode the record is of.
+    pub fn key(&self) -> EpisodeKey {
+        EpisodeKey {
+            boot_id: self.boot_id.clone(),
+            id: self.episode.as_ref().map(|e| e.id),
+            opened: self
+                .episode
+                .as_ref()
+                .and_then(|e| e.timeline.first())
+                .map(|t| t.at),
+        }
+    }
+
+    /// The record, closed.
+    pub fn closed(mut self, how: Closing, why: &str, at: SystemTime) -> Self {
+        self.closed = Some(Closed {
+            how,
+            at,
+            why: why.to_string(),
+        });
+        self
+    }
+}
+
+/// An episode, across agent restarts: episode ids start again at 1 in
+/// each agent process, so the time its first signal was seen is part of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpisodeKey {
+    pub boot_id: String,
+    pub id: Option<u32>,
+    pub opened: Option<SystemTime>,
+}
+
+impl EpisodeKey {
+    pub fn of(boot_id: &str, ep: &Episode) -> Self {
+        EpisodeKey {
+            boot_id: boot_id.to_string(),
+            id: Some(ep.id),
+            opened: ep.timeline.first().map(|t| t.at),
+        }
+    }
+}
+
+/// The record annotation of `node`, if any; `Err` when it is there and
+/// unreadable.
+pub fn of_node(node: &k8s_openapi::api::core::v1::Node) -> Option<Result<ShutdownRecord, String>> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(RECORD_ANNOTATION)
+        .map(|raw| ShutdownRecord::parse(raw))
+}
+
+/// The API server's time of the last write of the record on `node` (whole
+/// seconds): the `managedFields` entry of [`RECORD_MANAGER`].
+pub fn written_at(node: &k8s_openapi::api::core::v1::Node) -> Option<SystemTime> {
+    managed_time(&node.metadata, RECORD_MANAGER)
+}
+
+/// The newest `managedFields` time of `manager` on the object itself (not a
+/// subresource): the API server stamps it when that manager's request
+/// changed something.
+pub fn managed_time(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    manager: &str,
+) -> Option<SystemTime> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() == Some(manager))
+        .filter(|m| m.subresource.as_deref().unwrap_or("").is_empty())
+        .filter_map(|m| m.time.as_ref())
+        .map(|t| SystemTime::from(t.0))
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::decide::Decider;
+    use crate::signal::{Detail, Effect};
+
+    fn reboot2() -> ShutdownSignal {
+        ShutdownSignal {
+            source: Source::RebootSyscall,
+            kind: Kind::Poweroff,
+            forced: true,
+            bypasses_logind: true,
+            calls_reboot: false,
+            scope: Scope::Node,
+            effect: Effect::Now,
+            actor: None,
+            sender: None,
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            boot_ns: 5,
+            deadline: None,
+            detail: Detail::Reboot {
+                magic1: 0xfee1_dead,
+                magic2: 672_274_793,
+                cmd: 0x4321_fedc,
+                valid_magic: true,
+                ret: None,
+            },
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let s = reboot2();
+        let ep = Decider::new().decide(&s).episode.unwrap();
+        let r = ShutdownRecord::new("b1", &s, &ep);
+        let back = ShutdownRecord::parse(&r.to_json()).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.v, VERSION);
+        assert_eq!(back.kind(), Kind::Poweroff);
+        assert!(back.closed.is_none());
+        // The raw detail and the boot clock stay in the audit log.
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert!(v["signal"].get("detail").is_none() && v["signal"].get("boot_ns").is_none());
+        let closed = r.closed(Closing::Cancelled, "logind said false", SystemTime::now());
+        let back = ShutdownRecord::parse(&closed.to_json()).unwrap();
+        assert_eq!(back.closed.unwrap().how, Closing::Cancelled);
+    }
+
+    /// Version 1 (older agents): `back` and `abandoned` close it, and only
+    /// the kernel's own signals prove death.
+    #[test]
+    fn version_1_records_are_read() {
+        let v1 = |source: &str, extra: serde_json::Value| {
+            let mut r = json!({"boot_id": "b", "at": "2026-11-25T00:00:00Z",
+                "episode": {"id": 1, "kind": "unknown", "path": "immediate", "timeline": [],
+                    "deadline": null, "protected": false, "forced": true},
+                "signal": {"source": source, "kind": "poweroff", "forced": true, "scope": "node",
+                    "effect": "now", "at": "2026-11-25T00:00:00Z", "actor": {"pid": 7, "comm": "x", "uid": 0}}});
+            for (k, v) in extra.as_object().unwrap() {
+                r[k] = v.clone();
+            }
+            ShutdownRecord::parse(&r.to_string()).unwrap()
+        };
+        let r = v1("reboot-syscall", json!({}));
+        assert_eq!(r.v, 1);
+        assert_eq!(r.kind(), Kind::Poweroff, "the signal's kind where the episode has none");
+        assert_eq!(r.death().map(|d| d.proof), Some(Proof::Kernel));
+        assert_eq!(v1("exec", json!({})).death(), None);
+        assert_eq!(v1("logind", json!({})).death(), None);
+        let back = v1("reboot-syscall", json!({"back": true}));
+        assert_eq!(back.closed.map(|c| c.how), Some(Closing::Back));
+        let ab = v1("exec", json!({"abandoned": true, "abandoned_why": "no shutdown came"}));
+        assert_eq!(ab.closed.as_ref().map(|c| c.how), Some(Closing::Abandoned));
+        assert_eq!(ab.closed.unwrap().why, "no shutdown came");
+        // Closed in v1 terms is not written back in them.
+        assert!(!ab_json_has_v1_flags(&v1("exec", json!({"back": true}))));
+    }
+
+    fn ab_json_has_v1_flags(r: &ShutdownRecord) -> bool {
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        v.get("back").is_some() || v.get("abandoned").is_some()
+    }
+
+    #[test]
+    fn bad_annotations_say_why() {
+        assert!(ShutdownRecord::parse("{}").unwrap_err().contains("boot_id"));
+        assert!(ShutdownRecord::parse("nope").is_err());
+        let future = json!({"v": 99, "boot_id": "b"}).to_string();
+        assert!(ShutdownRecord::parse(&future).unwrap_err().contains("newer"));
+    }
+}
