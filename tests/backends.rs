@@ -28,13 +28,14 @@ use lastgasp::{
         kube::{
             graceful::{self, GracefulOptions, Removal},
             lastgasp::LastGasp,
-            NodeClient, Use, RECORD_ANNOTATION, TAINT_KEY,
+            NodeClient, Use, TAINT_KEY,
         },
         metrics::Metrics,
     },
     agent::Cluster,
     decide::{Action, Decider, Episode},
     grace::Bucket,
+    record::{self, Closing, ShutdownRecord},
     report::BootEnd,
     signal::ShutdownSignal,
 };
@@ -249,8 +250,8 @@ fn shutdown_condition(n: &Node) -> Option<(String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
 }
 
-fn record(n: &Node) -> Option<serde_json::Value> {
-    serde_json::from_str(n.metadata.annotations.as_ref()?.get(RECORD_ANNOTATION)?).ok()
+fn record(n: &Node) -> Option<ShutdownRecord> {
+    record::of_node(n)?.ok()
 }
 
 fn episode() -> (ShutdownSignal, Episode) {
@@ -305,7 +306,7 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
         taints(&n)
     );
     let rec = record(&n).expect("the record annotation");
-    assert_eq!(rec["boot_id"], "boot-1");
+    assert_eq!(rec.boot_id, "boot-1");
     let recs = audit::read(&dir.join(audit::FILE_NAME)).unwrap().records;
     assert!(
         recs.iter().any(|r| matches!(
@@ -325,7 +326,7 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
     let t0 = Instant::now();
     loop {
         let n = nodes.get(&node).await.unwrap();
-        let back = record(&n).is_some_and(|r| r["back"] == true);
+        let back = record(&n).is_some_and(|r| r.closed.is_some_and(|c| c.how == Closing::Back));
         if back && !taints(&n).contains(&TAINT_KEY.to_string()) {
             break;
         }
@@ -420,12 +421,12 @@ async fn graceful_path_by_priority(b: Backend, prefix: String) {
             seconds: 5,
         },
     ];
-    let (_, ep) = episode();
+    let (s, ep) = episode();
     let report = graceful::run(
         &nc,
         &options(&dir, buckets, Removal::Delete),
         &ep,
-        &json!({"episode": ep}),
+        &ShutdownRecord::new("boot-x", &s, &ep),
         &Metrics::default(),
     )
     .await
@@ -489,7 +490,7 @@ async fn eviction_meets_the_budget(b: Backend, prefix: String) {
     }
     let nc = b.node_client(&node).await;
     let dir = b.dir(&prefix);
-    let (_, ep) = episode();
+    let (s, ep) = episode();
     let report = graceful::run(
         &nc,
         &options(
@@ -501,7 +502,7 @@ async fn eviction_meets_the_budget(b: Backend, prefix: String) {
             Removal::Evict,
         ),
         &ep,
-        &json!({"episode": ep}),
+        &ShutdownRecord::new("boot-x", &s, &ep),
         &Metrics::default(),
     )
     .await

@@ -20,13 +20,26 @@ use lastgasp::{
     },
     decide::{Action, Decider, Episode},
     grace::Bucket,
+    record::{self, Closing, ShutdownRecord},
     signal::{Scope, ShutdownSignal, Source},
 };
 use lastgasp_apidouble::{ApiDouble, Fault};
-use lastgasp_tests::support::{agent_at, logind_signal};
+use lastgasp_tests::support::{agent_at, forced_exec, logind_signal, record_of};
 use serde_json::json;
 
 const NODE: &str = "n1";
+
+/// The record annotation of NODE, as written by some earlier agent.
+fn put_record(s: &Setup, v: &str) {
+    s.double
+        .modify::<Node, _>("", NODE, |n| {
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(RECORD_ANNOTATION.into(), v.into());
+        })
+        .unwrap();
+}
 
 fn node() -> serde_json::Value {
     json!({
@@ -177,9 +190,10 @@ async fn announce_only_and_the_pods_a_drain_leaves() {
         seconds: 3,
     }];
     let ep = Decider::new().decide(&logind_signal()).episode.unwrap();
+    let rec = record_of("boot-x", &logind_signal());
 
     let announce = opts(&s, buckets.clone(), Removal::None);
-    let r = graceful::run(&s.nc, &announce, &ep, &json!({}), &Metrics::default())
+    let r = graceful::run(&s.nc, &announce, &ep, &rec, &Metrics::default())
         .await
         .unwrap();
     assert!(
@@ -197,7 +211,7 @@ async fn announce_only_and_the_pods_a_drain_leaves() {
     let mut keep = opts(&s, buckets, Removal::Delete);
     keep.keep.daemonsets = true;
     keep.keep.labels.insert("keep".into(), "yes".into());
-    let r = graceful::run(&s.nc, &keep, &ep, &json!({}), &Metrics::default())
+    let r = graceful::run(&s.nc, &keep, &ep, &rec, &Metrics::default())
         .await
         .unwrap();
     let how = |name: &str| {
@@ -234,9 +248,15 @@ async fn a_state_file_that_cannot_be_written_does_not_stop_the_drain() {
     o.state_file = "/proc/lastgasp-no-such-dir/graceful_node_shutdown_state".into();
     let ep = Decider::new().decide(&logind_signal()).episode.unwrap();
     let metrics = Metrics::default();
-    let r = graceful::run(&s.nc, &o, &ep, &json!({}), &metrics)
-        .await
-        .expect("the drain ran");
+    let r = graceful::run(
+        &s.nc,
+        &o,
+        &ep,
+        &record_of("boot-x", &logind_signal()),
+        &metrics,
+    )
+    .await
+    .expect("the drain ran");
     assert_eq!((r.terminated(), r.remaining()), (1, 0), "{r:#?}");
     assert!(
         metrics
@@ -301,7 +321,7 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
         &s.nc,
         &o,
         &ep,
-        &json!({"episode": ep, "signal": sig}),
+        &ShutdownRecord::new("boot-x", &sig, &ep),
         &metrics,
     )
     .await
@@ -472,9 +492,15 @@ async fn a_hanging_pod_holds_its_bucket_only_until_the_bucket_time() {
         ],
         Removal::Delete,
     );
-    let report = graceful::run(&s.nc, &o, &ep, &json!({"signal": sig}), &Metrics::default())
-        .await
-        .unwrap();
+    let report = graceful::run(
+        &s.nc,
+        &o,
+        &ep,
+        &ShutdownRecord::new("boot-x", &sig, &ep),
+        &Metrics::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.buckets.len(), 2);
     assert!(report.buckets.iter().all(|b| b.timed_out), "{report:?}");
     let b0 = &report.buckets[0];
@@ -541,9 +567,15 @@ async fn eviction_mode_honours_pdbs_and_falls_back_to_delete_near_the_end() {
         }],
         Removal::Evict,
     );
-    let report = graceful::run(&s.nc, &o, &ep, &json!({"signal": sig}), &Metrics::default())
-        .await
-        .unwrap();
+    let report = graceful::run(
+        &s.nc,
+        &o,
+        &ep,
+        &ShutdownRecord::new("boot-x", &sig, &ep),
+        &Metrics::default(),
+    )
+    .await
+    .unwrap();
     let how: BTreeMap<&str, &str> = report
         .pods
         .iter()
@@ -674,7 +706,7 @@ async fn last_gasp_sends_the_evidence_in_one_write_then_the_rest() {
     let bodies = lg.bodies(
         "ForcedShutdown",
         "poweroff",
-        &json!({"episode": ep, "signal": sig}),
+        &ShutdownRecord::new("boot-x", &sig, &ep),
         SystemTime::now(),
     );
     // No time left (a reboot(2)): the evidence alone.
@@ -760,7 +792,12 @@ async fn a_refused_last_gasp_is_not_retried_past_the_nodes_end() {
     )
     .await
     .unwrap();
-    let bodies = lg.bodies("ForcedShutdown", "poweroff", &json!({}), SystemTime::now());
+    let bodies = lg.bodies(
+        "ForcedShutdown",
+        "poweroff",
+        &record_of("boot-x", &forced_exec()),
+        SystemTime::now(),
+    );
     let evidence_path = format!("/api/v1/nodes/{NODE}");
     let patches = |s: &Setup| {
         s.double
@@ -847,12 +884,10 @@ mod agent_flow {
     use lastgasp::{
         act::audit::{self, AuditLog, Entry, Outcome},
         agent::{Agent, Cluster, LAST_GASP_BOUND},
-        controller::{Controller, ControllerConfig, Policy, OUT_OF_SERVICE_KEY},
         decide::{HostAnswer, HostQuery, Policy as DecidePolicy},
     };
 
     use super::*;
-    use lastgasp_tests::support::forced_exec;
 
     async fn cluster(s: &Setup) -> Arc<Cluster> {
         let lg = LastGasp::start(
@@ -1036,7 +1071,7 @@ mod agent_flow {
         let mut agent = agent_at(&s.dir, "boot-1", Some(c.clone()));
         agent.handle(forced_exec()).await.unwrap();
         s.double.remove_fault(fault);
-        let this_boot = json!({"boot_id": "boot-2", "episode": {"id": 7}}).to_string();
+        let this_boot = record_of("boot-2", &logind_signal()).to_json();
         put_record(&s, &this_boot);
         let mut next = agent_at(&s.dir, "boot-2", Some(c));
         let after = next.after_boot("boot-2").await.unwrap().unwrap();
@@ -1352,14 +1387,16 @@ mod agent_flow {
         );
     }
 
-    /// An agent restarted within the boot whose shutdown it recorded leaves
-    /// the record and its marks: only a new boot marks it back. A record
-    /// annotation that is not a JSON object is no record (and no panic).
+    /// `clear_when_ready` leaves a record of this boot as it is (the start
+    /// closes it, after asking the host); a new boot closes it as back. A
+    /// record annotation that is unreadable is no record (and no panic), and
+    /// closing leaves it as it was.
     #[tokio::test]
     async fn only_a_new_boot_marks_the_record_back() {
         let s = setup("sameboot", vec![]).await;
         let set = |v: &str| put_record(&s, v);
-        set(r#"{"boot_id":"boot-7","episode":{"id":1}}"#);
+        let rec = record_of("boot-7", &logind_signal());
+        set(&rec.to_json());
         s.nc.set_taint(true).await.unwrap();
         s.nc.clear_when_ready("boot-7").await.unwrap();
         let n: Node = s.double.get("", NODE).unwrap();
@@ -1367,20 +1404,28 @@ mod agent_flow {
             taint_keys(&n).contains(&TAINT_KEY.to_string()),
             "same boot: marks stay"
         );
-        assert!(!n.metadata.annotations.unwrap()[RECORD_ANNOTATION].contains("back"));
+        let now = |n: &Node| record::of_node(n).unwrap().unwrap();
+        assert_eq!(now(&n).closed, None);
 
         s.nc.clear_when_ready("boot-8").await.unwrap();
         let n: Node = s.double.get("", NODE).unwrap();
         assert!(!taint_keys(&n).contains(&TAINT_KEY.to_string()));
-        let rec: serde_json::Value =
-            serde_json::from_str(&n.metadata.annotations.unwrap()[RECORD_ANNOTATION]).unwrap();
-        assert_eq!(rec["back"], true);
+        let closed = now(&n).closed.expect("closed");
+        assert_eq!(closed.how, Closing::Back);
+        assert!(closed.why.contains("boot-8"), "{}", closed.why);
 
-        for odd in ["[]", "42", "\"x\"", "not json"] {
+        for odd in [
+            "[]",
+            "42",
+            "\"x\"",
+            "not json",
+            r#"{"boot_id":"boot-7","episode":{"id":1}}"#,
+        ] {
             set(odd);
             s.nc.set_taint(true).await.unwrap();
             s.nc.clear_when_ready("boot-9").await.unwrap();
-            s.nc.mark_abandoned("test").await.unwrap();
+            s.nc.close_record(&rec.key(), Closing::Abandoned, "test")
+                .await;
             let n: Node = s.double.get("", NODE).unwrap();
             assert!(!taint_keys(&n).contains(&TAINT_KEY.to_string()), "{odd}");
             assert_eq!(
@@ -1461,413 +1506,5 @@ mod agent_flow {
             _ => None,
         });
         assert!(delivered.is_some_and(|ms| ms >= 0.0));
-    }
-
-    fn ccfg(id: &str) -> ControllerConfig {
-        ControllerConfig {
-            policy: Policy::AlsoReboots,
-            reboot_timeout: Duration::from_secs(1),
-            gone_when: lastgasp::controller::GoneWhen::NotReady,
-            lease_margin: Duration::from_secs(2),
-            max_fences_per_minute: 0,
-            concurrency: 16,
-            lease_namespace: "kube-system".into(),
-            lease_name: "lastgasp-controller".into(),
-            identity: id.into(),
-            lease_duration: Duration::from_secs(15),
-        }
-    }
-
-    /// Ready turns `status` now (its lastTransitionTime, as the kubelet or
-    /// the node lifecycle controller writes it).
-    fn set_ready(s: &Setup, status: &str) {
-        s.double
-            .modify::<Node, _>("", NODE, |n| {
-                let c = &mut n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0];
-                c.status = status.into();
-                c.last_transition_time =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::now(),
-                    ));
-            })
-            .unwrap();
-    }
-
-    /// The node is on another boot (it came back).
-    fn set_boot(s: &Setup, boot: &str) {
-        s.double
-            .modify::<Node, _>("", NODE, |n| {
-                n.status
-                    .as_mut()
-                    .unwrap()
-                    .node_info
-                    .as_mut()
-                    .unwrap()
-                    .boot_id = boot.into()
-            })
-            .unwrap();
-    }
-
-    /// The record annotation of NODE, as written by some earlier agent.
-    fn put_record(s: &Setup, v: &str) {
-        s.double
-            .modify::<Node, _>("", NODE, |n| {
-                n.metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(RECORD_ANNOTATION.into(), v.into());
-            })
-            .unwrap();
-    }
-
-    /// A current record: of the boot the Node reports.
-    fn set_record(s: &Setup, kind: &str) {
-        set_record_on(s, NODE, kind);
-    }
-
-    fn set_record_on(s: &Setup, node: &str, kind: &str) {
-        let rec = json!({"boot_id": "boot-x", "signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
-        s.double
-            .modify::<Node, _>("", node, |n| {
-                n.metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(RECORD_ANNOTATION.into(), rec.to_string());
-                n.status.get_or_insert_with(Default::default).node_info =
-                    Some(k8s_openapi::api::core::v1::NodeSystemInfo {
-                        boot_id: "boot-x".into(),
-                        ..Default::default()
-                    });
-            })
-            .unwrap();
-    }
-
-    /// A write that fails on one node does not stop the pass: the next node
-    /// is still fenced, and the failure is counted.
-    #[tokio::test]
-    async fn one_nodes_failure_never_stops_the_pass() {
-        let s = setup("controller-fault", vec![]).await;
-        let mut other = node();
-        other["metadata"]["name"] = json!("n2");
-        s.double.create_value(other).unwrap();
-        for n in [NODE, "n2"] {
-            set_record_on(&s, n, "poweroff");
-            s.double
-                .modify::<Node, _>("", n, |n| {
-                    n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status =
-                        "Unknown".into()
-                })
-                .unwrap();
-        }
-        s.double.inject(
-            Fault::status(500)
-                .method("PATCH")
-                .path_prefix("/api/v1/nodes/n1")
-                .always(),
-        );
-        let mut c = Controller::start(s.double.client_without_retry().await, ccfg("a"))
-            .await
-            .unwrap();
-        settle().await;
-        assert!(c.tick().await.unwrap());
-        let n2: Node = s.double.get("", "n2").unwrap();
-        assert!(
-            taint_keys(&n2).contains(&OUT_OF_SERVICE_KEY.to_string()),
-            "n2 fenced despite n1's error"
-        );
-        assert!(!out_of_service(&s), "n1's patch failed");
-        assert!(
-            c.metrics
-                .encode()
-                .contains("lastgasp_controller_pass_errors_total 1"),
-            "{}",
-            c.metrics.encode()
-        );
-    }
-
-    fn out_of_service(s: &Setup) -> bool {
-        taint_keys(&s.double.get::<Node>("", NODE).unwrap())
-            .contains(&OUT_OF_SERVICE_KEY.to_string())
-    }
-
-    async fn settle() {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
-
-    /// power-off then NotReady → taint; Ready → untaint; reboot → no taint
-    /// until it stays down past the timeout; two replicas → one acts.
-    #[tokio::test]
-    async fn controller_sequences_with_two_replicas() {
-        let s = setup("controller", vec![]).await;
-        let mut a = Controller::start(s.double.client_without_retry().await, ccfg("a"))
-            .await
-            .unwrap();
-        let mut b = Controller::start(s.double.client_without_retry().await, ccfg("b"))
-            .await
-            .unwrap();
-        assert!(a.tick().await.unwrap(), "a takes the free lease");
-        assert!(!b.tick().await.unwrap(), "b stands by");
-
-        set_record(&s, "poweroff");
-        settle().await;
-        a.tick().await.unwrap();
-        assert!(!out_of_service(&s), "still Ready: not down");
-        set_ready(&s, "Unknown");
-        settle().await;
-        assert!(!b.tick().await.unwrap());
-        assert!(!out_of_service(&s), "the standby never acts");
-        a.tick().await.unwrap();
-        assert!(out_of_service(&s), "power-off then NotReady: tainted");
-        set_ready(&s, "True");
-        settle().await;
-        a.tick().await.unwrap();
-        assert!(
-            out_of_service(&s),
-            "Ready again on the same boot: it never went down, the taint stays"
-        );
-        set_boot(&s, "boot-y");
-        settle().await;
-        a.tick().await.unwrap();
-        assert!(!out_of_service(&s), "Ready again on a new boot: untainted");
-
-        set_record(&s, "reboot");
-        set_ready(&s, "False");
-        settle().await;
-        a.tick().await.unwrap();
-        assert!(!out_of_service(&s), "a reboot is not tainted at once");
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        a.tick().await.unwrap();
-        assert!(
-            out_of_service(&s),
-            "a reboot that stays down past the timeout is"
-        );
-        let events: Vec<Event> = s.double.list("default");
-        assert!(events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("OutOfServiceTaintAdded")));
-        assert!(events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("OutOfServiceTaintRemoved")));
-        let kinds: Vec<_> = a.actions.iter().map(|(_, v)| v.kind()).collect();
-        assert_eq!(kinds, vec!["Fence", "BackOnSameBoot", "Untaint", "Fence"]);
-        assert!(b.actions.is_empty());
-    }
-
-    /// Nodes named `z0..zN` with a current power-off record and a Lease
-    /// last written a minute ago (server time), each with one pod.
-    fn dark_zone(s: &Setup, n: usize) -> Vec<String> {
-        let minute_ago =
-            humantime::format_rfc3339_seconds(SystemTime::now() - Duration::from_secs(60))
-                .to_string();
-        s.double
-            .create_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-node-lease"}}))
-            .unwrap();
-        (0..n)
-            .map(|i| {
-                let name = format!("z{i}");
-                let mut nd = node();
-                nd["metadata"]["name"] = json!(name);
-                s.double.create_value(nd).unwrap();
-                set_record_on(s, &name, "poweroff");
-                s.double
-                    .create_value(json!({
-                        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                        "metadata": {"name": name, "namespace": "kube-node-lease",
-                            "managedFields": [{"manager": "kubelet", "operation": "Update",
-                                "apiVersion": "coordination.k8s.io/v1", "time": minute_ago}]},
-                        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40}
-                    }))
-                    .unwrap();
-                s.double
-                    .create_value(pod(
-                        &format!("app-{i}"),
-                        None,
-                        None,
-                        json!({"spec": {"nodeName": name}}),
-                    ))
-                    .unwrap();
-                name
-            })
-            .collect()
-    }
-
-    fn lease_rule(id: &str) -> ControllerConfig {
-        ControllerConfig {
-            gone_when: lastgasp::controller::GoneWhen::LeaseSilent,
-            policy: Policy::PoweroffOnly,
-            ..ccfg(id)
-        }
-    }
-
-    /// A zone that went dark is fenced in one pass, the writes side by side
-    /// (at most `concurrency` in flight), from the watch cache and one LIST
-    /// of the Leases: no read per node.
-    #[tokio::test]
-    async fn a_dark_zone_is_fenced_side_by_side_from_the_cache() {
-        let s = setup("controller-zone", vec![]).await;
-        let zone = dark_zone(&s, 40);
-        // Each taint takes 100 ms to answer: in-flight writes overlap.
-        s.double.inject(
-            Fault::latency(Duration::from_millis(100))
-                .method("PATCH")
-                .path_prefix("/api/v1/nodes/z")
-                .always(),
-        );
-        let cfg = ControllerConfig {
-            concurrency: 8,
-            ..lease_rule("a")
-        };
-        let mut c = Controller::start(s.double.client_without_retry().await, cfg)
-            .await
-            .unwrap();
-        settle().await;
-        s.double.clear_requests();
-        assert!(c.tick().await.unwrap());
-        for name in &zone {
-            let n: Node = s.double.get("", name).unwrap();
-            assert!(
-                taint_keys(&n).contains(&OUT_OF_SERVICE_KEY.to_string()),
-                "{name}"
-            );
-        }
-        assert!(
-            s.double.list::<Pod>("default").iter().all(|p| p
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_deref())
-                .is_none_or(|n| !n.starts_with('z'))),
-            "every fenced node's pod is deleted"
-        );
-        let reqs: Vec<_> = s
-            .double
-            .requests()
-            .into_iter()
-            .filter(|r| !r.watch)
-            .collect();
-        let lease_reads: Vec<_> = reqs
-            .iter()
-            .filter(|r| {
-                r.method == "GET"
-                    && r.path
-                        .starts_with("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/")
-            })
-            .map(|r| r.path.clone())
-            .collect();
-        assert_eq!(
-            lease_reads,
-            ["/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"]
-        );
-        assert!(
-            !reqs
-                .iter()
-                .any(|r| r.method == "GET" && r.path.starts_with("/api/v1/nodes/")),
-            "no Node read per node"
-        );
-        let taints: Vec<_> = reqs
-            .iter()
-            .filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/z"))
-            .collect();
-        assert_eq!(taints.len(), zone.len());
-        let in_flight = taints
-            .iter()
-            .map(|a| {
-                taints
-                    .iter()
-                    .filter(|b| b.instant <= a.instant && a.instant < b.instant + b.elapsed)
-                    .count()
-            })
-            .max()
-            .unwrap();
-        assert!(
-            (2..=8).contains(&in_flight),
-            "{in_flight} taint writes in flight at once"
-        );
-        let kinds = c
-            .actions
-            .iter()
-            .filter(|(_, v)| v.kind() == "Fence")
-            .count();
-        assert_eq!(kinds, zone.len());
-        // Their Ready is still the one from before the power-off (the node
-        // lifecycle controller takes 50 s): no "it never went down".
-        settle().await;
-        c.tick().await.unwrap();
-        let kept = |s: &Setup| -> Vec<String> {
-            s.double
-                .list::<Event>("default")
-                .into_iter()
-                .filter(|e| e.reason.as_deref() == Some("OutOfServiceKept"))
-                .filter_map(|e| e.regarding.and_then(|r| r.name))
-                .collect()
-        };
-        assert!(kept(&s).is_empty(), "{:?}", kept(&s));
-        // One kubelet writes its Lease again on the boot it was fenced in: it
-        // never went down, and the taint stays for a human.
-        s.double
-            .modify::<k8s_openapi::api::coordination::v1::Lease, _>("kube-node-lease", "z7", |l| {
-                l.metadata.managed_fields.as_mut().unwrap()[0].time =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::now(),
-                    ));
-            })
-            .unwrap();
-        settle().await;
-        c.tick().await.unwrap();
-        assert_eq!(kept(&s), ["z7"]);
-        let n: Node = s.double.get("", "z7").unwrap();
-        assert!(taint_keys(&n).contains(&OUT_OF_SERVICE_KEY.to_string()));
-    }
-
-    /// A leader that fenced a node but could not delete its pods stops; the
-    /// next leader deletes them.
-    #[tokio::test]
-    async fn a_new_leader_finishes_what_the_old_one_left() {
-        let s = setup("controller-handover", vec![]).await;
-        let zone = dark_zone(&s, 3);
-        let deletes = s.double.inject(
-            Fault::status(500)
-                .method("DELETE")
-                .path_prefix("/api/v1/namespaces/default/pods/")
-                .always(),
-        );
-        let short = |id: &str| ControllerConfig {
-            lease_duration: Duration::from_secs(1),
-            ..lease_rule(id)
-        };
-        let mut a = Controller::start(s.double.client_without_retry().await, short("a"))
-            .await
-            .unwrap();
-        settle().await;
-        assert!(a.tick().await.unwrap());
-        for name in &zone {
-            let n: Node = s.double.get("", name).unwrap();
-            assert!(
-                taint_keys(&n).contains(&OUT_OF_SERVICE_KEY.to_string()),
-                "{name}"
-            );
-        }
-        assert_eq!(
-            s.double.list::<Pod>("default").len(),
-            3,
-            "the deletes failed"
-        );
-        drop(a);
-        s.double.remove_fault(deletes);
-        let mut b = Controller::start(s.double.client_without_retry().await, short("b"))
-            .await
-            .unwrap();
-        settle().await;
-        assert!(!b.tick().await.unwrap(), "a's lease is not expired yet");
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        assert!(b.tick().await.unwrap(), "b takes the expired lease");
-        assert!(
-            s.double.list::<Pod>("default").is_empty(),
-            "b deleted the pods a left"
-        );
-        assert!(
-            b.actions.is_empty(),
-            "b fenced nothing again: {:?}",
-            b.actions
-        );
     }
 }

@@ -6,9 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, ResourceExt};
-use lastgasp::controller::{
-    GoneWhen, FENCED_BOOT_ANNOTATION, OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION,
-};
+use lastgasp::controller::{FENCED_BOOT_ANNOTATION, OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION};
 use lastgasp_tests::{
     controlplane, nodesim,
     recovery::{self, Scenario, APP},
@@ -39,7 +37,7 @@ fn a_silent_node_with_a_record_is_fenced_and_its_stateful_pod_moves() {
         let scn = Scenario::start(c.clone(), "fence").await.unwrap();
         let ctl = recovery::spawn_controller(
             c.clone(),
-            recovery::controller_config(GoneWhen::LeaseSilent, "fence"),
+            recovery::controller_config("fence"),
         )
         .await
         .unwrap();
@@ -86,12 +84,9 @@ fn a_node_that_renews_after_its_record_is_never_fenced() {
     rt().block_on(async {
         let c = cp.admin();
         let scn = Scenario::start(c.clone(), "alive").await.unwrap();
-        let ctl = recovery::spawn_controller(
-            c.clone(),
-            recovery::controller_config(GoneWhen::LeaseSilent, "alive"),
-        )
-        .await
-        .unwrap();
+        let ctl = recovery::spawn_controller(c.clone(), recovery::controller_config("alive"))
+            .await
+            .unwrap();
         let pods: Api<Pod> = Api::namespaced(c.clone(), &scn.ns);
         let uid = pods.get(&format!("{APP}-0")).await.unwrap().uid();
         let boot = scn.sim.boot_id(scn.a()).unwrap();

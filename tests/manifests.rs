@@ -33,7 +33,7 @@ use lastgasp::{
     },
     agent::{Agent, Cluster},
     config::Config,
-    controller::{Controller, ControllerConfig, Policy},
+    controller::{Controller, ControllerConfig},
     decide::Decider,
     grace::Bucket,
     signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
@@ -1094,7 +1094,7 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
     // The graceful path, pods deleted (condition, taint, record, Event).
     let s = signal(Source::Logind, false);
     let ep = Decider::new().decide(&s).episode.unwrap();
-    let record = json!({"episode": ep, "signal": s});
+    let record = lastgasp::record::ShutdownRecord::new("boot-x", &s, &ep);
     let r = graceful::run(
         &nc,
         &opts(Removal::Delete, 2),
@@ -1226,26 +1226,22 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
 }
 
 /// The controller's paths: the warm node watch, the Lease (created, then
-/// read and renewed; a second replica reads and stands by), the
-/// out-of-service taint on and off, and its Events (a repeat is a PATCH).
+/// read and renewed; a second replica reads and stands by), the kubelets'
+/// Leases (one LIST, then a live GET before a fence), the live Node read,
+/// the out-of-service taint on and off, the grace-0 delete of the pods the
+/// taint evicts, and its Events (a repeat is a PATCH).
 #[tokio::test]
 async fn controller_rbac_is_exactly_what_the_controller_calls() {
+    use lastgasp_tests::support::{kernel_poweroff, put_lease, put_record, record_of};
     let objs = objects("deploy/kustomize", &source_objects());
     let pod_spec = controller_pod(&objs);
     let sa = pod_spec.service_account_name.clone().unwrap();
     let grants = grants(&objs, "lastgasp", &sa);
     let args = pod_spec.containers[0].args.clone().unwrap();
     let cfg = |id: &str| ControllerConfig {
-        policy: Policy::AlsoReboots,
-        reboot_timeout: Duration::from_millis(300),
-        gone_when: lastgasp::controller::GoneWhen::NotReady,
-        lease_margin: Duration::from_secs(2),
-        max_fences_per_minute: 0,
-        concurrency: 16,
         lease_namespace: flag(&args, "--lease-namespace").unwrap_or("kube-system".into()),
         lease_name: flag(&args, "--lease-name").unwrap_or("lastgasp-controller".into()),
-        identity: id.into(),
-        lease_duration: Duration::from_secs(15),
+        ..ControllerConfig::new(id)
     };
     assert_eq!(cfg("a").lease_namespace, "lastgasp");
 
@@ -1257,16 +1253,16 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "lastgasp"}}),
         )
         .unwrap();
-    let mut a = Controller::start(double.client_without_retry().await, cfg("a"))
+    let c = || async { double.client_without_retry().await };
+    let mut a = Controller::start(c().await, c().await, cfg("a"))
         .await
         .unwrap();
-    let mut b = Controller::start(double.client_without_retry().await, cfg("b"))
+    let mut b = Controller::start(c().await, c().await, cfg("b"))
         .await
         .unwrap();
     assert!(a.tick().await.unwrap(), "a creates the Lease");
     assert!(!b.tick().await.unwrap(), "b reads it and stands by");
-    let set = |ready: &str, kind: &str, boot: &str, node_boot: &str| {
-        let rec = json!({"boot_id": boot, "signal": {"kind": kind, "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
+    let boot = |node_boot: &str, ready: &str| {
         double
             .modify::<Node, _>("", NODE, |n| {
                 let st = n.status.as_mut().unwrap();
@@ -1275,61 +1271,34 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
                     boot_id: node_boot.into(),
                     ..Default::default()
                 });
-                n.metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .insert(RECORD_ANNOTATION.into(), rec.to_string());
             })
             .unwrap();
     };
     let settle = || tokio::time::sleep(Duration::from_millis(200));
-    // Powered off and NotReady: taint; Ready: untaint; again: a repeated
-    // Event (PATCH).
+    let long_ago = SystemTime::now() - Duration::from_secs(60);
+    put_lease(&double, NODE, long_ago);
+    double
+        .create_value(pod("default", "stateful-0", 0, json!({})))
+        .unwrap();
+    // Powered off (the kernel's proof, standing for a while): taint, then
+    // the pod the taint evicts is deleted with grace 0; back on a new boot:
+    // untaint; again: a repeated Event (PATCH).
     for (down, back) in [("boot-1", "boot-2"), ("boot-2", "boot-3")] {
-        set("Unknown", "poweroff", down, down);
+        boot(down, "Unknown");
+        put_record(
+            &double,
+            NODE,
+            &record_of(down, &kernel_poweroff()),
+            long_ago,
+        );
         settle().await;
         a.tick().await.unwrap();
-        set("True", "poweroff", down, back);
+        boot(back, "True");
         settle().await;
         a.tick().await.unwrap();
     }
     let kinds: Vec<&str> = a.actions.iter().map(|(_, v)| v.kind()).collect();
     assert_eq!(kinds, ["Fence", "Untaint", "Fence", "Untaint"]);
-
-    // The default rule: a current record and a silent Lease (written a
-    // minute ago on the server's clock): a live Lease read, the taint, then
-    // the node's pods deleted with grace 0.
-    let mut c = Controller::start(
-        double.client_without_retry().await,
-        ControllerConfig {
-            gone_when: lastgasp::controller::GoneWhen::LeaseSilent,
-            ..cfg("a")
-        },
-    )
-    .await
-    .unwrap();
-    let minute_ago =
-        humantime::format_rfc3339_seconds(SystemTime::now() - Duration::from_secs(60)).to_string();
-    double
-        .create_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-node-lease"}}))
-        .unwrap();
-    double
-        .create_value(json!({
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": NODE, "namespace": "kube-node-lease",
-                "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "coordination.k8s.io/v1", "time": minute_ago}]},
-            "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40, "renewTime": "2001-01-01T00:00:00.000000Z"}
-        }))
-        .unwrap();
-    double
-        .create_value(pod("default", "stateful-0", 0, json!({})))
-        .unwrap();
-    // A record newer than the last Ready the controller saw (it starts fresh).
-    set("True", "poweroff", "boot-4", "boot-4");
-    settle().await;
-    c.tick().await.unwrap();
-    let kinds: Vec<&str> = c.actions.iter().map(|(_, v)| v.kind()).collect();
-    assert_eq!(kinds, ["Fence"]);
     assert!(
         double
             .list::<k8s_openapi::api::core::v1::Pod>("default")
@@ -1344,6 +1313,20 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
             .iter()
             .any(|r| r.method == "PUT" && r.path.contains("/leases/")),
         "the Lease is renewed"
+    );
+    assert!(
+        requests.iter().any(|r| r.method == "GET"
+            && r.path
+                == format!(
+                    "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE}"
+                )),
+        "the kubelet's Lease is read live before the fence"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.method == "DELETE" && r.path.ends_with("/pods/stateful-0")),
+        "a grace-0 delete"
     );
     assert_rbac_exact("controller", &grants, &requests);
 }

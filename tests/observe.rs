@@ -718,7 +718,7 @@ fn check_reports_this_node_truthfully() {
 async fn controller_counts_its_lease_and_actions() {
     use lastgasp::{
         act::kube::RECORD_ANNOTATION,
-        controller::{Controller, ControllerConfig, Policy},
+        controller::{Controller, ControllerConfig},
     };
     let double = ApiDouble::start().await.unwrap();
     let rec = json!({"boot_id": "b1", "signal": {"kind": "poweroff", "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
@@ -730,22 +730,12 @@ async fn controller_counts_its_lease_and_actions() {
                        "nodeInfo": {"bootID": "b1"}}
         }))
         .unwrap();
-    let cfg = |id: &str| ControllerConfig {
-        policy: Policy::PoweroffOnly,
-        reboot_timeout: Duration::from_secs(600),
-        gone_when: lastgasp::controller::GoneWhen::NotReady,
-        lease_margin: Duration::from_secs(2),
-        max_fences_per_minute: 0,
-        concurrency: 16,
-        lease_namespace: "kube-system".into(),
-        lease_name: "lastgasp-controller".into(),
-        identity: id.into(),
-        lease_duration: Duration::from_secs(15),
-    };
-    let mut a = Controller::start(double.client_without_retry().await, cfg("a"))
+    let cfg = ControllerConfig::new;
+    let c = || async { double.client_without_retry().await };
+    let mut a = Controller::start(c().await, c().await, cfg("a"))
         .await
         .unwrap();
-    let mut b = Controller::start(double.client_without_retry().await, cfg("b"))
+    let mut b = Controller::start(c().await, c().await, cfg("b"))
         .await
         .unwrap();
     assert!(a.tick().await.unwrap());

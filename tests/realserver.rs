@@ -27,7 +27,7 @@ use lastgasp::{
         },
         metrics::Metrics,
     },
-    controller::{GoneWhen, OUT_OF_SERVICE_KEY},
+    controller::OUT_OF_SERVICE_KEY,
     decide::{Action, Decider, Episode},
     grace::Bucket,
     signal::ShutdownSignal,
@@ -357,7 +357,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
             state_file: dir.join("graceful_node_shutdown_state"),
             keep: Default::default(),
         };
-        let record = json!({"boot_id": boot, "episode": ep});
+        let record = lastgasp::record::ShutdownRecord::new(&boot, &lastgasp_tests::support::logind_signal(), &ep);
         let report = graceful::run(&nc, &opts, &ep, &record, &Metrics::default()).await.unwrap();
         let order: Vec<(String, i64)> = report
             .pods
@@ -520,7 +520,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         priority_class(&admin, "lg-low", 0).await;
         workload(&admin, work, "on-a", a, "lg-low").await;
 
-        let mut cfg = recovery::controller_config(GoneWhen::LeaseSilent, "deployed");
+        let mut cfg = recovery::controller_config("deployed");
         cfg.lease_namespace = NS.into();
         cfg.lease_name = "lastgasp-controller".into();
         let from = cp.audit(&user(CONTROLLER_SA)).len();

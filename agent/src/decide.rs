@@ -1371,18 +1371,66 @@ mod tests {
             s
         };
         let cases: Vec<(&str, Vec<ShutdownSignal>, Option<Proof>)> = vec![
-            ("reboot(2) by root", vec![reboot2(Poweroff, true)], Some(Proof::Kernel)),
-            ("kernel hook", vec![sig(KernelHook, Poweroff, true, Effect::Now)], Some(Proof::Kernel)),
-            ("poweroff -f by root", vec![direct_tool(Poweroff)], Some(Proof::DirectTool)),
-            ("poweroff -f, then its reboot(2)", vec![direct_tool(Poweroff), reboot2(Poweroff, true)], Some(Proof::Kernel)),
-            ("systemctl poweroff --force", vec![exec(Poweroff, true)], None),
-            ("SIGRTMIN+14 to PID 1", vec![sig(SignalPid1, Poweroff, true, Effect::Now)], None),
-            ("--force, PID 1 runs systemd-shutdown", vec![exec(Poweroff, true), pid1_shutdown()], None),
-            ("--force, then systemd-shutdown's reboot(2)", vec![exec(Poweroff, true), pid1_shutdown(), pid1_reboot()], Some(Proof::Kernel)),
-            ("graceful, then systemd-shutdown's reboot(2)", vec![logind(Effect::Now), pid1_shutdown(), pid1_reboot()], Some(Proof::Kernel)),
-            ("graceful only", vec![logind(Effect::Now), job(Poweroff)], None),
-            ("a direct tool run by a caller that cannot reboot", vec![direct_tool(Poweroff).unprivileged()], None),
-            ("a container's reboot(2)", vec![reboot2(Poweroff, true).in_container()], None),
+            (
+                "reboot(2) by root",
+                vec![reboot2(Poweroff, true)],
+                Some(Proof::Kernel),
+            ),
+            (
+                "kernel hook",
+                vec![sig(KernelHook, Poweroff, true, Effect::Now)],
+                Some(Proof::Kernel),
+            ),
+            (
+                "poweroff -f by root",
+                vec![direct_tool(Poweroff)],
+                Some(Proof::DirectTool),
+            ),
+            (
+                "poweroff -f, then its reboot(2)",
+                vec![direct_tool(Poweroff), reboot2(Poweroff, true)],
+                Some(Proof::Kernel),
+            ),
+            (
+                "systemctl poweroff --force",
+                vec![exec(Poweroff, true)],
+                None,
+            ),
+            (
+                "SIGRTMIN+14 to PID 1",
+                vec![sig(SignalPid1, Poweroff, true, Effect::Now)],
+                None,
+            ),
+            (
+                "--force, PID 1 runs systemd-shutdown",
+                vec![exec(Poweroff, true), pid1_shutdown()],
+                None,
+            ),
+            (
+                "--force, then systemd-shutdown's reboot(2)",
+                vec![exec(Poweroff, true), pid1_shutdown(), pid1_reboot()],
+                Some(Proof::Kernel),
+            ),
+            (
+                "graceful, then systemd-shutdown's reboot(2)",
+                vec![logind(Effect::Now), pid1_shutdown(), pid1_reboot()],
+                Some(Proof::Kernel),
+            ),
+            (
+                "graceful only",
+                vec![logind(Effect::Now), job(Poweroff)],
+                None,
+            ),
+            (
+                "a direct tool run by a caller that cannot reboot",
+                vec![direct_tool(Poweroff).unprivileged()],
+                None,
+            ),
+            (
+                "a container's reboot(2)",
+                vec![reboot2(Poweroff, true).in_container()],
+                None,
+            ),
         ];
         for (name, signals, want) in cases {
             assert_eq!(proof(signals), want, "{name}");

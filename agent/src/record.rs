@@ -38,7 +38,11 @@ pub struct ShutdownRecord {
     /// The boot the record was written in.
     pub boot_id: String,
     /// When the signal that wrote it was seen (the node's clock).
-    #[serde(default, with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub at: Option<SystemTime>,
     /// The episode: its kind, path, timeline and proof of death.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -402,13 +406,20 @@ mod tests {
         };
         let r = v1("reboot-syscall", json!({}));
         assert_eq!(r.v, 1);
-        assert_eq!(r.kind(), Kind::Poweroff, "the signal's kind where the episode has none");
+        assert_eq!(
+            r.kind(),
+            Kind::Poweroff,
+            "the signal's kind where the episode has none"
+        );
         assert_eq!(r.death().map(|d| d.proof), Some(Proof::Kernel));
         assert_eq!(v1("exec", json!({})).death(), None);
         assert_eq!(v1("logind", json!({})).death(), None);
         let back = v1("reboot-syscall", json!({"back": true}));
         assert_eq!(back.closed.map(|c| c.how), Some(Closing::Back));
-        let ab = v1("exec", json!({"abandoned": true, "abandoned_why": "no shutdown came"}));
+        let ab = v1(
+            "exec",
+            json!({"abandoned": true, "abandoned_why": "no shutdown came"}),
+        );
         assert_eq!(ab.closed.as_ref().map(|c| c.how), Some(Closing::Abandoned));
         assert_eq!(ab.closed.unwrap().why, "no shutdown came");
         // Closed in v1 terms is not written back in them.
@@ -425,6 +436,8 @@ mod tests {
         assert!(ShutdownRecord::parse("{}").unwrap_err().contains("boot_id"));
         assert!(ShutdownRecord::parse("nope").is_err());
         let future = json!({"v": 99, "boot_id": "b"}).to_string();
-        assert!(ShutdownRecord::parse(&future).unwrap_err().contains("newer"));
+        assert!(ShutdownRecord::parse(&future)
+            .unwrap_err()
+            .contains("newer"));
     }
 }

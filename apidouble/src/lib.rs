@@ -23,6 +23,7 @@ mod selectors;
 mod server;
 mod status;
 mod store;
+mod taints;
 mod util;
 mod watch;
 
@@ -81,6 +82,7 @@ impl Shared {
     pub(crate) fn write<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let mut st = lock(&self.state);
         let r = f(&mut st);
+        taints::run(&mut st);
         pdb::run_controllers(&mut st);
         let rv = st.rv;
         drop(st);

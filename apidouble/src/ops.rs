@@ -592,10 +592,38 @@ pub fn create(
     url_ns: &str,
     body: Value,
     dry_run: bool,
+    manager: &str,
 ) -> ApiResult<Value> {
     let mut obj = decode_body(def, body)?;
     fix_namespace(def, &mut obj, url_ns)?;
-    create_decoded(st, def, obj, dry_run)
+    create_decoded(st, def, obj, dry_run, manager)
+}
+
+/// The write's `managedFields` entry: operation Update of `manager` on
+/// `sub`, its time now (whole seconds, as the API server stamps it). The
+/// field sets themselves are not computed (`fieldsV1` is empty).
+fn stamp_manager(def: &ResourceDef, obj: &mut Value, manager: &str, sub: Sub) {
+    let subresource = match sub {
+        Sub::Main => None,
+        Sub::Status => Some("status"),
+    };
+    let api_version = def.api_version();
+    let mut entries: Vec<Value> = get(obj, &["metadata", "managedFields"])
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    entries.retain(|e| {
+        !(e["manager"] == manager
+            && e["operation"] == "Update"
+            && e.get("subresource").and_then(Value::as_str) == subresource)
+    });
+    let mut entry = json!({"manager": manager, "operation": "Update", "apiVersion": api_version,
+        "time": now_time(), "fieldsType": "FieldsV1", "fieldsV1": {}});
+    if let Some(s) = subresource {
+        entry["subresource"] = json!(s);
+    }
+    entries.push(entry);
+    set_meta(obj, "managedFields", Value::Array(entries));
 }
 
 fn fix_namespace(def: &ResourceDef, obj: &mut Value, url_ns: &str) -> ApiResult<()> {
@@ -619,6 +647,7 @@ fn create_decoded(
     def: &'static ResourceDef,
     mut obj: Value,
     dry_run: bool,
+    manager: &str,
 ) -> ApiResult<Value> {
     if name_of(&obj).is_empty() {
         let gen = s(&obj, &["metadata", "generateName"])
@@ -645,6 +674,7 @@ fn create_decoded(
     remove_meta(&mut obj, "deletionTimestamp");
     remove_meta(&mut obj, "deletionGracePeriodSeconds");
     remove_meta(&mut obj, "managedFields");
+    stamp_manager(def, &mut obj, manager, Sub::Main);
     remove_meta(&mut obj, "selfLink");
     set_meta(&mut obj, "uid", json!(util::new_uid()));
     set_meta(&mut obj, "creationTimestamp", json!(now_time()));
@@ -746,6 +776,7 @@ pub fn update(
     sub: Sub,
     dry_run: bool,
     allow_create: bool,
+    manager: &str,
 ) -> ApiResult<(Value, bool)> {
     fix_namespace(def, &mut new, url_ns)?;
     if name_of(&new) != url_name {
@@ -763,7 +794,7 @@ pub fn update(
             if !rv_of(&new).is_empty() {
                 return Err(ApiError::not_found(def, url_name));
             }
-            return create_decoded(st, def, new, dry_run).map(|o| (o, true));
+            return create_decoded(st, def, new, dry_run, manager).map(|o| (o, true));
         }
         return Err(ApiError::not_found(def, url_name));
     };
@@ -799,7 +830,12 @@ pub fn update(
             None => remove_meta(&mut obj, key),
         }
     }
-    remove_meta(&mut obj, "managedFields");
+    // The stored entries stay; this write's is stamped below if it changes
+    // anything.
+    match get(&old, &["metadata", "managedFields"]) {
+        Some(v) => set_meta(&mut obj, "managedFields", v.clone()),
+        None => remove_meta(&mut obj, "managedFields"),
+    }
     remove_meta(&mut obj, "selfLink");
     if sub == Sub::Main && def.has_status {
         match old.get("status") {
@@ -825,6 +861,7 @@ pub fn update(
         // GuaranteedUpdate writes nothing for a no-op: same resourceVersion, no event.
         return Ok((old, false));
     }
+    stamp_manager(def, &mut obj, manager, sub);
     if should_delete_during_update(&obj) {
         if dry_run {
             return Ok((obj, false));
@@ -899,6 +936,7 @@ pub fn patch(
     body: &[u8],
     sub: Sub,
     dry_run: bool,
+    manager: &str,
 ) -> ApiResult<Value> {
     if ptype == PatchType::Apply {
         return Err(ApiError::unsupported_media_type(
@@ -937,7 +975,7 @@ pub fn patch(
             def.kind, def.version, def.kind
         ))
     })?;
-    let (out, _) = update(st, def, url_ns, url_name, new, sub, dry_run, false)?;
+    let (out, _) = update(st, def, url_ns, url_name, new, sub, dry_run, false, manager)?;
     Ok(out)
 }
 
@@ -1175,7 +1213,17 @@ pub fn write_pod_status(st: &mut State, pod: &Value) -> Value {
     let def = crate::resources::lookup("", "v1", "pods").expect("pods");
     let ns = util::ns_of(pod).to_string();
     let name = name_of(pod).to_string();
-    match update(st, def, &ns, &name, pod.clone(), Sub::Status, false, false) {
+    match update(
+        st,
+        def,
+        &ns,
+        &name,
+        pod.clone(),
+        Sub::Status,
+        false,
+        false,
+        "kubelet",
+    ) {
         Ok((v, _)) => v,
         Err(_) => pod.clone(),
     }

@@ -147,7 +147,7 @@ async fn handle(
         status: 0,
         fault: None,
         watch: is_watch,
-        user_agent: ua,
+        user_agent: ua.clone(),
         at,
         instant,
         since_start: instant.duration_since(shared.started),
@@ -173,7 +173,13 @@ async fn handle(
             error_response(&e)
         }
         _ => {
-            let mut resp = route(&shared, &parts.method, &path, &query, ct.as_deref(), &body).await;
+            let req = Req {
+                q: &query,
+                ct: ct.as_deref(),
+                body: &body,
+                manager: manager(&query, ua.as_deref()),
+            };
+            let mut resp = route(&shared, &parts.method, &path, &req).await;
             let watch = query.contains_key("watch") || path.contains("/watch/");
             if as_partial_metadata(accept.as_deref())
                 && parts.method == Method::GET
@@ -215,14 +221,26 @@ async fn partial_metadata(resp: Response<Body>) -> Response<Body> {
     )
 }
 
-async fn route(
-    shared: &Arc<Shared>,
-    method: &Method,
-    path: &str,
-    q: &Query,
-    ct: Option<&str>,
-    body: &Bytes,
-) -> Response<Body> {
+/// What a request brings beside its method and path.
+struct Req<'a> {
+    q: &'a Query,
+    ct: Option<&'a str>,
+    body: &'a Bytes,
+    /// Its field manager: `?fieldManager=`, else the User-Agent up to its
+    /// first `/`, as the API server derives it.
+    manager: String,
+}
+
+fn manager(q: &Query, ua: Option<&str>) -> String {
+    q.get("fieldManager")
+        .cloned()
+        .or_else(|| ua.and_then(|u| u.split('/').next()).map(String::from))
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+async fn route(shared: &Arc<Shared>, method: &Method, path: &str, req: &Req<'_>) -> Response<Body> {
+    let (ct, body) = (req.ct, req.body);
     let segs: Vec<&str> = path
         .trim_matches('/')
         .split('/')
@@ -262,8 +280,8 @@ async fn route(
                 Err(e) => error_response(&e),
             }
         }
-        ["api", "v1", rest @ ..] => resource(shared, method, "", "v1", rest, q, ct, body).await,
-        ["apis", g, v, rest @ ..] => resource(shared, method, g, v, rest, q, ct, body).await,
+        ["api", "v1", rest @ ..] => resource(shared, method, "", "v1", rest, req).await,
+        ["apis", g, v, rest @ ..] => resource(shared, method, g, v, rest, req).await,
         _ => error_response(&ApiError::path_not_found()),
     }
 }
@@ -330,21 +348,18 @@ fn parse_json_body(body: &Bytes, ct: Option<&str>) -> ApiResult<Value> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn resource(
     shared: &Arc<Shared>,
     method: &Method,
     group: &str,
     version: &str,
     rest: &[&str],
-    q: &Query,
-    ct: Option<&str>,
-    body: &Bytes,
+    req: &Req<'_>,
 ) -> Response<Body> {
     let Some(t) = resolve(group, version, rest) else {
         return error_response(&ApiError::path_not_found());
     };
-    match do_resource(shared, method, &t, q, ct, body).await {
+    match do_resource(shared, method, &t, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
@@ -354,10 +369,9 @@ async fn do_resource(
     shared: &Arc<Shared>,
     method: &Method,
     t: &Target<'_>,
-    q: &Query,
-    ct: Option<&str>,
-    body: &Bytes,
+    req: &Req<'_>,
 ) -> ApiResult<Response<Body>> {
+    let (q, ct, body, manager) = (req.q, req.ct, req.body, req.manager.as_str());
     let def = t.def;
     let ns = t.ns.unwrap_or("");
     let sub = match (t.sub, t.name) {
@@ -389,7 +403,7 @@ async fn do_resource(
         (Method::POST, None, _) => {
             let v = parse_json_body(body, ct)?;
             let dry = dry_run(q);
-            let out = shared.write(|st| ops::create(st, def, ns, v, dry))?;
+            let out = shared.write(|st| ops::create(st, def, ns, v, dry, manager))?;
             Ok(json_response(201, &def.to_view(&out)))
         }
         (Method::POST, Some(name), Some("eviction")) => {
@@ -409,7 +423,7 @@ async fn do_resource(
             let obj = ops::decode_body(def, v)?;
             let dry = dry_run(q);
             let (out, created) =
-                shared.write(|st| ops::update(st, def, ns, name, obj, sub, dry, true))?;
+                shared.write(|st| ops::update(st, def, ns, name, obj, sub, dry, true, manager))?;
             Ok(json_response(
                 if created { 201 } else { 200 },
                 &def.to_view(&out),
@@ -423,7 +437,8 @@ async fn do_resource(
                 ))
             })?;
             let dry = dry_run(q);
-            let out = shared.write(|st| ops::patch(st, def, ns, name, ptype, body, sub, dry))?;
+            let out =
+                shared.write(|st| ops::patch(st, def, ns, name, ptype, body, sub, dry, manager))?;
             Ok(json_response(200, &def.to_view(&out)))
         }
         (Method::DELETE, Some(name), None) => {

@@ -12,11 +12,11 @@ use kube::{api::DeleteParams, Api, Client};
 use lastgasp::{
     act::kube::lastgasp::LastGasp,
     agent::LAST_GASP_BOUND,
-    controller::{Controller, ControllerConfig, GoneWhen, Policy},
+    controller::{Controller, ControllerConfig},
     decide::{self, Decider},
-    signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+    record::ShutdownRecord,
+    signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
-use serde_json::json;
 
 use crate::nodesim::{self, Sim};
 
@@ -25,34 +25,24 @@ use crate::nodesim::{self, Sim};
 pub enum Arm {
     /// No lastgasp controller.
     Nothing,
-    /// `--gone-when not-ready`: the rule before issue 17.
-    NotReady,
-    /// `--gone-when lease-silent`: the evidence rule.
-    LeaseSilent,
+    /// The controller with its default flags: the record's proof of death.
+    Controller,
 }
 
 impl Arm {
     pub fn label(self) -> &'static str {
         match self {
             Arm::Nothing => "(a) no lastgasp controller",
-            Arm::NotReady => "(b) record + NotReady (old rule)",
-            Arm::LeaseSilent => "(c) record + Lease silent (evidence rule)",
+            Arm::Controller => "(c) lastgasp controller, default flags",
         }
     }
 }
 
-pub fn controller_config(gone_when: GoneWhen, id: &str) -> ControllerConfig {
+/// The controller's defaults, with a Lease of its own per test (`id`).
+pub fn controller_config(id: &str) -> ControllerConfig {
     ControllerConfig {
-        policy: Policy::PoweroffOnly,
-        reboot_timeout: Duration::from_secs(600),
-        gone_when,
-        lease_margin: Duration::from_secs(2),
-        max_fences_per_minute: 0,
-        concurrency: 16,
-        lease_namespace: "kube-system".into(),
         lease_name: format!("lastgasp-controller-{id}"),
-        identity: id.into(),
-        lease_duration: Duration::from_secs(15),
+        ..ControllerConfig::new(id)
     }
 }
 
@@ -62,7 +52,7 @@ pub async fn spawn_controller(
     client: Client,
     cfg: ControllerConfig,
 ) -> Result<tokio::task::JoinHandle<Controller>> {
-    let mut c = Controller::start(client, cfg).await?;
+    let mut c = Controller::start(client.clone(), client, cfg).await?;
     Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -74,7 +64,8 @@ pub async fn spawn_controller(
     }))
 }
 
-/// A power-off by reboot(2) from the node, as the kernel hook reports it.
+/// A power-off by reboot(2) from the node's PID 1 (systemd-shutdown's last
+/// step, or any caller that can reboot), as the kernel hook reports it.
 pub fn reboot_syscall() -> ShutdownSignal {
     ShutdownSignal {
         source: Source::RebootSyscall,
@@ -84,7 +75,15 @@ pub fn reboot_syscall() -> ShutdownSignal {
         calls_reboot: false,
         scope: Scope::Node,
         effect: Effect::Now,
-        actor: None,
+        actor: Some(Actor {
+            pid: 1,
+            ns_pid: 1,
+            comm: "systemd-shutdow".into(),
+            uid: 0,
+            euid: Some(0),
+            cap_sys_boot: Some(true),
+            ..Default::default()
+        }),
         sender: None,
         at: SystemTime::now(),
         boot_ns: 0,
@@ -114,12 +113,7 @@ pub async fn last_gasp(
         .decide(&sig)
         .episode
         .context("a forced power-off opens an episode")?;
-    let record = json!({
-        "boot_id": boot_id,
-        "at": humantime::format_rfc3339_nanos(sig.at).to_string(),
-        "episode": ep,
-        "signal": sig,
-    });
+    let record = ShutdownRecord::new(boot_id, &sig, &ep);
     let bodies = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
     let death = std::time::Instant::now() + decide::expected_life(&sig, LAST_GASP_BOUND);
     let sent = lg.send(&bodies, death).await?;
@@ -222,16 +216,7 @@ pub async fn run_once(
     let scn = Scenario::start(client.clone(), tag).await?;
     let controller = match arm {
         Arm::Nothing => None,
-        Arm::NotReady => Some(
-            spawn_controller(client.clone(), controller_config(GoneWhen::NotReady, tag)).await?,
-        ),
-        Arm::LeaseSilent => Some(
-            spawn_controller(
-                client.clone(),
-                controller_config(GoneWhen::LeaseSilent, tag),
-            )
-            .await?,
-        ),
+        Arm::Controller => Some(spawn_controller(client.clone(), controller_config(tag)).await?),
     };
     let boot = scn.sim.boot_id(scn.a()).context("node A's boot")?;
     // The power-off falls at a random point of A's heartbeat cycle; its

@@ -246,3 +246,144 @@ pub fn agent_at(
         false,
     )
 }
+
+/// The agent's record of `sig` in `boot`, as `Agent::record` writes it (its
+/// episode, with the proof of death `sig` carries, from the decision core).
+pub fn record_of(boot: &str, sig: &ShutdownSignal) -> lastgasp::record::ShutdownRecord {
+    let ep = lastgasp::decide::Decider::new()
+        .decide(sig)
+        .episode
+        .expect("the signal opens an episode");
+    lastgasp::record::ShutdownRecord::new(boot, sig, &ep)
+}
+
+/// A caller that can reboot: uid 0 with CAP_SYS_BOOT, in the node's PID
+/// namespace.
+pub fn capable(pid: u32, comm: &str) -> Actor {
+    Actor {
+        pid,
+        ns_pid: pid,
+        comm: comm.into(),
+        uid: 0,
+        euid: Some(0),
+        cap_sys_boot: Some(true),
+        ..Default::default()
+    }
+}
+
+/// The kernel's power-off as the reboot(2) hook reports it, from PID 1
+/// (systemd-shutdown's last step): the proof of death.
+pub fn kernel_poweroff() -> ShutdownSignal {
+    ShutdownSignal {
+        source: Source::RebootSyscall,
+        kind: Kind::Poweroff,
+        forced: true,
+        bypasses_logind: true,
+        calls_reboot: false,
+        scope: Scope::Node,
+        effect: Effect::Now,
+        actor: Some(capable(1, "systemd-shutdow")),
+        sender: None,
+        at: std::time::SystemTime::now(),
+        boot_ns: 0,
+        deadline: None,
+        detail: Detail::Reboot {
+            magic1: 0xfee1_dead,
+            magic2: 672_274_793,
+            cmd: 0x4321_fedc,
+            valid_magic: true,
+            ret: None,
+        },
+    }
+}
+
+/// `poweroff -f` by root: the tool calls reboot(2) itself (a direct tool's
+/// proof: fenced once the kubelet is silent).
+pub fn direct_poweroff() -> ShutdownSignal {
+    ShutdownSignal {
+        source: Source::Exec,
+        kind: Kind::Poweroff,
+        forced: true,
+        bypasses_logind: true,
+        calls_reboot: true,
+        scope: Scope::Node,
+        effect: Effect::Now,
+        actor: Some(capable(4242, "poweroff")),
+        sender: None,
+        at: std::time::SystemTime::now(),
+        boot_ns: 0,
+        deadline: None,
+        detail: Detail::Exec {
+            path: "/usr/sbin/poweroff".into(),
+            argv: vec!["poweroff".into(), "-f".into()],
+            raw: "poweroff\\0-f\\0".into(),
+            truncated: false,
+        },
+    }
+}
+
+/// Sets `rec` as `node`'s record in the double, as if the agent had written
+/// it at server time `written` (the record's managedFields entry), the
+/// Node's boot `boot` and its Ready `ready`.
+pub fn put_record(
+    double: &lastgasp_apidouble::ApiDouble,
+    node: &str,
+    rec: &lastgasp::record::ShutdownRecord,
+    written: std::time::SystemTime,
+) {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
+    let stamp = Time(k8s_openapi::jiff::Timestamp::try_from(written).unwrap());
+    double
+        .modify::<k8s_openapi::api::core::v1::Node, _>("", node, |n| {
+            n.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(lastgasp::record::RECORD_ANNOTATION.into(), rec.to_json());
+            let mf = n
+                .metadata
+                .managed_fields
+                .get_or_insert_with(Default::default);
+            mf.retain(|m| m.manager.as_deref() != Some(lastgasp::record::RECORD_MANAGER));
+            mf.push(ManagedFieldsEntry {
+                manager: Some(lastgasp::record::RECORD_MANAGER.into()),
+                operation: Some("Update".into()),
+                api_version: Some("v1".into()),
+                time: Some(stamp),
+                ..Default::default()
+            });
+        })
+        .unwrap();
+}
+
+/// The kubelet's Lease of `node` in `kube-node-lease`, last written at
+/// server time `written` (created, or rewritten).
+pub fn put_lease(
+    double: &lastgasp_apidouble::ApiDouble,
+    node: &str,
+    written: std::time::SystemTime,
+) {
+    let time = humantime::format_rfc3339_seconds(written).to_string();
+    let _ = double.create_value(serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "kube-node-lease"}}));
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": node, "namespace": "kube-node-lease",
+            "managedFields": [{"manager": "kubelet", "operation": "Update",
+                "apiVersion": "coordination.k8s.io/v1", "time": time}]},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40}
+    });
+    let want: k8s_openapi::api::coordination::v1::Lease =
+        serde_json::from_value(lease.clone()).unwrap();
+    if double
+        .get::<k8s_openapi::api::coordination::v1::Lease>("kube-node-lease", node)
+        .is_some()
+    {
+        double
+            .modify::<k8s_openapi::api::coordination::v1::Lease, _>("kube-node-lease", node, |l| {
+                l.metadata.managed_fields = want.metadata.managed_fields.clone();
+            })
+            .unwrap();
+    } else {
+        double.create_value(lease).unwrap();
+    }
+}

@@ -27,10 +27,11 @@ use kube::{
 use lastgasp::{
     act::kube::{
         lastgasp::{LastGasp, NotDelivered, Refusal},
-        Use, RECORD_ANNOTATION,
+        record_params, Use, RECORD_ANNOTATION,
     },
-    controller::{Controller, ControllerConfig, GoneWhen, Policy, OUT_OF_SERVICE_KEY},
+    controller::{Controller, ControllerConfig, OUT_OF_SERVICE_KEY},
     decide::Decider,
+    record::ShutdownRecord,
     signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
 use serde_json::{json, Value};
@@ -246,7 +247,7 @@ pub fn forced_poweroff() -> ShutdownSignal {
         kind: Kind::Poweroff,
         forced: true,
         bypasses_logind: true,
-        calls_reboot: false,
+        calls_reboot: true,
         scope: Scope::Node,
         effect: Effect::Now,
         actor: Some(Actor {
@@ -268,17 +269,12 @@ pub fn forced_poweroff() -> ShutdownSignal {
 }
 
 /// The agent's record for `sig` in `boot_id`, as `Agent::record` writes it.
-pub fn record(sig: &ShutdownSignal, boot_id: &str) -> Result<Value> {
+pub fn record(sig: &ShutdownSignal, boot_id: &str) -> Result<ShutdownRecord> {
     let ep = Decider::new()
         .decide(sig)
         .episode
         .context("a forced power-off opens an episode")?;
-    Ok(json!({
-        "boot_id": boot_id,
-        "at": humantime::format_rfc3339_nanos(sig.at).to_string(),
-        "episode": ep,
-        "signal": sig,
-    }))
+    Ok(ShutdownRecord::new(boot_id, sig, &ep))
 }
 
 impl Bench {
@@ -337,18 +333,11 @@ impl Bench {
         let ctl_token = token(&admin, CONTROLLER_SA, None).await?;
         let client = cp.agent_client(&ctl_token, Use::Watch);
         let cfg = ControllerConfig {
-            policy: Policy::PoweroffOnly,
-            reboot_timeout: Duration::from_secs(600),
-            gone_when: GoneWhen::LeaseSilent,
-            lease_margin: Duration::from_secs(2),
-            max_fences_per_minute: 0,
             concurrency,
             lease_namespace: NS.into(),
-            lease_name: "lastgasp-controller".into(),
-            identity: "bench-controller".into(),
-            lease_duration: Duration::from_secs(15),
+            ..ControllerConfig::new("bench-controller")
         };
-        let mut c = Controller::start(client, cfg).await?;
+        let mut c = Controller::start(client.clone(), client, cfg).await?;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -627,10 +616,14 @@ impl Bench {
                         lg.bodies("ForcedShutdown", "poweroff -f (zone bench)", &rec, sig.at);
                     if arm == Arm::Before {
                         let mut spec = bodies.taint.clone();
-                        spec["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_string());
+                        spec["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_json());
                         let (status, spec) =
                             (Patch::Strategic(&bodies.condition), Patch::Merge(&spec));
-                        let (a, b) = tokio::join!(lg.patch("status", &status), lg.patch("", &spec));
+                        let (plain, rp) = (PatchParams::default(), record_params());
+                        let (a, b) = tokio::join!(
+                            lg.patch("status", &plain, &status),
+                            lg.patch("", &rp, &spec)
+                        );
                         a.and(b).map_err(|e| anyhow::anyhow!("{e}"))
                     } else {
                         lg.send(&bodies, Instant::now())
@@ -907,17 +900,18 @@ async fn gasp(
 /// once, on its two warm connections; kube's typed errors (no retry).
 async fn before(
     lg: &LastGasp,
-    rec: &Value,
+    rec: &ShutdownRecord,
     bodies: &lastgasp::act::kube::lastgasp::Bodies,
     dark: Instant,
 ) -> Gasp {
     let mut evidence = bodies.taint.clone();
-    evidence["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_string());
+    evidence["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_json());
     let (status, spec) = (Patch::Strategic(&bodies.condition), Patch::Merge(&evidence));
     // The record (with the taint) is the evidence; the condition beside it
     // only competes with it.
-    let (_, m) = tokio::join!(lg.patch("status", &status), async {
-        let r = lg.patch("", &spec).await;
+    let (plain, rp) = (PatchParams::default(), record_params());
+    let (_, m) = tokio::join!(lg.patch("status", &plain, &status), async {
+        let r = lg.patch("", &rp, &spec).await;
         (r, dark.elapsed())
     });
     match m {

@@ -276,7 +276,11 @@ impl Agent {
                     if let Some(c) = &cluster {
                         let (undone, ()) = tokio::join!(
                             graceful::cancel(&c.node, &ep),
-                            c.node.close_record(&key, Closing::Cancelled, "the shutdown was cancelled"),
+                            c.node.close_record(
+                                &key,
+                                Closing::Cancelled,
+                                "the shutdown was cancelled"
+                            ),
                         );
                         if let Err(e) = undone {
                             tracing::error!("undoing the shutdown in the cluster: {e:#}");
@@ -681,10 +685,7 @@ async fn close_orphan(c: &Cluster, host: &HostQuery, rec: ShutdownRecord) {
     };
     let key = rec.key();
     let msg = format!("episode {}: {why}", key.id.unwrap_or(0));
-    let (marks, ()) = tokio::join!(
-        unmark(&c.node, &msg),
-        c.node.close_record(&key, how, &why)
-    );
+    let (marks, ()) = tokio::join!(unmark(&c.node, &msg), c.node.close_record(&key, how, &why));
     if let Err(e) = marks {
         tracing::error!("undoing an earlier start's marks: {e:#}");
     }

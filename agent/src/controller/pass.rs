@@ -58,9 +58,12 @@ impl Controller {
     /// `watch` serves the node watch (long reads), `client` every other
     /// request (short, bounded reads).
     pub async fn start(watch: Client, client: Client, cfg: ControllerConfig) -> Result<Self> {
-        let store =
-            crate::act::kube::warm_store(Api::<Node>::all(watch), watcher::Config::default(), "node")
-                .await?;
+        let store = crate::act::kube::warm_store(
+            Api::<Node>::all(watch),
+            watcher::Config::default(),
+            "node",
+        )
+        .await?;
         let reporter = Reporter {
             controller: "lastgasp-controller".into(),
             instance: Some(cfg.identity.clone()),
@@ -141,7 +144,10 @@ impl Controller {
             let name = node.name_any();
             if newly
                 && fenced_by_us(&node)
-                && node.annotations().get(FENCED_BOOT_ANNOTATION).map(String::as_str)
+                && node
+                    .annotations()
+                    .get(FENCED_BOOT_ANNOTATION)
+                    .map(String::as_str)
                     == boot_id(&node)
             {
                 // An earlier leader's fence of this boot: its pods may not
@@ -218,19 +224,34 @@ impl Controller {
         fenced: &mut usize,
     ) -> Option<Work> {
         let name = node.name_any();
-        let held = |reason: &'static str, action: &'static str, note: String| (reason, action, note);
+        let held =
+            |reason: &'static str, action: &'static str, note: String| (reason, action, note);
         let limit = self.cfg.max_fences_per_minute;
         let ceiling = self.cfg.max_fenced;
         let hold = if self.cfg.policy == Policy::Observe {
-            Some(held("OutOfServiceWouldFence", "would-fence", format!("{why}; policy observe: not fenced")))
+            Some(held(
+                "OutOfServiceWouldFence",
+                "would-fence",
+                format!("{why}; policy observe: not fenced"),
+            ))
         } else if node.labels().get(OPT_OUT_LABEL).map(String::as_str) == Some(OPT_OUT_VALUE) {
-            Some(held("OutOfServiceOptedOut", "held-opted-out", format!("{why}; the node is labelled {OPT_OUT_LABEL}={OPT_OUT_VALUE}: not fenced")))
+            Some(held(
+                "OutOfServiceOptedOut",
+                "held-opted-out",
+                format!("{why}; the node is labelled {OPT_OUT_LABEL}={OPT_OUT_VALUE}: not fenced"),
+            ))
         } else if paused {
             Some(held("OutOfServicePaused", "held-paused", format!("{why}; fencing is paused (the controller's Lease is annotated lastgasp.dev/paused=true): not fenced")))
         } else if ceiling > 0 && *fenced >= ceiling {
             Some(held("OutOfServiceCeiling", "held-ceiling", format!("{why}; {fenced} nodes are fenced already, the ceiling is {ceiling} (--max-fenced): not fenced yet")))
         } else if limit > 0 && self.fences.len() >= limit {
-            Some(held("OutOfServiceRateLimited", "refused-rate-limit", format!("{why}; {limit} fences in the last minute across the cluster: not fenced yet")))
+            Some(held(
+                "OutOfServiceRateLimited",
+                "refused-rate-limit",
+                format!(
+                    "{why}; {limit} fences in the last minute across the cluster: not fenced yet"
+                ),
+            ))
         } else {
             None
         };

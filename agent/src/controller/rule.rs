@@ -13,6 +13,7 @@
 //! - a direct tool (`poweroff -f`): fenced once the kubelet's Lease is
 //!   silent past its renew interval and the margin, since nothing stops the
 //!   kubelet before the tool's own reboot(2).
+//!
 //! A record without proof (a graceful shutdown, or one through PID 1, which
 //! stops or kills every process and waits for each) fences nothing until
 //! the agent's last word: the kernel's reboot(2) at its very end.
@@ -275,12 +276,7 @@ fn evidence(
 }
 
 /// A current proof against the kubelet's Lease and the time.
-fn weigh(
-    ev: &Evidence,
-    lease: Option<&Lease>,
-    now: SystemTime,
-    cfg: &ControllerConfig,
-) -> Verdict {
+fn weigh(ev: &Evidence, lease: Option<&Lease>, now: SystemTime, cfg: &ControllerConfig) -> Verdict {
     let Some(lease) = lease else {
         return Verdict::nothing(format!(
             "{}; no Lease of its kubelet to check it against",
@@ -308,11 +304,19 @@ fn weigh(
                 .saturating_sub(STAMP);
             if stood >= cfg.proof_quiet {
                 Verdict::Fence {
-                    why: format!("{}; the kernel's power-off, {}s ago", ev.what, stood.as_secs()),
+                    why: format!(
+                        "{}; the kernel's power-off, {}s ago",
+                        ev.what,
+                        stood.as_secs()
+                    ),
                 }
             } else {
                 Verdict::Wait {
-                    why: format!("{}; quiet for {}s first", ev.what, cfg.proof_quiet.as_secs()),
+                    why: format!(
+                        "{}; quiet for {}s first",
+                        ev.what,
+                        cfg.proof_quiet.as_secs()
+                    ),
                 }
             }
         }
@@ -371,4 +375,433 @@ fn judge_fenced(node: &Node, lease: Option<&Lease>, now: SystemTime) -> Verdict 
 pub fn wants_lease(node: &Node) -> bool {
     fenced_by_us(node)
         || matches!(record::of_node(node), Some(Ok(r)) if r.closed.is_none() && r.death().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::{
+            coordination::v1::LeaseSpec,
+            core::v1::{NodeSpec, NodeStatus, NodeSystemInfo, Taint},
+        },
+        apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time},
+        jiff::Timestamp,
+    };
+
+    use super::*;
+    use crate::{
+        decide::Decider,
+        record::{Closing, RECORD_ANNOTATION, RECORD_MANAGER},
+        signal::{Actor, Detail, Effect, Scope, ShutdownSignal, Source},
+    };
+
+    const T0: u64 = 1_800_000_000;
+
+    fn t(s: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(T0 + s)
+    }
+
+    fn stamp(s: u64) -> Time {
+        Time(Timestamp::try_from(t(s)).unwrap())
+    }
+
+    fn cfg() -> ControllerConfig {
+        ControllerConfig::new("a")
+    }
+
+    fn root(pid: u32, comm: &str) -> Actor {
+        Actor {
+            pid,
+            ns_pid: pid,
+            comm: comm.into(),
+            euid: Some(0),
+            cap_sys_boot: Some(true),
+            ..Default::default()
+        }
+    }
+
+    fn signal(source: Source, kind: Kind, at: u64) -> ShutdownSignal {
+        let (detail, forced, calls_reboot, actor) = match source {
+            Source::RebootSyscall => (
+                Detail::Reboot {
+                    magic1: 0xfee1_dead,
+                    magic2: 672_274_793,
+                    cmd: 0x4321_fedc,
+                    valid_magic: true,
+                    ret: None,
+                },
+                true,
+                false,
+                Some(root(1, "systemd-shutdow")),
+            ),
+            Source::Exec => (
+                Detail::Exec {
+                    path: "/sbin/poweroff".into(),
+                    argv: vec!["poweroff".into(), "-f".into()],
+                    raw: String::new(),
+                    truncated: false,
+                },
+                true,
+                true,
+                Some(root(700, "poweroff")),
+            ),
+            _ => (
+                Detail::Dbus {
+                    member: "PrepareForShutdown".into(),
+                    unit: None,
+                },
+                false,
+                false,
+                None,
+            ),
+        };
+        ShutdownSignal {
+            source,
+            kind,
+            forced,
+            bypasses_logind: forced,
+            calls_reboot,
+            scope: Scope::Node,
+            effect: Effect::Now,
+            actor,
+            sender: None,
+            at: t(at),
+            boot_ns: 0,
+            deadline: None,
+            detail,
+        }
+    }
+
+    /// The record the agent writes for these signals, in boot b1.
+    fn record(signals: &[ShutdownSignal]) -> ShutdownRecord {
+        let mut d = Decider::new();
+        let ep = signals
+            .iter()
+            .filter_map(|s| d.decide(s).episode)
+            .last()
+            .unwrap();
+        ShutdownRecord::new("b1", signals.last().unwrap(), &ep)
+    }
+
+    /// A Node of boot b1, Ready `ready` since `ready_at`, with `rec` written
+    /// at `written` (server time).
+    fn node(rec: Option<&ShutdownRecord>, written: u64, ready: &str, ready_at: u64) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some("n1".into());
+        if let Some(r) = rec {
+            n.metadata.annotations = Some(
+                [(RECORD_ANNOTATION.to_string(), r.to_json())]
+                    .into_iter()
+                    .collect(),
+            );
+            n.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+                manager: Some(RECORD_MANAGER.into()),
+                operation: Some("Update".into()),
+                time: Some(stamp(written)),
+                ..Default::default()
+            }]);
+        }
+        n.status = Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                last_transition_time: Some(stamp(ready_at)),
+                ..Default::default()
+            }]),
+            node_info: Some(NodeSystemInfo {
+                boot_id: "b1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        n
+    }
+
+    fn lease(written: u64) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.managed_fields = Some(vec![
+            ManagedFieldsEntry {
+                manager: Some("kubelet".into()),
+                time: Some(stamp(written)),
+                ..Default::default()
+            },
+            ManagedFieldsEntry {
+                manager: Some("other".into()),
+                time: Some(stamp(0)),
+                ..Default::default()
+            },
+        ]);
+        l.spec = Some(LeaseSpec {
+            lease_duration_seconds: Some(40),
+            ..Default::default()
+        });
+        l
+    }
+
+    fn short(v: &Verdict) -> &'static str {
+        match v {
+            Verdict::Fence { .. } => "fence",
+            Verdict::Wait { .. } => "wait",
+            Verdict::Contradicted { .. } => "contradicted",
+            Verdict::Untaint => "untaint",
+            Verdict::BackOnSameBoot => "kept",
+            Verdict::Fenced => "fenced",
+            Verdict::Nothing { .. } => "-",
+        }
+    }
+
+    fn kernel() -> ShutdownRecord {
+        record(&[signal(Source::RebootSyscall, Kind::Poweroff, 100)])
+    }
+
+    /// Each case: a record and a Node, a Lease last written at `lease`,
+    /// judged at server time `now`. The kernel's proof fences after the
+    /// quiet time (2 s) whatever the Lease's phase; a direct tool's once the
+    /// Lease is silent past 10 s + 2 s; nothing else fences.
+    #[test]
+    fn the_rule() {
+        let graceful = record(&[signal(Source::Logind, Kind::Poweroff, 100)]);
+        let graceful_end = record(&[
+            signal(Source::Logind, Kind::Poweroff, 100),
+            signal(Source::RebootSyscall, Kind::Poweroff, 130),
+        ]);
+        let direct = record(&[signal(Source::Exec, Kind::Poweroff, 100)]);
+        let reboot = record(&[signal(Source::RebootSyscall, Kind::Reboot, 100)]);
+        let mut forced_exec = signal(Source::Exec, Kind::Poweroff, 100);
+        forced_exec.calls_reboot = false;
+        let through_pid1 = record(&[forced_exec]);
+        let closed = |how| kernel().closed(how, "test", t(101));
+        let ahead = {
+            let mut r = kernel();
+            r.at = Some(t(200));
+            r
+        };
+        let other_boot = {
+            let mut r = kernel();
+            r.boot_id = "b0".into();
+            r
+        };
+        type Case = (
+            &'static str,
+            ShutdownRecord,
+            u64,
+            Option<u64>,
+            u64,
+            &'static str,
+        );
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            // (what, record, written, lease written, now, verdict)
+            ("the kernel's power-off, at once", kernel(), 100, Some(95), 101, "wait"),
+            ("the kernel's power-off, 2 s quiet (stamps: 3 s)", kernel(), 100, Some(95), 103, "fence"),
+            ("... whatever the kubelet's phase (it wrote in the same second)", kernel(), 100, Some(100), 103, "fence"),
+            ("the kubelet wrote after the proof: alive", kernel(), 100, Some(101), 130, "contradicted"),
+            ("a graceful shutdown announced: never on its own", graceful.clone(), 100, Some(50), 10_000, "-"),
+            ("a graceful shutdown's last word: PID 1's reboot(2)", graceful_end, 130, Some(120), 133, "fence"),
+            ("--force through PID 1: not until its reboot(2)", through_pid1, 100, Some(50), 10_000, "-"),
+            ("a direct tool, kubelet still renewing", direct.clone(), 100, Some(99), 111, "wait"),
+            ("a direct tool, kubelet silent 13 s", direct.clone(), 100, Some(99), 113, "fence"),
+            ("a direct tool, kubelet wrote after it", direct, 100, Some(102), 200, "contradicted"),
+            ("no Lease to check", kernel(), 100, None, 200, "-"),
+            ("a reboot: policy poweroff-only", reboot, 100, Some(95), 10_000, "-"),
+            ("cancelled", closed(Closing::Cancelled), 101, Some(95), 200, "-"),
+            ("abandoned", closed(Closing::Abandoned), 101, Some(95), 200, "-"),
+            ("failed", closed(Closing::Failed), 101, Some(95), 200, "-"),
+            ("back", closed(Closing::Back), 101, Some(95), 200, "-"),
+            ("a record ahead of its write (a future at)", ahead, 100, Some(95), 300, "-"),
+            ("another boot's record", other_boot, 100, Some(95), 200, "-"),
+        ];
+        for (what, rec, written, lease_at, now, want) in cases {
+            let n = node(Some(&rec), written, "Unknown", 10);
+            let l = lease_at.map(lease);
+            let v = judge(&n, l.as_ref(), t(now), &cfg());
+            assert_eq!(short(&v), want, "{what}: {v:?}");
+        }
+    }
+
+    /// What the record does not carry is read from the Node as stored.
+    #[test]
+    fn the_node_decides_what_is_current() {
+        let rec = kernel();
+        let c = cfg();
+        let l = lease(90);
+        let fence = |n: &Node| short(&judge(n, Some(&l), t(200), &c));
+        assert_eq!(fence(&node(Some(&rec), 100, "Unknown", 10)), "fence");
+        // Ready turned True after the record was written: it is older.
+        assert_eq!(fence(&node(Some(&rec), 100, "True", 150)), "-");
+        assert_eq!(fence(&node(Some(&rec), 100, "True", 50)), "fence");
+        // No server time of the write: no evidence.
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.metadata.managed_fields = None;
+        assert_eq!(fence(&n), "-");
+        // Another manager's write is not the record's.
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.metadata.managed_fields.as_mut().unwrap()[0].manager = Some("kubectl".into());
+        assert_eq!(fence(&n), "-");
+        // No bootID, or another boot: no evidence.
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.status.as_mut().unwrap().node_info = None;
+        assert_eq!(fence(&n), "-");
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.status
+            .as_mut()
+            .unwrap()
+            .node_info
+            .as_mut()
+            .unwrap()
+            .boot_id = "b2".into();
+        assert_eq!(fence(&n), "-");
+        // An unreadable record, or none.
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(RECORD_ANNOTATION.into(), "{".into());
+        assert_eq!(fence(&n), "-");
+        assert_eq!(fence(&node(None, 100, "Unknown", 10)), "-");
+        // Policies.
+        let off = ControllerConfig {
+            policy: Policy::Off,
+            ..cfg()
+        };
+        let n = node(Some(&rec), 100, "Unknown", 10);
+        assert_eq!(short(&judge(&n, Some(&l), t(200), &off)), "-");
+        let observe = ControllerConfig {
+            policy: Policy::Observe,
+            ..cfg()
+        };
+        assert_eq!(
+            short(&judge(&n, Some(&l), t(200), &observe)),
+            "fence",
+            "observe judges as poweroff-only; the pass writes nothing"
+        );
+        let reboots = ControllerConfig {
+            policy: Policy::AlsoReboots,
+            ..cfg()
+        };
+        let reboot = record(&[signal(Source::RebootSyscall, Kind::Reboot, 100)]);
+        let n = node(Some(&reboot), 100, "Unknown", 10);
+        assert_eq!(
+            short(&judge(&n, Some(&l), t(300), &reboots)),
+            "-",
+            "not back yet"
+        );
+        assert_eq!(
+            short(&judge(&n, Some(&l), t(800), &reboots)),
+            "fence",
+            "down past the timeout"
+        );
+    }
+
+    /// The episode's kind, not its first signal's: a path whose first
+    /// signal names no kind is judged by what the later ones said.
+    #[test]
+    fn the_episodes_kind_counts() {
+        let rec = record(&[
+            signal(Source::Logind, Kind::Unknown, 100),
+            signal(Source::RebootSyscall, Kind::Poweroff, 130),
+        ]);
+        assert_eq!(rec.kind(), Kind::Poweroff);
+        let n = node(Some(&rec), 130, "Unknown", 10);
+        assert_eq!(
+            short(&judge(&n, Some(&lease(120)), t(140), &cfg())),
+            "fence"
+        );
+    }
+
+    /// A fenced node: ours or not; back on a new boot; alive again on the
+    /// boot it was fenced in (Ready turned True after the fence, or its
+    /// kubelet wrote its Lease after it), on the server's stamps alone.
+    #[test]
+    fn a_fenced_node() {
+        let fenced = |ours: bool, boot: &str, ready: &str, ready_at: u64| {
+            let mut n = node(Some(&kernel()), 100, ready, ready_at);
+            n.spec = Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: OUT_OF_SERVICE_KEY.into(),
+                    effect: "NoExecute".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+            if ours {
+                let ann = n.metadata.annotations.as_mut().unwrap();
+                ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
+                ann.insert(FENCED_BOOT_ANNOTATION.into(), "b1".into());
+                n.metadata
+                    .managed_fields
+                    .as_mut()
+                    .unwrap()
+                    .push(ManagedFieldsEntry {
+                        manager: Some(FENCE_MANAGER.into()),
+                        time: Some(stamp(103)),
+                        ..Default::default()
+                    });
+            }
+            n.status
+                .as_mut()
+                .unwrap()
+                .node_info
+                .as_mut()
+                .unwrap()
+                .boot_id = boot.into();
+            n
+        };
+        let judge_at =
+            |n: &Node, lease_at: u64| short(&judge(n, Some(&lease(lease_at)), t(200), &cfg()));
+        assert_eq!(
+            judge_at(&fenced(false, "b1", "Unknown", 10), 90),
+            "-",
+            "not ours"
+        );
+        assert_eq!(judge_at(&fenced(true, "b1", "Unknown", 10), 90), "fenced");
+        assert_eq!(
+            judge_at(&fenced(true, "b2", "True", 150), 150),
+            "untaint",
+            "Ready on a new boot"
+        );
+        assert_eq!(
+            judge_at(&fenced(true, "b2", "Unknown", 150), 150),
+            "fenced",
+            "a new boot, not Ready yet"
+        );
+        assert_eq!(
+            judge_at(&fenced(true, "b1", "True", 10), 90),
+            "fenced",
+            "a Ready from before the fence is stale"
+        );
+        assert_eq!(
+            judge_at(&fenced(true, "b1", "True", 120), 90),
+            "kept",
+            "Ready turned True after the fence"
+        );
+        assert_eq!(
+            judge_at(&fenced(true, "b1", "Unknown", 10), 104),
+            "kept",
+            "the kubelet wrote after the fence"
+        );
+        assert_eq!(
+            judge_at(&fenced(true, "b1", "Unknown", 10), 103),
+            "fenced",
+            "in the fence's second: not certainly after"
+        );
+    }
+
+    /// Silence counts on the server's clock so that it can only be late:
+    /// both stamps are whole seconds, so a second is taken off.
+    #[test]
+    fn a_lease_is_silent_only_past_its_interval() {
+        let l = lease(100);
+        let live = liveness(&l, t(113)).unwrap();
+        assert_eq!(live.written, t(100));
+        assert_eq!(live.silent, Duration::from_secs(12));
+        assert_eq!(live.interval, Duration::from_secs(10));
+        let mut no_time = lease(100);
+        no_time.metadata.managed_fields = None;
+        assert!(liveness(&no_time, t(200)).is_err());
+        let mut no_duration = lease(100);
+        no_duration.spec = None;
+        assert!(liveness(&no_duration, t(200)).is_err());
+    }
 }

@@ -37,7 +37,9 @@ const EVICTION_WAIT: Duration = Duration::from_secs(3);
 /// One write the pass decided on, carried out beside the others.
 #[derive(Clone, Debug)]
 pub(super) enum Work {
-    Fence { why: String },
+    Fence {
+        why: String,
+    },
     Untaint,
     /// Delete the pods of a node fenced earlier (a delete that failed or
     /// waited, or an earlier leader's fence).
@@ -62,7 +64,9 @@ pub(super) struct Recovery {
 
 /// What a [`Work`] came to.
 pub(super) enum Done {
-    Fenced { recovered: Result<Recovery> },
+    Fenced {
+        recovered: Result<Recovery>,
+    },
     /// The live read no longer gives the verdict: nothing written.
     NotFenced(String),
     Untainted,
@@ -325,17 +329,18 @@ mod tests {
             }),
             ..Default::default()
         };
-        let tol = |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| {
-            Toleration {
+        let tol =
+            |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| Toleration {
                 key: key.map(Into::into),
                 operator: Some(op.into()),
                 value: value.map(Into::into),
                 effect: effect.map(Into::into),
                 toleration_seconds: None,
-            }
-        };
+            };
         assert!(!tolerates_out_of_service(&Pod::default()));
-        assert!(tolerates_out_of_service(&pod(vec![tol(None, "Exists", None, None)])));
+        assert!(tolerates_out_of_service(&pod(vec![tol(
+            None, "Exists", None, None
+        )])));
         assert!(tolerates_out_of_service(&pod(vec![tol(
             Some(OUT_OF_SERVICE_KEY),
             "Exists",

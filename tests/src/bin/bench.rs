@@ -890,8 +890,7 @@ fn recovery(runs: usize) -> Result<()> {
         .build()?;
     let arms = [
         (Arm::Nothing, Duration::from_secs(75)),
-        (Arm::NotReady, Duration::from_secs(120)),
-        (Arm::LeaseSilent, Duration::from_secs(60)),
+        (Arm::Controller, Duration::from_secs(60)),
     ];
     let mut rows = Vec::new();
     for (arm, within) in arms {
@@ -934,7 +933,7 @@ fn recovery(runs: usize) -> Result<()> {
         rows.push(Row {
             what: format!("{}: power-off → pod Running on another node", arm.label()),
             figure: fmt(&running),
-            target: if arm == Arm::LeaseSilent {
+            target: if arm == Arm::Controller {
                 "p50 ≤ 10 s, max ≤ 15 s".into()
             } else {
                 "-".into()
@@ -946,7 +945,7 @@ fn recovery(runs: usize) -> Result<()> {
                 arm.label()
             ),
             figure: fmt(&detached),
-            target: if arm == Arm::LeaseSilent {
+            target: if arm == Arm::Controller {
                 "p50 ≤ 9 s".into()
             } else {
                 "-".into()

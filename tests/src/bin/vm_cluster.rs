@@ -29,7 +29,8 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::{runtime::watcher, Api, Client, ResourceExt};
 use lastgasp::{
     act::kube::{Use, CONDITION, RECORD_ANNOTATION},
-    controller::{Controller, ControllerConfig, GoneWhen, Policy},
+    controller::{Controller, ControllerConfig},
+    record::{Closing, ShutdownRecord},
 };
 use lastgasp_tests::{
     controlplane::{self, ControlPlane},
@@ -133,18 +134,15 @@ async fn controller(cp: &'static ControlPlane) {
     let run = async {
         let tok = token(&cp.admin(), CONTROLLER_SA, None).await?;
         let cfg = ControllerConfig {
-            policy: Policy::PoweroffOnly,
-            reboot_timeout: Duration::from_secs(600),
-            gone_when: GoneWhen::LeaseSilent,
-            lease_margin: Duration::from_secs(2),
-            max_fences_per_minute: 0,
-            concurrency: 16,
             lease_namespace: "lastgasp".into(),
-            lease_name: "lastgasp-controller".into(),
-            identity: "vm-cluster".into(),
-            lease_duration: Duration::from_secs(15),
+            ..ControllerConfig::new("vm-cluster")
         };
-        let mut c = Controller::start(cp.agent_client(&tok, Use::Watch), cfg).await?;
+        let mut c = Controller::start(
+            cp.agent_client(&tok, Use::Watch),
+            cp.agent_client(&tok, Use::Requests),
+            cfg,
+        )
+        .await?;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
@@ -280,16 +278,17 @@ fn node(n: &Node) -> Value {
     let record = n
         .annotations()
         .get(RECORD_ANNOTATION)
-        .and_then(|r| serde_json::from_str::<Value>(r).ok());
+        .and_then(|r| ShutdownRecord::parse(r).ok());
     json!({
         "name": n.name_any(),
         "boot": n.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()),
         "conditions": conds,
         "taints": taints,
         "unschedulable": n.spec.as_ref().and_then(|s| s.unschedulable),
-        "record": record.map(|r| json!({"kind": r["signal"]["kind"], "source": r["signal"]["source"],
-            "boot_id": r["boot_id"], "back": r["back"], "abandoned": r["abandoned"],
-            "delivered_late": r["delivered_late"]})),
+        "record": record.map(|r| json!({"kind": r.kind(), "source": r.signal.as_ref().map(|s| s.source),
+            "boot_id": r.boot_id, "closed": r.closed.as_ref().map(|c| c.how),
+            "back": r.closed.as_ref().is_some_and(|c| c.how == Closing::Back),
+            "proof": r.death().map(|d| d.proof), "delivered_late": r.delivered_late})),
     })
 }
 

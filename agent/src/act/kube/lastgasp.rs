@@ -223,7 +223,11 @@ impl LastGasp {
             );
             let p = PatchParams::default();
             let (c, t) = tokio::join!(
-                async { self.patch("status", &p, &c).await.map(|()| started.elapsed()) },
+                async {
+                    self.patch("status", &p, &c)
+                        .await
+                        .map(|()| started.elapsed())
+                },
                 async { self.patch("", &p, &t).await.map(|()| started.elapsed()) },
             );
             (

@@ -186,7 +186,8 @@ impl NodeClient {
 impl NodeClient {
     /// Writes the shutdown record annotation (merge patch on metadata).
     pub async fn set_record(&self, record: &ShutdownRecord) -> Result<()> {
-        let body = json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_json() } } });
+        let body =
+            json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_json() } } });
         let (params, patch) = (record_params(), Patch::Merge(&body));
         retry("record", || self.nodes.patch(&self.node, &params, &patch)).await?;
         Ok(())
@@ -203,7 +204,8 @@ impl NodeClient {
     ) -> Result<bool> {
         let written = retry("record", || async {
             let node = self.nodes.get(&self.node).await?;
-            let current = matches!(record::of_node(&node), Some(Ok(r)) if r.boot_id == current_boot);
+            let current =
+                matches!(record::of_node(&node), Some(Ok(r)) if r.boot_id == current_boot);
             if current {
                 return Ok(false);
             }
@@ -286,7 +288,11 @@ impl NodeClient {
                 }
                 Ok(false) => return,
                 Err(e) => {
-                    tracing::warn!(boot = key.boot_id, episode = key.id, "closing the shutdown record: {e}; again in {wait:?}");
+                    tracing::warn!(
+                        boot = key.boot_id,
+                        episode = key.id,
+                        "closing the shutdown record: {e}; again in {wait:?}"
+                    );
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(30));
                 }

@@ -2,7 +2,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{
-    super::expect::{assert_intent, direct, forced, logind, none},
+    super::expect::{assert_intent, direct, forced, logind, none, rebooting},
     getopt::*,
     tools::*,
     *,
@@ -87,9 +87,9 @@ fn systemctl_force() {
     use Kind::*;
     check(&[
         ("systemctl poweroff --force", forced(Poweroff)),
-        ("systemctl poweroff --force --force", forced(Poweroff)),
-        ("systemctl reboot -ff", forced(Reboot)),
-        ("systemctl -f -f reboot", forced(Reboot)),
+        ("systemctl poweroff --force --force", rebooting(Poweroff)),
+        ("systemctl reboot -ff", rebooting(Reboot)),
+        ("systemctl -f -f reboot", rebooting(Reboot)),
         ("systemctl --force halt", forced(Halt)),
         ("systemctl kexec -f", forced(Kexec)),
         ("systemctl poweroff --forc", forced(Poweroff)), // getopt takes a unique prefix
@@ -305,16 +305,16 @@ fn halt_reboot_poweroff() {
         ("halt", logind(Halt)),
         ("reboot", logind(Reboot)),
         ("poweroff", logind(Poweroff)),
-        ("/sbin/halt -f", forced(Halt)),
-        ("halt -f", forced(Halt)),
+        ("/sbin/halt -f", rebooting(Halt)),
+        ("halt -f", rebooting(Halt)),
         ("halt -p", logind(Poweroff)),
-        ("halt -p -f", forced(Poweroff)),
+        ("halt -p -f", rebooting(Poweroff)),
         ("halt --poweroff", logind(Poweroff)),
         ("reboot -p", logind(Reboot)), // -p does not turn a reboot into a power-off
-        ("reboot -ff", forced(Reboot)),
-        ("reboot -f -f", forced(Reboot)),
-        ("reboot --force", forced(Reboot)),
-        ("poweroff -f", forced(Poweroff)),
+        ("reboot -ff", rebooting(Reboot)),
+        ("reboot -f -f", rebooting(Reboot)),
+        ("reboot --force", rebooting(Reboot)),
+        ("poweroff -f", rebooting(Poweroff)),
         ("poweroff --reboot", logind(Reboot)),
         ("poweroff --halt", logind(Halt)),
         ("reboot --halt", logind(Halt)),
@@ -346,7 +346,7 @@ fn argv0_names_the_tool() {
     assert_intent(
         "argv0 reboot -f",
         &run("/usr/bin/systemctl", &["reboot", "-f"]),
-        &forced(Reboot),
+        &rebooting(Reboot),
     );
     assert_intent(
         "argv0 systemctl",
@@ -356,7 +356,7 @@ fn argv0_names_the_tool() {
     assert_intent(
         "argv0 odd",
         &run("/sbin/reboot", &["foo", "-f"]),
-        &forced(Reboot),
+        &rebooting(Reboot),
     );
     assert_intent(
         "argv0 path",
@@ -366,7 +366,7 @@ fn argv0_names_the_tool() {
     assert_intent(
         "busybox link",
         &run("/bin/busybox", &["reboot", "-f"]),
-        &forced(Reboot),
+        &rebooting(Reboot),
     );
     assert_intent(
         "busybox link",
@@ -413,11 +413,11 @@ fn init_telinit() {
 fn kexec_forms() {
     use Kind::*;
     check(&[
-        ("kexec -e", forced(Kexec)),
-        ("kexec --exec", forced(Kexec)),
-        ("kexec -x -e", forced(Kexec)),
-        ("kexec -f /boot/vmlinuz", forced(Kexec)),
-        ("kexec -l /boot/vmlinuz -e", forced(Kexec)),
+        ("kexec -e", rebooting(Kexec)),
+        ("kexec --exec", rebooting(Kexec)),
+        ("kexec -x -e", rebooting(Kexec)),
+        ("kexec -f /boot/vmlinuz", rebooting(Kexec)),
+        ("kexec -l /boot/vmlinuz -e", rebooting(Kexec)),
         ("kexec -l /boot/vmlinuz", none(Unknown)),
         ("kexec -e -l /boot/vmlinuz", none(Unknown)),
         (
@@ -449,12 +449,18 @@ fn busybox_applets() {
     use Kind::*;
     let in_secs = |kind, secs: u64, forced: bool| {
         let at = Some(now() + Duration::from_secs(secs));
-        Intent::new(kind, scheduled(at, &format!("-d {secs}")), forced, true)
+        let intent = Intent::new(kind, scheduled(at, &format!("-d {secs}")), forced, true);
+        // `-f`: when the delay is over, busybox calls reboot(2) itself.
+        if forced {
+            intent.calling_reboot()
+        } else {
+            intent
+        }
     };
     check(&[
-        ("busybox reboot -f", forced(Reboot)),
-        ("/bin/busybox reboot -f", forced(Reboot)),
-        ("busybox /sbin/reboot -f", forced(Reboot)),
+        ("busybox reboot -f", rebooting(Reboot)),
+        ("/bin/busybox reboot -f", rebooting(Reboot)),
+        ("busybox /sbin/reboot -f", rebooting(Reboot)),
         ("busybox reboot", direct(Reboot)),
         ("busybox halt", direct(Halt)),
         ("busybox poweroff -n", direct(Poweroff)),
@@ -544,7 +550,7 @@ fn not_utf8() {
     let argv: [&[u8]; 2] = [b"\xff", b"-f"];
     assert_eq!(
         decode_exec(b"/sbin/halt", &argv, false, now),
-        forced(Kind::Halt)
+        rebooting(Kind::Halt)
     );
 }
 
