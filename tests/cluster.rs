@@ -974,16 +974,15 @@ mod agent_flow {
             note.contains("ended forced") && note.contains("reboot -ff"),
             "{note}"
         );
-        let rec: serde_json::Value = serde_json::from_str(
-            &s.double
-                .get::<Node>("", NODE)
-                .unwrap()
-                .metadata
-                .annotations
-                .unwrap()[RECORD_ANNOTATION],
-        )
-        .unwrap();
-        assert_eq!(rec["delivered_late"], true);
+        let rec = record::of_node(&s.double.get::<Node>("", NODE).unwrap())
+            .unwrap()
+            .unwrap();
+        assert!(rec.delivered_late);
+        assert_eq!(
+            rec.closed.map(|c| c.how),
+            Some(Closing::Back),
+            "a late record is closed: the node is back"
+        );
         assert!(records(&s.dir).iter().any(|r| matches!(&r.entry, Entry::Outcome { outcome: Outcome::DeliveredLate { boot_id }, .. } if boot_id == "boot-1")));
 
         // Ready again: our taint goes, the record is marked back.
@@ -996,10 +995,10 @@ mod agent_flow {
         for _ in 0..50 {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let n: Node = s.double.get("", NODE).unwrap();
-            let rec: serde_json::Value =
-                serde_json::from_str(&n.metadata.annotations.clone().unwrap()[RECORD_ANNOTATION])
-                    .unwrap();
-            if !taint_keys(&n).contains(&TAINT_KEY.to_string()) && rec["back"] == true {
+            let rec = record::of_node(&n).unwrap().unwrap();
+            if !taint_keys(&n).contains(&TAINT_KEY.to_string())
+                && rec.closed.is_some_and(|c| c.how == Closing::Back)
+            {
                 cleared = true;
                 break;
             }
@@ -1355,18 +1354,39 @@ mod agent_flow {
             .await
             .expect("the host was asked");
         agent.host_answer(answer).await;
+        let abandoned = |s: &Setup| {
+            records(&s.dir).iter().any(|r| {
+                matches!(
+                    &r.entry,
+                    Entry::Outcome {
+                        outcome: Outcome::Abandoned { .. },
+                        ..
+                    }
+                )
+            })
+        };
         let mut undone = false;
         for _ in 0..50 {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let n: Node = s.double.get("", NODE).unwrap();
+            let closed = record::of_node(&n)
+                .and_then(Result::ok)
+                .and_then(|r| r.closed)
+                .map(|c| c.how);
             if condition(&n) == Some(("False".into(), "ShutdownAbandoned".into()))
                 && !taint_keys(&n).contains(&TAINT_KEY.to_string())
+                && closed == Some(Closing::Abandoned)
+                && abandoned(&s)
             {
                 undone = true;
                 break;
             }
         }
-        assert!(undone, "{:?}", s.double.get::<Node>("", NODE));
+        assert!(
+            undone,
+            "condition False, taint off, record closed, outcome audited: {:?}",
+            s.double.get::<Node>("", NODE)
+        );
         assert!(
             taint_keys(&s.double.get::<Node>("", NODE).unwrap())
                 .contains(&"example.com/other".to_string()),

@@ -25,10 +25,7 @@ use k8s_openapi::api::{
 use lastgasp::{
     act::{
         audit::AuditLog,
-        kube::{
-            graceful::{self, GracefulOptions, Removal},
-            RECORD_ANNOTATION,
-        },
+        kube::graceful::{self, GracefulOptions, Removal},
         metrics::Metrics,
     },
     agent::{Agent, Cluster},
@@ -1179,15 +1176,11 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
     assert!(report.undelivered);
     until("the shutdown marks are cleared", || {
         let n: Node = double.get("", NODE).unwrap();
-        let rec = n
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .get(RECORD_ANNOTATION)
-            .cloned()
-            .unwrap_or_default();
-        rec.contains("\"back\":true")
-            && n.spec.and_then(|s| s.taints).unwrap_or_default().is_empty()
+        let back = lastgasp::record::of_node(&n)
+            .and_then(Result::ok)
+            .and_then(|r| r.closed)
+            .is_some_and(|c| c.how == lastgasp::record::Closing::Back);
+        back && n.spec.and_then(|s| s.taints).unwrap_or_default().is_empty()
     })
     .await;
     // kube's Recorder patches a repeated Event (same reason and action
@@ -1283,14 +1276,11 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
     // Powered off (the kernel's proof, standing for a while): taint, then
     // the pod the taint evicts is deleted with grace 0; back on a new boot:
     // untaint; again: a repeated Event (PATCH).
+    let mut off = kernel_poweroff();
+    off.at = long_ago;
     for (down, back) in [("boot-1", "boot-2"), ("boot-2", "boot-3")] {
         boot(down, "Unknown");
-        put_record(
-            &double,
-            NODE,
-            &record_of(down, &kernel_poweroff()),
-            long_ago,
-        );
+        put_record(&double, NODE, &record_of(down, &off), long_ago);
         settle().await;
         a.tick().await.unwrap();
         boot(back, "True");
