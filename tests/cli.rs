@@ -210,3 +210,57 @@ fn every_flag_has_an_environment_twin() {
     assert!(report.contains("frobnicate"), "{report}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// As root, `lastgasp run` runs as `@lastgasp` (argv[0] begins with `@`),
+/// which systemd-shutdown's final kill spares, so that it lives to send its
+/// last word; its comm stays `lastgasp`. `--outlive-final-kill false` keeps
+/// its own name.
+#[test]
+fn run_outlives_the_final_kill_unless_told_not_to() {
+    if !can_load_ebpf("run_outlives_the_final_kill_unless_told_not_to") {
+        return;
+    }
+    for (flag, spared) in [(None, true), (Some("false"), false)] {
+        let dir = std::env::temp_dir().join(format!("lastgasp-arg0-{}", std::process::id()));
+        let mut cmd = Command::new(agent_bin());
+        cmd.args([
+            "run",
+            "--standalone",
+            "--metrics-listen",
+            "off",
+            "--audit-dir",
+        ])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        if let Some(v) = flag {
+            cmd.args(["--outlive-final-kill", v]);
+        }
+        let mut agent = cmd.spawn().unwrap();
+        let mut err = BufReader::new(agent.stderr.take().unwrap());
+        loop {
+            let mut line = String::new();
+            assert!(
+                err.read_line(&mut line).unwrap() > 0,
+                "exited before arming"
+            );
+            if line.contains("lastgasp: armed") {
+                break;
+            }
+        }
+        let pid = agent.id();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        agent.kill().unwrap();
+        agent.wait().unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(
+            cmdline.starts_with("@lastgasp run "),
+            spared,
+            "{flag:?}: {cmdline}"
+        );
+        assert_eq!(cmdline.starts_with('@'), spared, "{flag:?}: {cmdline}");
+        assert_eq!(comm.trim(), "lastgasp", "{flag:?}");
+    }
+}

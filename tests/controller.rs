@@ -149,10 +149,16 @@ async fn a_dark_zone_is_fenced_side_by_side() {
             .filter(|r| {
                 r.method == "GET"
                     && r.path
-                        == format!("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{n}")
+                        == format!(
+                            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{n}"
+                        )
             })
             .count();
-        assert_eq!((live_node, live_lease), (1, 1), "{n}: one live read of each");
+        assert_eq!(
+            (live_node, live_lease),
+            (1, 1),
+            "{n}: one live read of each"
+        );
         let taint = reqs
             .iter()
             .find(|r| r.method == "PATCH" && r.path == format!("/api/v1/nodes/{n}"))
@@ -166,7 +172,10 @@ async fn a_dark_zone_is_fenced_side_by_side() {
             "{n}: the taint is stored before the delete"
         );
         assert_eq!(
-            delete.body.as_ref().map(|b| b["gracePeriodSeconds"].clone()),
+            delete
+                .body
+                .as_ref()
+                .map(|b| b["gracePeriodSeconds"].clone()),
             Some(json!(0)),
             "{n}"
         );
@@ -191,7 +200,10 @@ async fn a_dark_zone_is_fenced_side_by_side() {
         "{in_flight} taint writes in flight at once"
     );
     assert_eq!(
-        c.actions.iter().filter(|(_, v)| v.kind() == "Fence").count(),
+        c.actions
+            .iter()
+            .filter(|(_, v)| v.kind() == "Fence")
+            .count(),
         zone.len()
     );
     // The next pass writes nothing more.
@@ -224,7 +236,10 @@ async fn a_fence_is_judged_again_on_a_live_read() {
     let (r, ()) = tokio::join!(c.tick(), writer);
     r.unwrap();
     double.remove_fault(stale);
-    assert!(!fenced(&double, "n1"), "the live Lease contradicts the proof");
+    assert!(
+        !fenced(&double, "n1"),
+        "the live Lease contradicts the proof"
+    );
     assert!(pod_left(&double, "n1"));
     settle().await;
     c.tick().await.unwrap();
@@ -269,10 +284,7 @@ async fn observe_says_and_writes_nothing() {
     assert!(!fenced(&double, "n1"));
     assert!(pod_left(&double, "n1"));
     assert_eq!(node_writes(&double), 0);
-    assert!(!double
-        .requests()
-        .iter()
-        .any(|r| r.method == "DELETE"));
+    assert!(!double.requests().iter().any(|r| r.method == "DELETE"));
     assert_eq!(events(&double, "OutOfServiceWouldFence"), ["n1"], "once");
     assert!(c
         .metrics
@@ -288,7 +300,9 @@ async fn the_pause_switch_holds_fences_back() {
     powered_off(&double, "n1");
     let mut c = controller(&double, ControllerConfig::new("a")).await;
     double
-        .create_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}))
+        .create_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}),
+        )
         .ok();
     // The first pass creates the Lease: pause it before anything is fenced.
     let pause = |on: bool| {
@@ -303,7 +317,12 @@ async fn the_pause_switch_holds_fences_back() {
             })
             .unwrap();
     };
-    double.inject(Fault::status(503).method("GET").path_prefix("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases").times(1));
+    double.inject(
+        Fault::status(503)
+            .method("GET")
+            .path_prefix("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases")
+            .times(1),
+    );
     c.tick().await.unwrap();
     assert!(!fenced(&double, "n1"), "the Leases could not be read");
     pause(true);
@@ -426,7 +445,11 @@ async fn failures_and_a_new_leader() {
     assert!(b.tick().await.unwrap(), "b takes the expired lease");
     assert!(!pod_left(&double, "n2"), "b deleted the pods a left");
     assert!(fenced(&double, "n1"), "and fenced n1");
-    let kinds: Vec<_> = b.actions.iter().map(|(n, v)| (n.as_str(), v.kind())).collect();
+    let kinds: Vec<_> = b
+        .actions
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.kind()))
+        .collect();
     assert_eq!(kinds, [("n1", "Fence")], "n2 not fenced again");
 }
 
@@ -458,4 +481,3 @@ async fn a_direct_tool_then_back_on_a_new_boot() {
     assert!(!fenced(&double, "n1"), "untainted on the new boot");
     assert_eq!(events(&double, "OutOfServiceTaintRemoved"), ["n1"]);
 }
-

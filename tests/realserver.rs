@@ -27,7 +27,7 @@ use lastgasp::{
         },
         metrics::Metrics,
     },
-    controller::OUT_OF_SERVICE_KEY,
+    controller::{FENCED_BOOT_ANNOTATION, OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION},
     decide::{Action, Decider, Episode},
     grace::Bucket,
     signal::ShutdownSignal,
@@ -257,13 +257,44 @@ async fn priority_class(client: &Client, name: &str, value: i32) {
     .unwrap();
 }
 
+/// Waits until the API server enforces the evidence policy (a policy takes
+/// effect a few seconds after it is created): probed with a dry run.
+async fn evidence_enforced(admin: &Client, node: &str) {
+    let probe =
+        Patch::Merge(json!({"metadata": {"annotations": {RECORD_ANNOTATION: "{\"probe\":1}"}}}));
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    loop {
+        match Api::<Node>::all(admin.clone())
+            .patch(node, &dry, &probe)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 403 => return,
+            r => assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the evidence policy is not enforced after 30 s: {r:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Expects the request to be refused with 403 and `why` in the message.
 fn denied<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>, why: &str) {
+    denied_by(what, r, &[why]);
+}
+
+/// Expects a 403 whose message names one of `whys` (where two policies
+/// refuse the same request, the server may report either).
+fn denied_by<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>, whys: &[&str]) {
     match r {
-        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(why) => {
+        Err(kube::Error::Api(s)) if s.code == 403 && whys.iter().any(|w| s.message.contains(w)) => {
             println!("denied, as it must be: {what}: {}", s.message)
         }
-        other => panic!("{what}: expected 403 with {why:?}, got {other:?}"),
+        other => panic!("{what}: expected 403 with one of {whys:?}, got {other:?}"),
     }
 }
 
@@ -337,10 +368,11 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         nc.clear_when_ready("the-next-boot").await.unwrap();
         let n = nodes.get(a).await.unwrap();
         assert!(
-            !n.spec.unwrap().taints.unwrap_or_default().iter().any(|t| t.key == TAINT_KEY),
+            !n.spec.clone().unwrap().taints.unwrap_or_default().iter().any(|t| t.key == TAINT_KEY),
             "the taint is cleared"
         );
-        assert!(n.metadata.annotations.unwrap()[RECORD_ANNOTATION].contains("\"back\":true"));
+        let rec = lastgasp::record::of_node(&n).unwrap().unwrap();
+        assert_eq!(rec.closed.map(|c| c.how), Some(lastgasp::record::Closing::Back));
 
         // 3. The graceful path, by priority; the agent's own pod goes last.
         let (_, ep) = logind_episode();
@@ -526,8 +558,15 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         let from = cp.audit(&user(CONTROLLER_SA)).len();
         let ctl = recovery::spawn_controller(client, cfg).await.unwrap();
 
+        // The record comes from A's own agent (the admission policy refuses
+        // it from anyone else).
+        let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
+        let agent = cp.agent_client(
+            &bound_token(&admin, AGENT_SA, Some(&agent_pod)).await,
+            Use::Requests,
+        );
         let boot = sim.boot_id(a).unwrap();
-        recovery::last_gasp(&admin, a, &boot, recovery::reboot_syscall())
+        recovery::last_gasp(&agent, a, &boot, recovery::reboot_syscall())
             .await
             .unwrap();
         sim.power_off(a);
@@ -572,6 +611,123 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             &events[from..],
             &grants(&objs, CONTROLLER_SA),
             &[("events.k8s.io", "events", "patch")],
+        );
+    });
+}
+
+/// The evidence and the fence, at admission, on the real server: a Node's
+/// shutdown record is written only by that node's own agent (not by an
+/// identity that may patch Nodes, an administrator, or another node's
+/// agent), the fence's annotations only by the controller; the controller
+/// itself touches only its taint and its annotations, and deletes only the
+/// pods the taint eviction controller is evicting.
+#[test]
+fn only_a_nodes_own_agent_writes_its_evidence_and_the_controller_only_its_fence() {
+    let test = "only_a_nodes_own_agent_writes_its_evidence_and_the_controller_only_its_fence";
+    let Some((cp, objs)) = setup(test) else {
+        return;
+    };
+    rt().block_on(async {
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let (a, b) = ("ev-a", "ev-b");
+        sim.add_node(a).await.unwrap();
+        sim.add_node(b).await.unwrap();
+        nodesim::schedulable(&admin, &[a, b], Duration::from_secs(60)).await.unwrap();
+        apply(&admin, &objs, false).await;
+        // A node controller of somebody else's (a CNI, NFD, the autoscaler):
+        // it may patch Nodes.
+        let other = json!([
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "node-patcher", "namespace": NS}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "lastgasp-test-node-patcher"},
+             "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "lastgasp-test-node-patcher"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lastgasp-test-node-patcher"},
+             "subjects": [{"kind": "ServiceAccount", "name": "node-patcher", "namespace": NS}]}
+        ]);
+        apply(&admin, other.as_array().unwrap(), false).await;
+        evidence_enforced(&admin, a).await;
+        let patcher = cp.agent_client(&bound_token(&admin, "node-patcher", None).await, Use::Requests);
+        let pod_a = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
+        let pod_b = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == b).await;
+        let agent_a = cp.agent_client(&bound_token(&admin, AGENT_SA, Some(&pod_a)).await, Use::Requests);
+        let agent_b = cp.agent_client(&bound_token(&admin, AGENT_SA, Some(&pod_b)).await, Use::Requests);
+        let controller = cp.agent_client(&bound_token(&admin, CONTROLLER_SA, None).await, Use::Requests);
+
+        // A's own agent writes A's record (the record's own field manager).
+        let boot = sim.boot_id(a).unwrap();
+        let rec = lastgasp_tests::support::record_of(&boot, &recovery::reboot_syscall());
+        let body = |v: Value| json!({"metadata": {"annotations": v}});
+        let params = lastgasp::act::kube::record_params();
+        let record_patch = Patch::Merge(body(json!({RECORD_ANNOTATION: rec.to_json()})));
+        Api::<Node>::all(agent_a.clone()).patch(a, &params, &record_patch).await.unwrap();
+        let n = Api::<Node>::all(admin.clone()).get(a).await.unwrap();
+        assert!(lastgasp::record::written_at(&n).is_some(), "the server stamped the record's write");
+
+        let forged = rec.clone().closed(lastgasp::record::Closing::Back, "x", std::time::SystemTime::now());
+        let forge = Patch::Merge(body(json!({RECORD_ANNOTATION: forged.to_json()})));
+        let refused = "is written only by the lastgasp agent on that node";
+        for (who, client) in [("a node patcher", &patcher), ("an administrator", &admin), ("node B's agent", &agent_b)] {
+            denied_by(
+                &format!("{who} writing node A's record"),
+                Api::<Node>::all(client.clone()).patch(a, &params, &forge).await,
+                &[refused, "may only change its own Node"],
+            );
+        }
+        denied(
+            "a node patcher writing node B's record",
+            Api::<Node>::all(patcher.clone()).patch(b, &params, &record_patch).await,
+            refused,
+        );
+        let fence = Patch::Merge(body(json!({TAINTED_BY_ANNOTATION: "me", FENCED_BOOT_ANNOTATION: boot})));
+        denied(
+            "a node patcher marking node A fenced",
+            Api::<Node>::all(patcher.clone()).patch(a, &PatchParams::default(), &fence).await,
+            "written only by the lastgasp controller",
+        );
+        denied_by(
+            "A's agent marking node A fenced",
+            Api::<Node>::all(agent_a.clone()).patch(a, &PatchParams::default(), &fence).await,
+            &["only its own annotation", "written only by the lastgasp controller"],
+        );
+        // Taking the record away is allowed: it can only prevent a fence.
+        Api::<Node>::all(patcher.clone())
+            .patch(a, &PatchParams::default(), &Patch::Merge(body(json!({RECORD_ANNOTATION: null}))))
+            .await
+            .unwrap();
+        // Other writes of the others are not judged: the patcher's own label.
+        Api::<Node>::all(patcher.clone())
+            .patch(b, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"example.com/x": "y"}}})))
+            .await
+            .unwrap();
+
+        // The controller: its fence, and nothing else.
+        let nodes = Api::<Node>::all(controller.clone());
+        let pp = PatchParams::default();
+        nodes.patch(b, &pp, &fence).await.expect("the controller writes its annotations");
+        for (what, patch, why) in [
+            ("a label", json!({"metadata": {"labels": {"x": "y"}}}), "only its own annotations"),
+            ("another annotation", json!({"metadata": {"annotations": {"x": "y"}}}), "only its own annotations"),
+            ("the record", json!({"metadata": {"annotations": {RECORD_ANNOTATION: forged.to_json()}}}), "only its own annotations"),
+            ("cordoning", json!({"spec": {"unschedulable": true}}), "only its own taint"),
+            ("another taint", json!({"spec": {"taints": [{"key": "x", "effect": "NoExecute"}]}}), "only its own taint"),
+        ] {
+            denied_by(
+                &format!("the controller writing {what} of node B"),
+                nodes.patch(b, &pp, &Patch::Merge(patch)).await,
+                &[why, refused],
+            );
+        }
+        let work = "ev-work";
+        nodesim::namespace(&admin, work).await.unwrap();
+        priority_class(&admin, "lg-low", 0).await;
+        workload(&admin, work, "running", b, "lg-low").await;
+        denied(
+            "the controller deleting a pod nothing evicts",
+            Api::<Pod>::namespaced(controller.clone(), work)
+                .delete("running", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                .await,
+            "only pods the taint eviction controller is already evicting",
         );
     });
 }

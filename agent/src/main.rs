@@ -48,6 +48,9 @@ enum Command {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Command::Run(args) = &cli.command {
+        agent::outlive_final_kill(args);
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colour only on a terminal: journald and kubectl logs get plain text.

@@ -108,14 +108,28 @@ pub async fn last_gasp(
     boot_id: &str,
     sig: ShutdownSignal,
 ) -> Result<Duration> {
+    episode_record(client, node, boot_id, &[sig]).await
+}
+
+/// The record of the episode `signals` make, in `boot_id`, sent as the
+/// agent sends it after the last of them (the last gasp's code).
+pub async fn episode_record(
+    client: &Client,
+    node: &str,
+    boot_id: &str,
+    signals: &[ShutdownSignal],
+) -> Result<Duration> {
     let lg = LastGasp::start(client.clone(), client.clone(), node).await?;
-    let ep = Decider::new()
-        .decide(&sig)
-        .episode
-        .context("a forced power-off opens an episode")?;
-    let record = ShutdownRecord::new(boot_id, &sig, &ep);
+    let mut d = Decider::new();
+    let ep = signals
+        .iter()
+        .filter_map(|s| d.decide(s).episode)
+        .last()
+        .context("the signals open an episode")?;
+    let sig = signals.last().context("a signal")?;
+    let record = ShutdownRecord::new(boot_id, sig, &ep);
     let bodies = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
-    let death = std::time::Instant::now() + decide::expected_life(&sig, LAST_GASP_BOUND);
+    let death = std::time::Instant::now() + decide::expected_life(sig, LAST_GASP_BOUND);
     let sent = lg.send(&bodies, death).await?;
     Ok(sent.evidence_done)
 }

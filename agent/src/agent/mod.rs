@@ -36,7 +36,7 @@ use crate::{
 
 mod run;
 
-pub use run::{run, RunArgs};
+pub use run::{outlive_final_kill, run, RunArgs};
 
 /// The last gasp gives up after this, and is delivered after the next boot.
 pub const LAST_GASP_BOUND: Duration = Duration::from_secs(2);

@@ -49,8 +49,46 @@ pub struct RunArgs {
     /// only logs a warning.
     #[arg(long, value_name = "ADDR:PORT", env = "LASTGASP_METRICS_LISTEN")]
     pub metrics_listen: Option<Listen>,
+    /// Start as `@lastgasp` (argv[0] beginning with `@`) when running as
+    /// root, so that systemd-shutdown's final kill spares the agent: it then
+    /// lives until the kernel's own power-off and sends its last word (the
+    /// proof the controller fences on). `false`: killed with everything else.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LASTGASP_OUTLIVE_FINAL_KILL")]
+    pub outlive_final_kill: bool,
     #[command(flatten)]
     pub dbus: DbusArgs,
+}
+
+/// systemd-shutdown's final SIGTERM/SIGKILL sweep spares root processes
+/// whose argv[0] begins with `@` (systemd's "root storage daemons"): the
+/// process execs itself once more under that name, before any thread or
+/// file is opened. Returns only when there is nothing to do (not root,
+/// already `@`, or turned off); on an exec failure, says why and goes on
+/// under its own name.
+pub fn outlive_final_kill(args: &RunArgs) {
+    use std::os::unix::process::CommandExt;
+    let mut argv = std::env::args_os();
+    let Some(arg0) = argv.next() else { return };
+    if !args.outlive_final_kill
+        || arg0.as_encoded_bytes().starts_with(b"@")
+        || !nix::unistd::geteuid().is_root()
+    {
+        return;
+    }
+    let name = std::path::Path::new(&arg0)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "lastgasp".into());
+    // By its path, so that comm stays the binary's name (not "exe").
+    let exe = std::env::current_exe()
+        .ok()
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "/proc/self/exe".into());
+    let err = std::process::Command::new(exe)
+        .arg0(format!("@{name}"))
+        .args(argv)
+        .exec();
+    eprintln!("lastgasp: could not exec itself as @{name} ({err}): systemd-shutdown's final kill will end it with the rest");
 }
 
 /// `lastgasp run`: arms everything, then turns the loop until SIGTERM (a
