@@ -191,7 +191,13 @@ pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
     }
     let proof = match s.source {
         Source::KernelHook => Proof::Kernel,
-        Source::RebootSyscall if can_reboot(s) == Some(true) => Proof::Kernel,
+        // These commands do not return; a kexec does when no kernel is loaded.
+        Source::RebootSyscall
+            if can_reboot(s) == Some(true)
+                && matches!(s.kind, Kind::Poweroff | Kind::Halt | Kind::Reboot) =>
+        {
+            Proof::Kernel
+        }
         Source::Exec if s.forced && s.calls_reboot && can_reboot(s) == Some(true) => {
             Proof::DirectTool
         }

@@ -52,6 +52,13 @@ pub async fn spawn_controller(
     client: Client,
     cfg: ControllerConfig,
 ) -> Result<tokio::task::JoinHandle<Controller>> {
+    // RUST_LOG=lastgasp=debug shows why it fenced or not.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let mut c = Controller::start(client.clone(), client, cfg).await?;
     Ok(tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));

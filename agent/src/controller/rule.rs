@@ -238,7 +238,7 @@ fn evidence(
     if written > now + STAMP {
         return Err("the record was written after the server's time of this read".into());
     }
-    if let Some(r) = ready_since(node).filter(|r| *r >= written) {
+    if let Some(r) = ready_since(node).filter(|r| certainly_after(*r, written)) {
         return Err(format!(
             "it is older than the node's last Ready ({})",
             humantime::format_rfc3339_seconds(r)
@@ -630,6 +630,12 @@ mod tests {
         // Ready turned True after the record was written: it is older.
         assert_eq!(fence(&node(Some(&rec), 100, "True", 150)), "-");
         assert_eq!(fence(&node(Some(&rec), 100, "True", 50)), "fence");
+        assert_eq!(fence(&node(Some(&rec), 100, "True", 101)), "-");
+        assert_eq!(
+            fence(&node(Some(&rec), 100, "True", 100)),
+            "fence",
+            "Ready in the record's second: not certainly after it"
+        );
         // No server time of the write: no evidence.
         let mut n = node(Some(&rec), 100, "Unknown", 10);
         n.metadata.managed_fields = None;

@@ -37,6 +37,7 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ("poweroff-target", "systemctl start poweroff.target"),
     ("sigrtmin4", "kill -s SIGRTMIN+4 1"),
     ("shutdown-h-1", "shutdown -h +1, waited out"),
+    ("logind-poweroff", "busctl call ... login1.Manager PowerOff"),
     ("reboot-ff", "reboot -ff"),
 ];
 
@@ -65,9 +66,12 @@ const NOISE: &[&str] = &[
     "RegisteredNode",
 ];
 const NODE: &str = "lastgasp-guest";
-/// Workload containers (web, cache, db) the guest must run before the
-/// trigger; the agent's is one more.
-const WORKLOADS: usize = 3;
+/// Workload containers (web, cache, db, and the StatefulSet `slow`, which
+/// writes for 20 s after its SIGTERM) the guest must run before the trigger;
+/// the agent's is one more.
+const WORKLOADS: usize = 4;
+/// The StatefulSet whose every write the console times (`sleeper.c`).
+const WRITER: &str = "slow";
 
 /// What every run needs, built once.
 pub struct Prepared {
@@ -147,6 +151,8 @@ pub struct NodeOutcome {
     pub at_death: String,
     pub after: String,
     pub agent_end: String,
+    /// The fence beside the kernel's end and the writer's last write.
+    pub fence: String,
     pub events: String,
     pub guest: String,
 }
@@ -160,7 +166,10 @@ impl NodeOutcome {
         if self.failed() {
             format!("FAIL: {}", self.problems.join("; "))
         } else {
-            format!("ok: {} | {} | {}", self.pods, self.at_death, self.agent_end)
+            format!(
+                "ok: {} | {} | {} | {}",
+                self.fence, self.pods, self.at_death, self.agent_end
+            )
         }
     }
 }
@@ -305,6 +314,7 @@ pub fn run(
         at_death: "-".into(),
         after: "-".into(),
         agent_end: "-".into(),
+        fence: "-".into(),
         events: "-".into(),
         guest: "-".into(),
     };
@@ -592,6 +602,39 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         o.at_death
             .push_str(&format!("; fenced (out-of-service) +{f:.1}"));
     }
+    // The writer's last write before the kernel's end (a reboot's next boot
+    // starts it again).
+    let last_write = run
+        .markers(&format!("WRITE {WRITER} "))
+        .into_iter()
+        .map(|l| ms(at(run, l.t)))
+        .filter(|t| *t <= end_rel)
+        .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
+    let show = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("+{t:.1} s"));
+    o.fence = format!(
+        "fenced {}; kernel's end {}; {WRITER}'s last write {}",
+        fenced.map_or("never".to_string(), |f| format!("+{f:.1} s")),
+        show(end_s),
+        show(last_write)
+    );
+    // Never a fence before the kernel's end, nor while the writer writes.
+    if let Some(f) = fenced {
+        if end_s.is_none_or(|e| f < e) {
+            o.problems.push(format!(
+                "FENCED BEFORE THE KERNEL'S END: fenced +{f:.1} s, down {}",
+                show(end_s)
+            ));
+        }
+        if last_write.is_some_and(|w| f < w) {
+            o.problems.push(format!(
+                "FENCED WHILE {WRITER} STILL WROTE: fenced +{f:.1} s, its last write {}",
+                show(last_write)
+            ));
+        }
+    }
+    if last_write.is_none() {
+        o.problems.push(format!("no write of {WRITER} was seen"));
+    }
     if o.strict {
         if o.arm != "kubelet" && armed.first().is_none_or(|a| a.text.contains("agent=none")) {
             o.problems.push("the agent's pod was not running".into());
@@ -741,16 +784,17 @@ pub fn matrix(outcomes: &[NodeOutcome]) -> String {
     let mut m = String::new();
     let _ = writeln!(
         m,
-        "| arm | scenario | the agent | workload pods on the node: how each ended, s after the trigger, and its state when the node went down | replacements Running on the other node | the Node when the node went down | after it came back | where the agent's container and the kubelet ended | Node Events | guest | result |"
+        "| arm | scenario | the agent | the fence, the kernel's end and the slow writer's last write | workload pods on the node: how each ended, s after the trigger, and its state when the node went down | replacements Running on the other node | the Node when the node went down | after it came back | where the agent's container and the kubelet ended | Node Events | guest | result |"
     );
-    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for o in outcomes {
         let _ = writeln!(
             m,
-            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             o.arm,
             o.trigger,
             o.ran_as,
+            o.fence,
             o.pods,
             o.replaced,
             o.at_death,
