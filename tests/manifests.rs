@@ -1966,6 +1966,27 @@ fn the_charts_values_take_effect() {
     };
     let ds = |objs: &[Value]| find(objs, "DaemonSet", "lastgasp-agent");
     let default = render(&[]);
+    // The controller's policy and ceiling.
+    let ctl_args = |objs: &[Value]| {
+        find(objs, "Deployment", "lastgasp-controller")["spec"]["template"]["spec"]["containers"][0]
+            ["args"]
+            .clone()
+    };
+    let flag_of = |args: &Value, f: &str| {
+        let a = args.as_array().unwrap();
+        a.iter()
+            .position(|x| x == f)
+            .map(|i| a[i + 1].as_str().unwrap().to_string())
+    };
+    let a = ctl_args(&default);
+    assert_eq!(flag_of(&a, "--policy").as_deref(), Some("poweroff-only"));
+    assert_eq!(flag_of(&a, "--max-fenced").as_deref(), Some("0"));
+    let a = ctl_args(&render(&[
+        "controller.policy=observe",
+        "controller.maxFenced=3",
+    ]));
+    assert_eq!(flag_of(&a, "--policy").as_deref(), Some("observe"));
+    assert_eq!(flag_of(&a, "--max-fenced").as_deref(), Some("3"));
     let d = ds(&default);
     let pod = &d["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));

@@ -1,7 +1,7 @@
 //! The decision core: a pure state machine over `ShutdownSignal`s and time.
 //! No I/O.
 //!
-//! A signal is a *claim* (`shared/notes/trust-model.md`): it counts only as
+//! A signal is a *claim* (`docs/trust-model.md`): it counts only as
 //! far as its source could really cause a shutdown.
 //! - A request anyone can make (`systemctl poweroff`, `shutdown -h now`) opens
 //!   a *pending* episode that does nothing until the host confirms it:

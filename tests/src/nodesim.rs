@@ -117,6 +117,7 @@ impl Sim {
             name: name.to_string(),
             boot_id: boot_id.clone(),
             last_beat: last_beat.clone(),
+            ready_since: now_time(),
         };
         // The first heartbeat before returning: the node is Ready when this returns.
         kubelet
@@ -181,6 +182,10 @@ struct Kubelet {
     name: String,
     boot_id: String,
     last_beat: Arc<Mutex<Instant>>,
+    /// When this boot's kubelet first posted Ready: the condition's
+    /// lastTransitionTime, which the real kubelet moves only when the
+    /// status changes.
+    ready_since: Time,
 }
 
 fn unique_name(handle: &str) -> String {
@@ -260,7 +265,7 @@ impl Kubelet {
             "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                 "message": "kubelet is posting ready status (simulated)",
-                "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                "lastHeartbeatTime": now, "lastTransitionTime": self.ready_since}],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.name}],
             "nodeInfo": {"bootID": self.boot_id, "machineID": self.name, "systemUUID": self.name,
                 "kernelVersion": "6.1.0", "osImage": "lastgasp nodesim", "containerRuntimeVersion": "sim://1",
@@ -268,7 +273,6 @@ impl Kubelet {
             "volumesInUse": in_use,
             "volumesAttached": attached.iter().map(|n| json!({"name": n, "devicePath": ""})).collect::<Vec<_>>(),
         }});
-        // A strategic merge keeps lastTransitionTime of a condition that did not change.
         nodes
             .patch_status(
                 &self.name,
