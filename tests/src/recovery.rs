@@ -216,6 +216,20 @@ impl Scenario {
         }
     }
 
+    /// When node A got the out-of-service taint, after `off` (the API
+    /// server's `timeAdded`, whole seconds: the controller's clock).
+    pub async fn fenced_after(&self, off: SystemTime) -> Result<Option<Duration>> {
+        let n = Api::<Node>::all(self.client.clone()).get(self.a()).await?;
+        Ok(n.spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|t| t.key == lastgasp::controller::OUT_OF_SERVICE_KEY)
+            .and_then(|t| t.time_added)
+            .map(|t| SystemTime::from(t.0))
+            .map(|t| t.duration_since(off).unwrap_or_default()))
+    }
+
     /// Removes the scenario's nodes, so that dead ones do not pile up.
     pub async fn remove_nodes(&self) {
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -227,13 +241,14 @@ impl Scenario {
 }
 
 /// One run of one arm: (power-off → app Running elsewhere, → node A's
-/// VolumeAttachment gone), each `None` when not within `within`.
+/// VolumeAttachment gone, → node A fenced), each `None` when not within
+/// `within`.
 pub async fn run_once(
     client: Client,
     arm: Arm,
     tag: &str,
     within: Duration,
-) -> Result<(Option<Duration>, Option<Duration>)> {
+) -> Result<(Option<Duration>, Option<Duration>, Option<Duration>)> {
     let scn = Scenario::start(client.clone(), tag).await?;
     let controller = match arm {
         Arm::Nothing => None,
@@ -248,9 +263,11 @@ pub async fn run_once(
     last_gasp(&client, scn.a(), &boot, reboot_syscall()).await?;
     let off = scn.sim.power_off(scn.a());
     let r = scn.watch_recovery(off, within).await;
+    let fenced = scn.fenced_after(off).await;
     if let Some(c) = controller {
         c.abort();
     }
     scn.remove_nodes().await;
-    r
+    let (running, detached) = r?;
+    Ok((running, detached, fenced?))
 }

@@ -145,7 +145,8 @@ impl Agent {
         // less time than a loaded disk's fdatasync, so its patches leave
         // while the record syncs. What the cluster acknowledged and the disk
         // lost is read back from the Node after the next boot (`after_boot`).
-        let beside = matches!(d.action, Action::Immediate { .. }) && self.cluster.is_some();
+        let beside = matches!(d.action, Action::Immediate { .. } | Action::LastWord)
+            && self.cluster.is_some();
         let durability = if acts(&d.action) && !beside {
             Durability::Now
         } else {

@@ -766,10 +766,17 @@ fn node_text(n: &Value) -> String {
     let rec = match &n["record"] {
         Value::Null => "no record".to_string(),
         r => format!(
-            "record {} via {}{}",
+            "record {} via {}{}{}",
             r["kind"].as_str().unwrap_or("?"),
             r["source"].as_str().unwrap_or("?"),
-            if r["back"] == true { ", back" } else { "" }
+            r["proof"]
+                .as_str()
+                .map(|p| format!(", proof {p}"))
+                .unwrap_or_default(),
+            match r["closed"].as_str() {
+                Some(how) => format!(", closed {how}"),
+                None => String::new(),
+            }
         ),
     };
     format!(

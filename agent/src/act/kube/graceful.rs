@@ -88,7 +88,7 @@ const POLL: Duration = Duration::from_millis(50);
 pub struct GracefulOptions {
     pub buckets: Vec<Bucket>,
     pub removal: Removal,
-    /// The agent's own pod (namespace, name): it goes last.
+    /// The agent's own pod (namespace, name): never drained.
     pub own_pod: Option<(String, String)>,
     /// The kubelet-compatible `graceful_node_shutdown_state` file.
     pub state_file: PathBuf,
@@ -135,11 +135,11 @@ pub struct GracefulReport {
 
 impl GracefulReport {
     /// Pods the graceful path stopped and waited for (not the skipped ones,
-    /// nor the agent's own pod, which goes last and is not waited for).
+    /// the agent's own pod among them).
     fn counted(&self) -> impl Iterator<Item = &PodOutcome> {
         self.pods
             .iter()
-            .filter(|p| !p.how.starts_with("skipped") && p.how != "delete-self")
+            .filter(|p| !p.how.starts_with("skipped"))
     }
     pub fn terminated(&self) -> usize {
         self.counted().filter(|p| p.gone_ms.is_some()).count()
@@ -215,12 +215,15 @@ pub async fn run(
 
     // The pods as the warm watch has them: no list at shutdown time.
     let mut by_bucket: Vec<Vec<Arc<Pod>>> = vec![Vec::new(); opts.buckets.len()];
-    let mut own = None;
     for pod in nc.pods.state() {
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let priority = pod.spec.as_ref().and_then(|s| s.priority);
         let b = bucket_index(&opts.buckets, priority);
-        let kept = if is_mirror(&pod) {
+        // The agent's own pod stays: it must live to the kernel's end and
+        // send its last word (the proof of death the controller fences on).
+        let kept = if opts.own_pod.as_ref() == Some(&(ns.clone(), name.clone())) {
+            Some("skipped-self")
+        } else if is_mirror(&pod) {
             Some("skipped-mirror")
         } else if is_finished(&pod) {
             Some("skipped-finished")
@@ -241,10 +244,6 @@ pub async fn run(
                 requested_ms: ms(),
                 gone_ms: None,
             });
-            continue;
-        }
-        if opts.own_pod.as_ref() == Some(&(ns, name)) {
-            own = Some(pod);
             continue;
         }
         by_bucket[b].push(pod);
@@ -288,14 +287,6 @@ pub async fn run(
     );
     if let Err(err) = nc.event(EventType::Normal, "Shutdown", note).await {
         tracing::error!("graceful end event: {err:#}");
-    }
-    if let Some(pod) = own.filter(|_| opts.removal != Removal::None) {
-        // Last: our own pod, now that the record is out.
-        let b =
-            opts.buckets[bucket_index(&opts.buckets, pod.spec.as_ref().and_then(|s| s.priority))];
-        let mut o = terminate(nc, Removal::Delete, &b, &pod, Instant::now(), ms).await;
-        o.how = "delete-self".into();
-        report.pods.push(o);
     }
     Ok(report)
 }
