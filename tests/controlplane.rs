@@ -223,9 +223,7 @@ fn a_live_node_is_never_fenced_across_restarts_and_kubelet_stalls() {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        for t in [standby] {
-            t.abort();
-        }
+        standby.abort();
         if let Some(t) = restarted {
             t.abort();
         }

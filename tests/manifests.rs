@@ -743,6 +743,11 @@ fn the_agent_runs_unprivileged_with_the_documented_capabilities() {
         ),
         ("/run/systemd", ("/host/run/systemd", true)),
         ("/usr/lib/systemd", ("/host/usr/lib/systemd", true)),
+        (
+            "/usr/lib/systemd/system-shutdown",
+            ("/host/usr/lib/systemd/system-shutdown", false),
+        ),
+        ("/run/lastgasp", ("/run/lastgasp", false)),
     ]);
     let got: BTreeMap<&str, (&str, bool)> = mounts
         .iter()
@@ -751,6 +756,11 @@ fn the_agent_runs_unprivileged_with_the_documented_capabilities() {
     assert_eq!(got, want);
     // The drop-in lands where logind reads it: --logind-root + etc/systemd/logind.conf.d.
     let args = c.args.clone().unwrap();
+    // The hook lands in systemd-shutdown's directory, the FIFO in the shared run dir.
+    assert_eq!(
+        flag(&args, "--shutdown-hook-dir").as_deref(),
+        Some("/host/usr/lib/systemd/system-shutdown")
+    );
     let root = flag(&args, "--logind-root").expect("--logind-root");
     assert_eq!(
         lastgasp::detect::logind::config::dropin_path(Path::new(&root)),
@@ -1123,7 +1133,17 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
         }))
         .unwrap();
     until("the pod watch sees the new pods", || {
-        nc.pods.state().len() == 2
+        nc.pods
+            .state()
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("db-"))
+            })
+            .count()
+            == 2
     })
     .await;
     let r = graceful::run(

@@ -166,6 +166,10 @@ pub enum Proof {
     /// once: nothing is stopped first, the kubelet lives until the kernel
     /// goes down, so its silence is the kernel's end.
     DirectTool,
+    /// systemd-shutdown ran its own hooks: every service was stopped, every
+    /// other process killed, the file systems unmounted; only the final
+    /// sync and reboot(2) are left, and they wait for the agent's word.
+    FinalStage,
     /// The kernel's own power-off: a reboot(2) from a caller that can reboot,
     /// in the node's PID namespace (PID 1's last step after every process
     /// was stopped, or a direct caller), or the kernel's power-off functions.
@@ -191,6 +195,8 @@ pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
     }
     let proof = match s.source {
         Source::KernelHook => Proof::Kernel,
+        // Its detector checked that PID 1 is systemd-shutdown.
+        Source::ShutdownHook => Proof::FinalStage,
         // These commands do not return; a kexec does when no kernel is loaded.
         Source::RebootSyscall
             if can_reboot(s) == Some(true)
@@ -744,7 +750,7 @@ fn confirm(ep: &mut Episode, s: &ShutdownSignal, authority: Authority) {
 fn confirms_as_host(s: &ShutdownSignal) -> bool {
     matches!(
         s.source,
-        Source::Logind | Source::Systemd | Source::KernelHook
+        Source::Logind | Source::Systemd | Source::KernelHook | Source::ShutdownHook
     ) || is_pid1_shutdown(s)
         || (s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.ns_pid == 1))
 }
@@ -754,7 +760,10 @@ fn confirms_as_host(s: &ShutdownSignal) -> bool {
 /// `forced`; this is the one place that says what it leaves.)
 pub fn leaves_no_time(s: &ShutdownSignal) -> bool {
     s.forced
-        || matches!(s.source, Source::RebootSyscall | Source::KernelHook)
+        || matches!(
+            s.source,
+            Source::RebootSyscall | Source::KernelHook | Source::ShutdownHook
+        )
         || is_pid1_shutdown(s)
 }
 
@@ -792,7 +801,7 @@ fn can_reboot(s: &ShutdownSignal) -> Option<bool> {
 fn authority(s: &ShutdownSignal) -> Authority {
     match s.source {
         Source::Logind | Source::Systemd => Authority::Host,
-        Source::KernelHook | Source::RebootSyscall => Authority::Kernel,
+        Source::KernelHook | Source::RebootSyscall | Source::ShutdownHook => Authority::Kernel,
         // The kernel checked the sender's right to signal PID 1.
         Source::SignalPid1 => Authority::Privileged,
         Source::Exec if is_pid1_shutdown(s) => Authority::Kernel,
@@ -837,6 +846,7 @@ fn summary(s: &ShutdownSignal) -> String {
             Some(u) => format!("{member} {u}"),
             None => member.clone(),
         },
+        Detail::Hook { verb } => format!("systemd-shutdown's final hook ({verb})"),
     };
     let by = s
         .actor
@@ -895,6 +905,9 @@ mod tests {
             Source::Logind | Source::Systemd => Detail::Dbus {
                 member: "PrepareForShutdown".into(),
                 unit: None,
+            },
+            Source::ShutdownHook => Detail::Hook {
+                verb: "poweroff".into(),
             },
         };
         let bus = matches!(source, Source::Logind | Source::Systemd);
@@ -1241,6 +1254,18 @@ mod tests {
                     sig(KernelHook, Poweroff, true, Effect::Now),
                 ],
                 vec!["immediate", "audit", "audit", "last-word"],
+                vec![1, 1, 1, 1],
+            ),
+            (
+                "systemd-shutdown's hook is the last word of a shutdown through PID 1",
+                true,
+                vec![
+                    exec(Poweroff, true),
+                    pid1_shutdown(),
+                    sig(ShutdownHook, Poweroff, true, Effect::Now),
+                    sig(ShutdownHook, Poweroff, true, Effect::Now),
+                ],
+                vec!["immediate", "join", "last-word", "join"],
                 vec![1, 1, 1, 1],
             ),
             (

@@ -19,6 +19,9 @@ pub enum Source {
     Logind,
     /// systemd's job queue over D-Bus.
     Systemd,
+    /// systemd-shutdown's own hook (`/usr/lib/systemd/system-shutdown/`):
+    /// every process stopped, file systems unmounted, the reboot(2) next.
+    ShutdownHook,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -163,6 +166,10 @@ pub enum Detail {
         member: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unit: Option<String>,
+    },
+    /// systemd-shutdown's hook, with the verb it was run with.
+    Hook {
+        verb: String,
     },
 }
 

@@ -22,6 +22,7 @@ use crate::{
         hooks::HookState,
         host::HostProbe,
         launch::{self, DbusArgs},
+        shutdown_hook,
     },
     health::Health,
     http::{self, Listen},
@@ -55,6 +56,16 @@ pub struct RunArgs {
     /// proof the controller fences on). `false`: killed with everything else.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LASTGASP_OUTLIVE_FINAL_KILL")]
     pub outlive_final_kill: bool,
+    /// Install a hook into systemd-shutdown's directory (the node's
+    /// `/usr/lib/systemd/system-shutdown`, as mounted here): right before the
+    /// final reboot(2), with every process stopped and the file systems
+    /// unmounted, it waits for the agent's last word. Default: none.
+    #[arg(long, value_name = "DIR", env = "LASTGASP_SHUTDOWN_HOOK_DIR")]
+    pub shutdown_hook_dir: Option<PathBuf>,
+    /// Where the hook and the agent meet (a FIFO, the agent's pid): the same
+    /// path on the node and here.
+    #[arg(long, default_value = "/run/lastgasp", env = "LASTGASP_RUN_DIR")]
+    pub run_dir: PathBuf,
     #[command(flatten)]
     pub dbus: DbusArgs,
 }
@@ -190,8 +201,20 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         health.not_ready("hooks armed; waiting for the warm watches (node, pods) to list");
         Some(Arc::new(cluster(&cfg, &audit_dir, buckets).await?))
     };
-    // logind and systemd over D-Bus feed the same loop.
+    // logind and systemd over D-Bus, and systemd-shutdown's hook, feed the same loop.
     let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
+    let hook = args
+        .shutdown_hook_dir
+        .clone()
+        .map(|hook_dir| shutdown_hook::HookPaths {
+            hook_dir,
+            run_dir: args.run_dir.clone(),
+        });
+    if let Some(paths) = &hook {
+        if let Err(e) = shutdown_hook::start(paths, &node, dbus_tx.clone()) {
+            tracing::warn!("systemd-shutdown's hook NOT installed ({e:#}): the last word of a shutdown through systemd races the kernel's power-off");
+        }
+    }
     let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
     let policy = cfg
         .trust
@@ -228,7 +251,12 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
                 }
             }
             Some(s) = dbus_rx.recv() => {
+                let from_hook = s.source == crate::signal::Source::ShutdownHook;
                 agent.handle(s).await?;
+                // systemd-shutdown waits for this before its reboot(2).
+                if let (true, Some(paths)) = (from_hook, &hook) {
+                    shutdown_hook::acknowledge(&paths.run_dir);
+                }
             }
             answer = agent.next_answer() => agent.host_answer(answer).await,
             _ = tick.tick() => {

@@ -297,7 +297,7 @@ fn weigh(ev: &Evidence, lease: Option<&Lease>, now: SystemTime, cfg: &Controller
         };
     }
     match ev.proof {
-        Proof::Kernel => {
+        Proof::Kernel | Proof::FinalStage => {
             let stood = now
                 .duration_since(ev.written)
                 .unwrap_or_default()

@@ -6,4 +6,5 @@ pub mod hooks;
 pub(crate) mod host;
 pub(crate) mod launch;
 pub mod logind;
+pub mod shutdown_hook;
 pub mod systemd;

@@ -137,9 +137,7 @@ impl GracefulReport {
     /// Pods the graceful path stopped and waited for (not the skipped ones,
     /// the agent's own pod among them).
     fn counted(&self) -> impl Iterator<Item = &PodOutcome> {
-        self.pods
-            .iter()
-            .filter(|p| !p.how.starts_with("skipped"))
+        self.pods.iter().filter(|p| !p.how.starts_with("skipped"))
     }
     pub fn terminated(&self) -> usize {
         self.counted().filter(|p| p.gone_ms.is_some()).count()
