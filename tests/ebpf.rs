@@ -260,6 +260,66 @@ async fn an_unprivileged_reboot_is_refused_and_its_return_reported() {
     assert_eq!(node.ended(), "exit 0", "the kernel refused it with EPERM");
 }
 
+/// Authority holds both ways, on what the real kernel reports: root's
+/// `systemctl poweroff --force` (a stand-in that does nothing) opens an
+/// immediate episode on the node; a process that cannot reboot then calls
+/// reboot(2) (EPERM): that failure retracts nothing.
+#[tokio::test]
+async fn a_caller_that_cannot_reboot_undoes_nothing() {
+    if !can_load_ebpf("a_caller_that_cannot_reboot_undoes_nothing") {
+        return;
+    }
+    use lastgasp::decide::{Action, Decider};
+    let node = PidNsChild::spawn(&["nobody-init"]);
+    let init = node.init_pid;
+    let mut det = load(NodePidNs::from_path(&node.pidns_path()).unwrap());
+    let dir = tmpdir("authority");
+    let tool = stand_in(&dir, "systemctl");
+    // Root's forced request, from inside the node's PID namespace.
+    let status = Command::new("nsenter")
+        .args(["-t", &init.to_string(), "-p", "--"])
+        .arg(&tool)
+        .args(["poweroff", "--force"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let forced = det
+        .wait_for("root's systemctl poweroff --force", |s| {
+            s.source == Source::Exec && s.actor.as_ref().is_some_and(|a| a.comm == "systemctl")
+        })
+        .await;
+    unsafe { libc::kill(init as i32, libc::SIGUSR1) };
+    let entry = det
+        .wait_for("the unprivileged reboot(2)", |s| {
+            s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.pid == init)
+        })
+        .await;
+    let failed = det
+        .wait_for("its return", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == init)
+                && matches!(s.effect, Effect::Failed { .. })
+        })
+        .await;
+    let mut d = Decider::new();
+    let actions: Vec<Action> = [&forced, &entry, &failed]
+        .iter()
+        .map(|s| d.decide(s).action)
+        .collect();
+    assert!(
+        matches!(actions[0], Action::Immediate { escalated: false }),
+        "{actions:?}"
+    );
+    assert!(
+        actions[1..]
+            .iter()
+            .all(|a| matches!(a, Action::AuditOnly { .. })),
+        "an EPERM reboot(2) undoes nothing: {actions:?}"
+    );
+    assert!(d.episode().is_some(), "root's episode goes on");
+    assert_eq!(node.ended(), "exit 0");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The same check on an exec: a forced request by uid 65534 says so.
 #[tokio::test]
 async fn an_exec_carries_the_callers_credentials() {
