@@ -61,6 +61,12 @@ fn script(run_dir: &Path) -> String {
          \x20   sleep 0.1\n\
          \x20   i=$((i + 1))\n\
          done\n\
+         # On the console (systemd-shutdown's stderr).\n\
+         if [ -e \"$dir/{FIFO}.done\" ]; then\n\
+         \x20   echo \"lastgasp: the agent (pid $pid) answered in $i/10 s\" >&2\n\
+         else\n\
+         \x20   echo \"lastgasp: no answer from the agent (pid $pid) within {secs} s\" >&2\n\
+         fi\n\
          exit 0\n",
         secs = WAIT_TENTHS / 10
     )

@@ -106,8 +106,9 @@ node_up() {
     cp "$IN/node/watch.sh" /usr/local/sbin/lastgasp-vm-watch
     rm -f /run/lastgasp-vm-watch.ready
     systemd-run --quiet --unit lastgasp-vm-watch -p DefaultDependencies=no \
-        bash -c 'exec -a @lastgasp-vm-watch bash /usr/local/sbin/lastgasp-vm-watch "$0" "$1" "$2"' \
-        "${agent:-0}" "${kubelet:-0}" "${containerd:-0}"
+        bash -c 'exec -a @lastgasp-vm-watch bash /usr/local/sbin/lastgasp-vm-watch "$0" "$1" "$2" "$3"' \
+        "${agent:-0}" "${kubelet:-0}" "${containerd:-0}" \
+        "$(ls /var/log/pods/lastgasp_lastgasp-agent-*/agent/*.log 2>/dev/null | head -1)"
     for _ in $(seq 1 100); do [ -e /run/lastgasp-vm-watch.ready ] && break; sleep 0.1; done
     say "ARMED node arm=$ARM agent=${agent:-none} tasks=$(node_tasks) mem_used_mib=$(free -m | awk '/^Mem:/ {print $3}') inhibitors=$(systemd-inhibit --list --no-pager --no-legend 2>/dev/null | awk '{print $1}' | paste -sd+)"
 }
