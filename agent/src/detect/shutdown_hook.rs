@@ -41,34 +41,36 @@ const WAIT_TENTHS: u32 = 50;
 /// there).
 fn script(run_dir: &Path) -> String {
     let dir = run_dir.display();
+    let secs = WAIT_TENTHS / 10;
     format!(
-        "#!/bin/sh\n\
-         # Installed by lastgasp (its node agent). systemd-shutdown runs this after\n\
-         # every process was stopped or killed and the file systems unmounted, right\n\
-         # before the final sync and reboot(2): it tells the agent, and waits at most\n\
-         # {secs} s for its last word to reach the cluster. Without a running agent it\n\
-         # does nothing. The agent writes this file at start; delete it with the agent.\n\
-         dir={dir}\n\
-         pid=$(cat \"$dir/{PID_FILE}\" 2>/dev/null) || exit 0\n\
-         kill -0 \"$pid\" 2>/dev/null || exit 0\n\
-         [ -p \"$dir/{FIFO}\" ] || exit 0\n\
-         rm -f \"$dir/{FIFO}.done\"\n\
-         # Opened read-write: never blocks, whoever reads.\n\
-         exec 3<>\"$dir/{FIFO}\"\n\
-         echo \"${{1:-unknown}}\" >&3\n\
-         i=0\n\
-         while [ \"$i\" -lt {WAIT_TENTHS} ] && [ ! -e \"$dir/{FIFO}.done\" ]; do\n\
-         \x20   sleep 0.1\n\
-         \x20   i=$((i + 1))\n\
-         done\n\
-         # On the console (systemd-shutdown's stderr).\n\
-         if [ -e \"$dir/{FIFO}.done\" ]; then\n\
-         \x20   echo \"lastgasp: the agent (pid $pid) answered in $i/10 s\" >&2\n\
-         else\n\
-         \x20   echo \"lastgasp: no answer from the agent (pid $pid) within {secs} s\" >&2\n\
-         fi\n\
-         exit 0\n",
-        secs = WAIT_TENTHS / 10
+        r#"#!/bin/sh
+# Installed by lastgasp (its node agent). systemd-shutdown runs this after
+# every process was stopped or killed and the file systems unmounted, right
+# before the final sync and reboot(2): it tells the agent, and waits at most
+# {secs} s for its last word to reach the cluster. Without a running agent it
+# does nothing. The agent writes this file at start; delete it with the agent.
+# What it does goes to systemd-shutdown's stderr: the console.
+dir={dir}
+say() {{ echo "lastgasp: $*" >&2; }}
+pid=$(cat "$dir/{PID_FILE}" 2>/dev/null) || {{ say "no agent ($dir/{PID_FILE})"; exit 0; }}
+kill -0 "$pid" 2>/dev/null || {{ say "the agent (pid $pid) is not running"; exit 0; }}
+[ -p "$dir/{FIFO}" ] || {{ say "no $dir/{FIFO}"; exit 0; }}
+rm -f "$dir/{FIFO}.done"
+# Opened read-write: never blocks, whoever reads.
+exec 3<>"$dir/{FIFO}"
+echo "${{1:-unknown}}" >&3
+i=0
+while [ "$i" -lt {WAIT_TENTHS} ] && [ ! -e "$dir/{FIFO}.done" ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+if [ -e "$dir/{FIFO}.done" ]; then
+    say "the agent (pid $pid) answered in $i/10 s"
+else
+    say "no answer from the agent (pid $pid) within {secs} s"
+fi
+exit 0
+"#
     )
 }
 
