@@ -49,9 +49,10 @@ fn script(run_dir: &Path) -> String {
 # before the final sync and reboot(2): it tells the agent, and waits at most
 # {secs} s for its last word to reach the cluster. Without a running agent it
 # does nothing. The agent writes this file at start; delete it with the agent.
-# What it does goes to systemd-shutdown's stderr: the console.
+# What it does goes to the kernel's log (systemd-shutdown's own stdio is
+# /dev/null).
 dir={dir}
-say() {{ echo "lastgasp: $*" >&2; }}
+say() {{ echo "lastgasp: $*" > /dev/kmsg 2>/dev/null || echo "lastgasp: $*" >&2; }}
 pid=$(cat "$dir/{PID_FILE}" 2>/dev/null) || {{ say "no agent ($dir/{PID_FILE})"; exit 0; }}
 kill -0 "$pid" 2>/dev/null || {{ say "the agent (pid $pid) is not running"; exit 0; }}
 [ -p "$dir/{FIFO}" ] || {{ say "no $dir/{FIFO}"; exit 0; }}
