@@ -78,6 +78,8 @@ pub struct Agent {
     host_reachable: Arc<dyn Fn() -> bool + Send + Sync>,
     /// The host's answers, by the episode asked about.
     answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
+    /// How the last last gasp (or last word) went, until taken.
+    last_delivery: Option<Outcome>,
 }
 
 impl Agent {
@@ -100,7 +102,13 @@ impl Agent {
             host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),
             host_reachable: Arc::new(|| true),
             answers: mpsc::channel(4),
+            last_delivery: None,
         }
+    }
+
+    /// How the last last gasp or last word went, since the last call.
+    pub fn take_delivery(&mut self) -> Option<Outcome> {
+        self.last_delivery.take()
     }
 
     pub fn with_policy(mut self, policy: Policy) -> Self {
@@ -491,6 +499,7 @@ impl Agent {
                 Outcome::LastGaspFailed { error }
             }
         };
+        self.last_delivery = Some(outcome.clone());
         self.outcome(ep.id, outcome).await;
         if let Some(l) = &self.logind {
             l.release();

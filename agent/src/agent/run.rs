@@ -252,10 +252,15 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             }
             Some(s) = dbus_rx.recv() => {
                 let from_hook = s.source == crate::signal::Source::ShutdownHook;
-                agent.handle(s).await?;
-                // systemd-shutdown waits for this before its reboot(2).
+                let d = agent.handle(s).await?;
+                // systemd-shutdown waits for this before its reboot(2); the
+                // hook puts the answer in the kernel's log.
                 if let (true, Some(paths)) = (from_hook, &hook) {
-                    shutdown_hook::acknowledge(&paths.run_dir);
+                    let note = match agent.take_delivery() {
+                        Some(o) => serde_json::to_string(&o).unwrap_or_default(),
+                        None => d.action.to_string(),
+                    };
+                    shutdown_hook::acknowledge(&paths.run_dir, &note);
                 }
             }
             answer = agent.next_answer() => agent.host_answer(answer).await,

@@ -66,7 +66,7 @@ while [ "$i" -lt {WAIT_TENTHS} ] && [ ! -e "$dir/{FIFO}.done" ]; do
     i=$((i + 1))
 done
 if [ -e "$dir/{FIFO}.done" ]; then
-    say "the agent (pid $pid) answered in $i/10 s"
+    say "the agent (pid $pid) answered in $i/10 s: $(cat "$dir/{FIFO}.done" 2>/dev/null)"
 else
     say "no answer from the agent (pid $pid) within {secs} s"
 fi
@@ -134,10 +134,12 @@ pub fn start(paths: &HookPaths, node: &NodePidNs, tx: mpsc::Sender<ShutdownSigna
     Ok(())
 }
 
-/// The loop has acted on the hook's signal: the hook may go on.
-pub fn acknowledge(run_dir: &Path) {
+/// The loop has acted on the hook's signal: the hook may go on, and says
+/// `note` (what came of it) in the kernel's log.
+pub fn acknowledge(run_dir: &Path, note: &str) {
     let done = run_dir.join(format!("{FIFO}.done"));
-    if let Err(e) = fs::write(&done, b"") {
+    let note: String = note.chars().filter(|c| !c.is_control()).take(400).collect();
+    if let Err(e) = fs::write(&done, note) {
         tracing::warn!(
             "answering systemd-shutdown's hook ({}): {e}",
             done.display()
@@ -244,7 +246,7 @@ mod tests {
         // This machine's PID 1 is not systemd-shutdown: no final stage.
         assert!(matches!(s.effect, Effect::None { .. }));
         let t0 = std::time::Instant::now();
-        acknowledge(&paths.run_dir);
+        acknowledge(&paths.run_dir, "{\"last-gasp-delivered\":{\"ms\":1.0}}");
         let out = run.wait_with_output().unwrap();
         assert!(out.status.success());
         assert!(
