@@ -53,11 +53,18 @@ fn main() -> Result<()> {
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Logs never stall the agent: a thread of their own writes them, and
+    // drops lines when stderr does not drain (a container's log pipe whose
+    // reader, containerd, a shutdown has already stopped).
+    let (stderr, flush) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(10_000)
+        .finish(std::io::stderr());
     // Colour only on a terminal: journald and kubectl logs get plain text.
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(stderr);
     if cli.json_logs {
         logs.json().init();
     } else {
@@ -77,6 +84,11 @@ fn main() -> Result<()> {
             .enable_all()
             .build()?
             .block_on(controller::run(args)),
-        Command::Check(args) => std::process::exit(current()?.block_on(check::main(&args))),
+        Command::Check(args) => {
+            let code = current()?.block_on(check::main(&args));
+            // The logs first: exit does not run destructors.
+            drop(flush);
+            std::process::exit(code)
+        }
     }
 }
