@@ -64,6 +64,12 @@ pub struct Args {
     /// With --node: do not switch a powered-off node on again.
     #[arg(long)]
     pub one_boot: bool,
+    /// With --node: the kubelet's and containerd's cgroup driver. With
+    /// `systemd` (kubeadm's default) every container is a systemd scope that
+    /// the shutdown stops; with `cgroupfs` containers live until
+    /// systemd-shutdown's final kill.
+    #[arg(long, value_enum, default_value_t = node::CgroupDriver::Systemd)]
+    pub cgroup_driver: node::CgroupDriver,
 }
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
@@ -301,8 +307,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
         let o = node::run(
             &guest,
             &prep,
-            arm,
-            sc,
+            (arm, sc, args.cgroup_driver),
             &run_dir.join(format!("{arm}-{sc}")),
             !args.one_boot,
             strict,

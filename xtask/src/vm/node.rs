@@ -43,6 +43,25 @@ pub const SCENARIOS: &[(&str, &str)] = &[
 
 pub const ARMS: &[&str] = &["lastgasp", "kubelet", "both"];
 
+/// How the node's containers are grouped (`--cgroup-driver`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CgroupDriver {
+    /// Every container a systemd scope, stopped by the shutdown (kubeadm's default).
+    #[default]
+    Systemd,
+    /// Containers outside systemd's units, ended by systemd-shutdown's final kill.
+    Cgroupfs,
+}
+
+impl CgroupDriver {
+    fn name(self) -> &'static str {
+        match self {
+            CgroupDriver::Systemd => "systemd",
+            CgroupDriver::Cgroupfs => "cgroupfs",
+        }
+    }
+}
+
 /// `cargo xtask test`'s real-node scenario: the agent as its DaemonSet's
 /// pod, the kubelet's graceful shutdown off, a forced power-off; one boot.
 pub const CI: (&str, &str) = ("lastgasp", "poweroff-force");
@@ -142,6 +161,7 @@ pub struct NodeOutcome {
     pub strict: bool,
     pub arm: &'static str,
     pub scenario: &'static str,
+    pub driver: CgroupDriver,
     pub trigger: &'static str,
     pub problems: Vec<String>,
     /// Filled from the run: one string per column.
@@ -246,8 +266,20 @@ impl Cluster {
 
 /// The files of one run's share (`in/`), the arm's kubelet config and the
 /// node's credentials from the control plane.
-fn files(p: &Prepared, c: &Cluster, arm: &str) -> Result<Vec<(String, Vec<u8>)>> {
+fn files(
+    p: &Prepared,
+    c: &Cluster,
+    arm: &str,
+    driver: CgroupDriver,
+) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = p.files.clone();
+    let systemd = driver == CgroupDriver::Systemd;
+    let containerd = fs::read_to_string(p.node_dir.join("containerd.toml"))?.replace(
+        "SystemdCgroup = true",
+        &format!("SystemdCgroup = {systemd}"),
+    );
+    files.retain(|(n, _)| n != "node/containerd.toml");
+    files.push(("node/containerd.toml".into(), containerd.into_bytes()));
     let (grace, critical) = if arm == "lastgasp" {
         ("0s", "0s")
     } else {
@@ -261,6 +293,10 @@ fn files(p: &Prepared, c: &Cluster, arm: &str) -> Result<Vec<(String, Vec<u8>)>>
         .replace(
             "shutdownGracePeriodCriticalPods: CRITICAL",
             &format!("shutdownGracePeriodCriticalPods: {critical}"),
+        )
+        .replace(
+            "cgroupDriver: systemd",
+            &format!("cgroupDriver: {}", driver.name()),
         );
     files.push(("node/kubelet.yaml".into(), kubelet.into_bytes()));
     for f in ["ca.crt", "kubelet.crt", "kubelet.key"] {
@@ -287,8 +323,7 @@ fn files(p: &Prepared, c: &Cluster, arm: &str) -> Result<Vec<(String, Vec<u8>)>>
 pub fn run(
     guest: &Guest,
     p: &Prepared,
-    arm: &'static str,
-    scenario: &'static str,
+    (arm, scenario, driver): (&'static str, &'static str, CgroupDriver),
     dir: &Path,
     next_boot: bool,
     strict: bool,
@@ -302,12 +337,13 @@ pub fn run(
         strict,
         arm,
         scenario,
+        driver,
         trigger,
         problems: Vec::new(),
         ran_as: if arm == "kubelet" {
-            "no agent".into()
+            format!("no agent ({} cgroups)", driver.name())
         } else {
-            "DaemonSet pod".into()
+            format!("DaemonSet pod ({} cgroups)", driver.name())
         },
         pods: "-".into(),
         replaced: "-".into(),
@@ -349,7 +385,7 @@ fn run_inner(
         } else {
             900
         }),
-        extra_in: files(p, &cluster, o.arm)?,
+        extra_in: files(p, &cluster, o.arm, o.driver)?,
         nic: Some(nic.clone()),
         disks_from: None,
         keep_overlay: next_boot,
@@ -610,10 +646,10 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         .map(|l| ms(at(run, l.t)))
         .filter(|t| *t <= end_rel)
         .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
-    let show = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("+{t:.1} s"));
+    let show = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:+.1} s"));
     o.fence = format!(
         "fenced {}; kernel's end {}; {WRITER}'s last write {}",
-        fenced.map_or("never".to_string(), |f| format!("+{f:.1} s")),
+        fenced.map_or("never".to_string(), |f| format!("{f:+.1} s")),
         show(end_s),
         show(last_write)
     );
