@@ -718,7 +718,7 @@ fn only_a_nodes_own_agent_writes_its_evidence_and_the_controller_only_its_fence(
             Api::<Pod>::namespaced(controller.clone(), work)
                 .delete("running", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
                 .await,
-            "only pods the taint eviction controller is already evicting",
+            "only pods already being deleted",
         );
     });
 }

@@ -150,11 +150,12 @@ impl Writer {
         Ok((node, lease, now))
     }
 
-    /// Deletes with grace 0 the pods of a fenced node that the taint's
-    /// eviction is evicting ([`evicted_by_taint`]): what the pod garbage
-    /// collector does once the node is NotReady, without its 50 s + 20 s
-    /// wait. A pod that tolerates the taint stays; one not marked yet is
-    /// waited for a little, then left to the next pass.
+    /// Deletes with grace 0 the pods of a fenced node that are being
+    /// deleted (the taint's eviction marks those that do not tolerate it;
+    /// the agent's drain may have marked some before): what the pod garbage
+    /// collector does on an out-of-service node once it is NotReady, without
+    /// its 50 s + 20 s wait. A pod that tolerates the taint stays; one not
+    /// marked yet is waited for a little, then left to the next pass.
     async fn recover(&self, name: &str) -> Result<Recovery> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={name}"));
@@ -167,12 +168,10 @@ impl Writer {
                 if done.contains(&uid) {
                     continue;
                 }
-                if !evicted_by_taint(&pod) {
+                if pod.metadata.deletion_timestamp.is_none() {
                     // Not marked yet: the taint's eviction comes within
-                    // moments, unless the pod tolerates it. Deleted by
-                    // someone else: the pod garbage collector's business.
-                    if pod.metadata.deletion_timestamp.is_none() && !tolerates_out_of_service(&pod)
-                    {
+                    // moments, unless the pod tolerates it.
+                    if !tolerates_out_of_service(&pod) {
                         waiting += 1;
                     }
                     continue;
@@ -271,25 +270,6 @@ impl Writer {
             tracing::warn!("controller event: {e}");
         }
     }
-}
-
-/// Whether the taint eviction controller is evicting `pod`: marked for
-/// deletion, with the `DisruptionTarget` condition it sets first
-/// (`DeletionByTaintManager`). Only such pods are deleted with grace 0
-/// (the admission policy refuses the controller any other).
-pub(super) fn evicted_by_taint(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
-        && pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter().any(|c| {
-                    c.type_ == "DisruptionTarget"
-                        && c.status == "True"
-                        && c.reason.as_deref() == Some("DeletionByTaintManager")
-                })
-            })
 }
 
 /// Whether `pod` tolerates `out-of-service:NoExecute` (for good, or for a
