@@ -716,20 +716,23 @@ fn check_reports_this_node_truthfully() {
 /// The controller's metrics: the Lease held, and its actions by kind.
 #[tokio::test]
 async fn controller_counts_its_lease_and_actions() {
-    use lastgasp::{
-        act::kube::RECORD_ANNOTATION,
-        controller::{Controller, ControllerConfig},
-    };
+    use lastgasp::controller::{Controller, ControllerConfig};
+    use lastgasp_tests::support::{kernel_poweroff, put_lease, put_record, record_of};
     let double = ApiDouble::start().await.unwrap();
-    let rec = json!({"boot_id": "b1", "signal": {"kind": "poweroff", "at": humantime::format_rfc3339(SystemTime::now()).to_string()}});
     double
         .create_value(json!({
             "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": NODE, "annotations": {RECORD_ANNOTATION: rec.to_string()}},
+            "metadata": {"name": NODE},
             "status": {"conditions": [{"type": "Ready", "status": "False"}],
                        "nodeInfo": {"bootID": "b1"}}
         }))
         .unwrap();
+    // Powered off a minute ago: the kernel's proof, its kubelet silent since.
+    let minute_ago = SystemTime::now() - Duration::from_secs(60);
+    let mut off = kernel_poweroff();
+    off.at = minute_ago;
+    put_record(&double, NODE, &record_of("b1", &off), minute_ago);
+    put_lease(&double, NODE, minute_ago);
     let cfg = ControllerConfig::new;
     let c = || async { double.client_without_retry().await };
     let mut a = Controller::start(c().await, c().await, cfg("a"))
