@@ -90,6 +90,16 @@ fn graceful_episode() -> (ShutdownSignal, Episode) {
     (s, d.episode.unwrap())
 }
 
+/// One drain of the node for a logind power-off, with its record.
+async fn drain(
+    s: &Setup,
+    o: &GracefulOptions,
+    metrics: &Metrics,
+) -> anyhow::Result<graceful::GracefulReport> {
+    let (sig, ep) = graceful_episode();
+    graceful::run(&s.nc, o, &ep, &record_of("boot-x", &sig), metrics).await
+}
+
 struct Setup {
     double: ApiDouble,
     nc: NodeClient,
@@ -189,13 +199,8 @@ async fn announce_only_and_the_pods_a_drain_leaves() {
         priority: 0,
         seconds: 3,
     }];
-    let ep = Decider::new().decide(&logind_signal()).episode.unwrap();
-    let rec = record_of("boot-x", &logind_signal());
-
     let announce = opts(&s, buckets.clone(), Removal::None);
-    let r = graceful::run(&s.nc, &announce, &ep, &rec, &Metrics::default())
-        .await
-        .unwrap();
+    let r = drain(&s, &announce, &Metrics::default()).await.unwrap();
     assert!(
         deletions(&s.double).is_empty(),
         "announce only: no pod removed"
@@ -211,9 +216,7 @@ async fn announce_only_and_the_pods_a_drain_leaves() {
     let mut keep = opts(&s, buckets, Removal::Delete);
     keep.keep.daemonsets = true;
     keep.keep.labels.insert("keep".into(), "yes".into());
-    let r = graceful::run(&s.nc, &keep, &ep, &rec, &Metrics::default())
-        .await
-        .unwrap();
+    let r = drain(&s, &keep, &Metrics::default()).await.unwrap();
     let how = |name: &str| {
         r.pods
             .iter()
@@ -246,17 +249,8 @@ async fn a_state_file_that_cannot_be_written_does_not_stop_the_drain() {
         Removal::Delete,
     );
     o.state_file = "/proc/lastgasp-no-such-dir/graceful_node_shutdown_state".into();
-    let ep = Decider::new().decide(&logind_signal()).episode.unwrap();
     let metrics = Metrics::default();
-    let r = graceful::run(
-        &s.nc,
-        &o,
-        &ep,
-        &record_of("boot-x", &logind_signal()),
-        &metrics,
-    )
-    .await
-    .expect("the drain ran");
+    let r = drain(&s, &o, &metrics).await.expect("the drain ran");
     assert_eq!((r.terminated(), r.remaining()), (1, 0), "{r:#?}");
     assert!(
         metrics
@@ -314,18 +308,9 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
             seconds: 2,
         },
     ];
-    let (sig, ep) = graceful_episode();
     let metrics = Metrics::default();
     let o = opts(&s, buckets, Removal::Delete);
-    let report = graceful::run(
-        &s.nc,
-        &o,
-        &ep,
-        &ShutdownRecord::new("boot-x", &sig, &ep),
-        &metrics,
-    )
-    .await
-    .unwrap();
+    let report = drain(&s, &o, &metrics).await.unwrap();
 
     // The start's writes do not trip over each other (a 409 costs a backoff).
     let conflicts: Vec<String> = s
@@ -445,7 +430,7 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
     );
 
     // Cancellation undoes it.
-    graceful::cancel(&s.nc, &ep).await.unwrap();
+    graceful::cancel(&s.nc, &graceful_episode().1).await.unwrap();
     let n: Node = s.double.get("", NODE).unwrap();
     assert_eq!(
         condition(&n),
@@ -479,7 +464,6 @@ async fn a_hanging_pod_holds_its_bucket_only_until_the_bucket_time() {
     .await;
     // A kubelet that never finishes the pods (stuck unmounts, say).
     s.double.kubelet().set_auto_finish(false);
-    let (sig, ep) = graceful_episode();
     let o = opts(
         &s,
         vec![
@@ -494,15 +478,7 @@ async fn a_hanging_pod_holds_its_bucket_only_until_the_bucket_time() {
         ],
         Removal::Delete,
     );
-    let report = graceful::run(
-        &s.nc,
-        &o,
-        &ep,
-        &ShutdownRecord::new("boot-x", &sig, &ep),
-        &Metrics::default(),
-    )
-    .await
-    .unwrap();
+    let report = drain(&s, &o, &Metrics::default()).await.unwrap();
     assert_eq!(report.buckets.len(), 2);
     assert!(report.buckets.iter().all(|b| b.timed_out), "{report:?}");
     let b0 = &report.buckets[0];
@@ -560,7 +536,6 @@ async fn eviction_mode_honours_pdbs_and_falls_back_to_delete_near_the_end() {
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}
         }))
         .unwrap();
-    let (sig, ep) = graceful_episode();
     let o = opts(
         &s,
         vec![Bucket {
@@ -569,15 +544,7 @@ async fn eviction_mode_honours_pdbs_and_falls_back_to_delete_near_the_end() {
         }],
         Removal::Evict,
     );
-    let report = graceful::run(
-        &s.nc,
-        &o,
-        &ep,
-        &ShutdownRecord::new("boot-x", &sig, &ep),
-        &Metrics::default(),
-    )
-    .await
-    .unwrap();
+    let report = drain(&s, &o, &Metrics::default()).await.unwrap();
     let how: BTreeMap<&str, &str> = report
         .pods
         .iter()

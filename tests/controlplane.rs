@@ -48,7 +48,7 @@ fn a_silent_node_with_a_record_is_fenced_and_its_stateful_pod_moves() {
         .await
         .unwrap();
         let boot = scn.sim.boot_id(scn.a()).unwrap();
-        let took = recovery::last_gasp(&c, scn.a(), &boot, recovery::reboot_syscall()).await.unwrap();
+        let took = recovery::last_gasp(&c, scn.a(), &boot, lastgasp_tests::support::kernel_poweroff()).await.unwrap();
         let off = scn.sim.power_off(scn.a());
         let (running, detached) = scn.watch_recovery(off, Duration::from_secs(45)).await.unwrap();
         println!("last gasp {took:?}; Running elsewhere after {running:?}, node A's attachment gone after {detached:?}");

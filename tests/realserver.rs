@@ -360,7 +360,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         // 1. The last gasp, 2. the next boot clears the marks.
         let nc = NodeClient::start_with(agent_watch, agent.clone(), a).await.unwrap();
         let boot = sim.boot_id(a).unwrap();
-        recovery::last_gasp(&agent, a, &boot, lastgasp_tests::zone::forced_poweroff()).await.unwrap();
+        recovery::last_gasp(&agent, a, &boot, lastgasp_tests::support::direct_poweroff()).await.unwrap();
         let nodes: Api<Node> = Api::all(admin.clone());
         let n = nodes.get(a).await.unwrap();
         assert!(n.annotations().contains_key(RECORD_ANNOTATION));
@@ -557,7 +557,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             Use::Requests,
         );
         let boot = sim.boot_id(a).unwrap();
-        recovery::last_gasp(&agent, a, &boot, recovery::reboot_syscall())
+        recovery::last_gasp(&agent, a, &boot, lastgasp_tests::support::kernel_poweroff())
             .await
             .unwrap();
         sim.power_off(a);
@@ -647,7 +647,7 @@ fn only_a_nodes_own_agent_writes_its_evidence_and_the_controller_only_its_fence(
 
         // A's own agent writes A's record (the record's own field manager).
         let boot = sim.boot_id(a).unwrap();
-        let rec = lastgasp_tests::support::record_of(&boot, &recovery::reboot_syscall());
+        let rec = lastgasp_tests::support::record_of(&boot, &lastgasp_tests::support::kernel_poweroff());
         let body = |v: Value| json!({"metadata": {"annotations": v}});
         let params = lastgasp::act::kube::record_params();
         let record_patch = Patch::Merge(body(json!({RECORD_ANNOTATION: rec.to_json()})));

@@ -15,7 +15,7 @@ use lastgasp::{
     controller::{Controller, ControllerConfig},
     decide::{self, Decider},
     record::ShutdownRecord,
-    signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+    signal::ShutdownSignal,
 };
 
 use crate::nodesim::{self, Sim};
@@ -69,40 +69,6 @@ pub async fn spawn_controller(
             }
         }
     }))
-}
-
-/// A power-off by reboot(2) from the node's PID 1 (systemd-shutdown's last
-/// step, or any caller that can reboot), as the kernel hook reports it.
-pub fn reboot_syscall() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::RebootSyscall,
-        kind: Kind::Poweroff,
-        forced: true,
-        bypasses_logind: true,
-        calls_reboot: false,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: Some(Actor {
-            pid: 1,
-            ns_pid: 1,
-            comm: "systemd-shutdow".into(),
-            uid: 0,
-            euid: Some(0),
-            cap_sys_boot: Some(true),
-            ..Default::default()
-        }),
-        sender: None,
-        at: SystemTime::now(),
-        boot_ns: 0,
-        deadline: None,
-        detail: Detail::Reboot {
-            magic1: 0xfee1_dead,
-            magic2: 672_274_793,
-            cmd: 0x4321_fedc,
-            valid_magic: true,
-            ret: None,
-        },
-    }
 }
 
 /// The agent's last gasp for `sig` (a forced power-off) of `node` in
@@ -260,7 +226,7 @@ pub async fn run_once(
     let phase = nodesim::random_below(1000) as f64 / 1000.0;
     let last = scn.sim.last_beat(scn.a()).context("node A's heartbeat")?;
     tokio::time::sleep_until((last + nodesim::HEARTBEAT.mul_f64(phase)).into()).await;
-    last_gasp(&client, scn.a(), &boot, reboot_syscall()).await?;
+    last_gasp(&client, scn.a(), &boot, crate::support::kernel_poweroff()).await?;
     let off = scn.sim.power_off(scn.a());
     let r = scn.watch_recovery(off, within).await;
     let fenced = scn.fenced_after(off).await;

@@ -32,7 +32,7 @@ use lastgasp::{
     controller::{Controller, ControllerConfig, OUT_OF_SERVICE_KEY},
     decide::Decider,
     record::ShutdownRecord,
-    signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+    signal::ShutdownSignal,
 };
 use serde_json::{json, Value};
 
@@ -237,35 +237,6 @@ pub async fn token(admin: &Client, sa: &str, node: Option<&Node>) -> Result<Stri
         .status
         .and_then(|s| s.token)
         .context("the TokenRequest answered no token")
-}
-
-/// A forced `poweroff -f`, as the exec hook reports it: what a UPS's
-/// shutdown command runs on every node of a zone at once.
-pub fn forced_poweroff() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::Exec,
-        kind: Kind::Poweroff,
-        forced: true,
-        bypasses_logind: true,
-        calls_reboot: true,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: Some(Actor {
-            pid: 4242,
-            comm: "poweroff".into(),
-            ..Default::default()
-        }),
-        sender: None,
-        at: SystemTime::now(),
-        boot_ns: 0,
-        deadline: None,
-        detail: Detail::Exec {
-            path: "/usr/sbin/poweroff".into(),
-            argv: vec!["poweroff".into(), "-f".into()],
-            raw: "poweroff\\0-f\\0".into(),
-            truncated: false,
-        },
-    }
 }
 
 /// The agent's record for `sig` in `boot_id`, as `Agent::record` writes it.
@@ -480,7 +451,7 @@ impl Bench {
             cpu_of(me)?,
         );
         let dark = Instant::now() + Duration::from_millis(300);
-        let sig = forced_poweroff();
+        let sig = crate::support::direct_poweroff();
         let tasks: Vec<_> = agents
             .into_iter()
             .map(|(name, boot, lg, client)| {
@@ -606,7 +577,7 @@ impl Bench {
         tokio::time::sleep(idle).await;
         let (a1, e1) = (self.cp.cpu("kube-apiserver")?, self.cp.cpu("etcd")?);
         let t = Instant::now();
-        let sig = forced_poweroff();
+        let sig = crate::support::direct_poweroff();
         let sent: Vec<Result<()>> = stream::iter(agents)
             .map(|(_, boot, lg, _)| {
                 let sig = sig.clone();

@@ -754,44 +754,23 @@ mod tests {
                 .boot_id = boot.into();
             n
         };
-        let judge_at =
-            |n: &Node, lease_at: u64| short(&judge(n, Some(&lease(lease_at)), t(200), &cfg()));
-        assert_eq!(
-            judge_at(&fenced(false, "b1", "Unknown", 10), 90),
-            "-",
-            "not ours"
-        );
-        assert_eq!(judge_at(&fenced(true, "b1", "Unknown", 10), 90), "fenced");
-        assert_eq!(
-            judge_at(&fenced(true, "b2", "True", 150), 150),
-            "untaint",
-            "Ready on a new boot"
-        );
-        assert_eq!(
-            judge_at(&fenced(true, "b2", "Unknown", 150), 150),
-            "fenced",
-            "a new boot, not Ready yet"
-        );
-        assert_eq!(
-            judge_at(&fenced(true, "b1", "True", 10), 90),
-            "fenced",
-            "a Ready from before the fence is stale"
-        );
-        assert_eq!(
-            judge_at(&fenced(true, "b1", "True", 120), 90),
-            "kept",
-            "Ready turned True after the fence"
-        );
-        assert_eq!(
-            judge_at(&fenced(true, "b1", "Unknown", 10), 104),
-            "kept",
-            "the kubelet wrote after the fence"
-        );
-        assert_eq!(
-            judge_at(&fenced(true, "b1", "Unknown", 10), 103),
-            "fenced",
-            "in the fence's second: not certainly after"
-        );
+        // (ours, boot, Ready, its transition, the Lease's write, verdict, why)
+        #[rustfmt::skip]
+        let cases = [
+            (false, "b1", "Unknown", 10, 90, "-", "not ours"),
+            (true, "b1", "Unknown", 10, 90, "fenced", "ours, still down"),
+            (true, "b2", "True", 150, 150, "untaint", "Ready on a new boot"),
+            (true, "b2", "Unknown", 150, 150, "fenced", "a new boot, not Ready yet"),
+            (true, "b1", "True", 10, 90, "fenced", "a Ready from before the fence is stale"),
+            (true, "b1", "True", 120, 90, "kept", "Ready turned True after the fence"),
+            (true, "b1", "Unknown", 10, 104, "kept", "the kubelet wrote after the fence"),
+            (true, "b1", "Unknown", 10, 103, "fenced", "in the fence's second: not certainly after"),
+        ];
+        for (ours, boot, ready, ready_at, lease_at, want, why) in cases {
+            let n = fenced(ours, boot, ready, ready_at);
+            let got = short(&judge(&n, Some(&lease(lease_at)), t(200), &cfg()));
+            assert_eq!(got, want, "{why}");
+        }
     }
 
     /// Silence counts on the server's clock so that it can only be late:
