@@ -430,7 +430,9 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
     );
 
     // Cancellation undoes it.
-    graceful::cancel(&s.nc, &graceful_episode().1).await.unwrap();
+    graceful::cancel(&s.nc, &graceful_episode().1)
+        .await
+        .unwrap();
     let n: Node = s.double.get("", NODE).unwrap();
     assert_eq!(
         condition(&n),
@@ -922,6 +924,7 @@ mod agent_flow {
                 n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into()
             })
             .unwrap();
+        drop(agent);
         let mut next = agent_at(&s.dir, "boot-2", Some(c.clone()));
         let after = next
             .after_boot("boot-2")
@@ -978,6 +981,7 @@ mod agent_flow {
         );
 
         // A third boot does not deliver it again.
+        drop(next);
         let mut third = agent_at(&s.dir, "boot-3", Some(c));
         let r = third.after_boot("boot-3").await.unwrap().unwrap().report;
         assert_eq!(
@@ -1041,6 +1045,7 @@ mod agent_flow {
         s.double.remove_fault(fault);
         let this_boot = record_of("boot-2", &logind_signal()).to_json();
         put_record(&s, &this_boot);
+        drop(agent);
         let mut next = agent_at(&s.dir, "boot-2", Some(c));
         let after = next.after_boot("boot-2").await.unwrap().unwrap();
         assert!(after.report.undelivered);
@@ -1202,6 +1207,7 @@ mod agent_flow {
             .collect();
         assert_eq!(kept.len(), records(&s.dir).len() - 1, "one outcome cut");
         std::fs::write(&path, kept.concat()).unwrap();
+        drop(first);
         let mut next = agent_at(&s.dir, "boot-2", Some(c));
         let after = next.after_boot("boot-2").await.unwrap().unwrap();
         assert!(after.report.undelivered, "the log alone says undelivered");

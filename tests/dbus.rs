@@ -1055,3 +1055,71 @@ async fn check_fails_while_the_kubelet_holds_a_delay_lock() {
         "{line}"
     );
 }
+
+/// 10,000 forged PrepareForShutdown(true) broadcasts from another peer, and
+/// 1,000 sent straight to the detector's connection, then logind's own: it
+/// is decided as logind's (not judged a forgery for want of an answer), and
+/// the forgeries are reported at a bounded rate, never waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_forged_signals_neither_delays_nor_disguises_loginds_own() {
+    if !have_dbus_daemon("forged_flood") {
+        return;
+    }
+    let bus = TestBus::start("forgedflood", &[DELAY_30], &[]);
+    let (_handle, mut rx) = start_logind(cfg(&bus)).await;
+    let forger = bus.client().await;
+    // The detector's connections, to send to straight (unicast forgeries).
+    let dbus = zbus::fdo::DBusProxy::new(&forger).await.unwrap();
+    let names: Vec<String> = dbus
+        .list_names()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.to_string())
+        .filter(|n| n.starts_with(':'))
+        .collect();
+    let started = std::time::Instant::now();
+    for _ in 0..10_000 {
+        forger
+            .emit_signal(
+                None::<&str>,
+                LOGIND_PATH,
+                LOGIND_IFACE,
+                "PrepareForShutdown",
+                &(true,),
+            )
+            .await
+            .unwrap();
+    }
+    for i in 0..1_000 {
+        let to = names[i % names.len()].as_str();
+        let _ = forger
+            .emit_signal(
+                Some(to),
+                LOGIND_PATH,
+                LOGIND_IFACE,
+                "PrepareForShutdown",
+                &(true,),
+            )
+            .await;
+    }
+    println!("11,000 forgeries sent in {:?}", started.elapsed());
+    let t0 = std::time::Instant::now();
+    bus.logind("PowerOff", &(false,)).await.unwrap();
+    let mut forged = 0;
+    let real = loop {
+        let (s, _) = rx
+            .next("logind's PrepareForShutdown(true) after the flood")
+            .await;
+        match s.sender.as_ref().map(|b| b.owns_name) {
+            Some(true) => break s,
+            _ => forged += 1,
+        }
+    };
+    let took = t0.elapsed();
+    println!("logind's own decided {took:?} after PowerOff; {forged} forgeries reported before it");
+    assert_eq!((real.source, &real.effect), (Source::Logind, &Effect::Now));
+    assert_eq!(real.kind, Kind::Poweroff, "logind's kind, read from logind");
+    // Reported at a bounded rate (a burst of 20, then 5/s), not one by one.
+    assert!(forged <= 200, "{forged} forgeries reported one by one");
+}

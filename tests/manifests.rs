@@ -166,6 +166,9 @@ fn typed(v: &Value) -> Result<Value, String> {
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
             strict::<ValidatingAdmissionPolicyBinding>(v)?.1
         }
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            strict::<k8s_openapi::api::networking::v1::NetworkPolicy>(v)?.1
+        }
         ("flowcontrol.apiserver.k8s.io/v1", "FlowSchema") => {
             strict::<k8s_openapi::api::flowcontrol::v1::FlowSchema>(v)?.1
         }
@@ -270,7 +273,8 @@ fn every_source_manifest_parses_strictly() {
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
             "FlowSchema",
-            "PriorityLevelConfiguration"
+            "PriorityLevelConfiguration",
+            "NetworkPolicy"
         ])
     );
 }
@@ -1176,6 +1180,7 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
     // (boot-3): the previous-boot Event, the late record, the clean-up once
     // Ready (node read, condition, taint and record).
     double.inject(Fault::status(503).method("PATCH").always());
+    drop(agent);
     let mut agent = Agent::new(
         AuditLog::open(&dir, "boot-2").unwrap(),
         Some(cluster(Removal::Delete, 2)),
@@ -1185,6 +1190,7 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
     );
     agent.handle(signal(Source::Exec, true)).await.unwrap();
     double.clear_faults();
+    drop(agent);
     let mut agent = Agent::new(
         AuditLog::open(&dir, "boot-3").unwrap(),
         Some(cluster(Removal::Delete, 2)),

@@ -13,8 +13,9 @@ use aya_ebpf::{
     maps::{PerCpuArray, RingBuf},
 };
 use lastgasp_common::{
-    RawEvent, CAP_SYS_BOOT, SRC_KERNEL, SRC_SIGNAL, DROP_CONTAINER_FULL, DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_SLOTS,
-    FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
+    RawEvent, CAP_SYS_BOOT, DROP_CAPABLE_FULL, DROP_CONTAINER_FULL, DROP_CONTAINER_RATE,
+    DROP_NODE_FULL, DROP_NODE_RATE, DROP_SLOTS, FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
+    SRC_KERNEL, SRC_SIGNAL,
 };
 
 /// The node's PID namespace (st_dev/st_ino of its `ns/pid` file) and the
@@ -48,14 +49,22 @@ static CRED_USER_NS_OFF: u64 = 0;
 #[unsafe(no_mangle)]
 static USER_NS_LEVEL_OFF: u64 = 0;
 
-/// Container-scope records: at most `CONTAINER_BURST` at once per CPU,
-/// refilled at `CONTAINER_PER_SEC` per CPU.
+/// Records from callers that cannot shut the node down, per scope: at most
+/// `*_BURST` at once per CPU, refilled at `*_PER_SEC` per CPU.
 #[unsafe(no_mangle)]
 static CONTAINER_PER_SEC: u64 = 50;
 #[unsafe(no_mangle)]
 static CONTAINER_BURST: u64 = 100;
+#[unsafe(no_mangle)]
+static NODE_PER_SEC: u64 = 50;
+#[unsafe(no_mangle)]
+static NODE_BURST: u64 = 100;
 
-/// The node's records, apart: a container's flood cannot fill it.
+/// Three rings, so that no flood fills another's: the node's records from
+/// callers that can shut it down (never rate-limited: only they can flood
+/// it, and they can power off anyway), the node's others, containers'.
+#[map]
+static EVENTS_CAPABLE: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 #[map]
 static EVENTS_NODE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
@@ -65,10 +74,12 @@ static EVENTS_CONTAINER: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_SLOTS, 0);
 
-/// A token bucket per CPU for container-scope records: (tokens × 1e9,
-/// last refill ns). Per CPU, so no lock: the limit is per CPU.
+/// A token bucket per CPU and scope (`BUCKET_*`): (tokens × 1e9, last
+/// refill ns). Per CPU, so no lock: the limit is per CPU.
 #[map]
-static BUCKET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+static BUCKET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(2, 0);
+const BUCKET_CONTAINER: u32 = 0;
+const BUCKET_NODE: u32 = 1;
 
 /// One record per CPU to build events in (too large for the 512-byte stack).
 #[map]
@@ -187,18 +198,18 @@ fn read_creds() -> Option<(u32, u32)> {
     }
 }
 
-/// Whether a container-scope record may go out now (a token is taken).
+/// Whether a record of `bucket`'s scope may go out now (a token is taken).
 #[inline(always)]
-fn container_token(now: u64) -> bool {
-    let Some(b) = BUCKET.get_ptr_mut(0) else {
+fn token(bucket: u32, now: u64, per_sec: u64, burst: u64) -> bool {
+    let Some(b) = BUCKET.get_ptr_mut(bucket) else {
         return false;
     };
     let b = unsafe { &mut *b };
     const NS: u64 = 1_000_000_000;
-    let cap = global(&CONTAINER_BURST) * NS;
+    let cap = burst * NS;
     let elapsed = now.wrapping_sub(b[1]).min(cap);
     b[1] = now;
-    let tokens = (b[0] + elapsed * global(&CONTAINER_PER_SEC)).min(cap);
+    let tokens = (b[0] + elapsed * per_sec).min(cap);
     if tokens < NS {
         b[0] = tokens;
         return false;
@@ -214,17 +225,38 @@ fn count_drop(slot: u32) {
     }
 }
 
-/// Sends the record: node scope to its own ring buffer; container scope to
-/// the other, within its rate. A signal to the node's PID 1 and the kernel's
-/// own power-off concern the node whoever's task carries them: node ring.
+/// Whether the record's caller can shut the node down: the kernel's own
+/// hooks; a signal to the node's PID 1 (the kernel checked the sender's
+/// permission before the tracepoint); in the node's PID namespace, its PID 1
+/// or a task holding CAP_SYS_BOOT in the initial user namespace (root when
+/// the credentials could not be read). A container's reboot(2) ends only
+/// its own PID namespace, capable or not.
+#[inline(always)]
+fn capable(ev: &RawEvent) -> bool {
+    if ev.source == SRC_KERNEL || ev.source == SRC_SIGNAL {
+        return true;
+    }
+    ev.flags & FLAG_NODE_PIDNS != 0
+        && (ev.ns_tgid == 1
+            || ev.flags & FLAG_CAP_SYS_BOOT != 0
+            || (ev.flags & FLAG_CREDS == 0 && ev.uid == 0))
+}
+
+/// Sends the record to its ring: a capable caller's always; the node's
+/// others and containers' each within their own rate.
 #[inline(always)]
 pub fn emit(ev: &RawEvent) {
-    let node = ev.flags & FLAG_NODE_PIDNS != 0 || ev.source == SRC_SIGNAL || ev.source == SRC_KERNEL;
-    if node {
-        if EVENTS_NODE.output::<RawEvent>(ev, 0).is_err() {
+    if capable(ev) {
+        if EVENTS_CAPABLE.output::<RawEvent>(ev, 0).is_err() {
+            count_drop(DROP_CAPABLE_FULL);
+        }
+    } else if ev.flags & FLAG_NODE_PIDNS != 0 {
+        if !token(BUCKET_NODE, ev.boot_ns, global(&NODE_PER_SEC), global(&NODE_BURST)) {
+            count_drop(DROP_NODE_RATE);
+        } else if EVENTS_NODE.output::<RawEvent>(ev, 0).is_err() {
             count_drop(DROP_NODE_FULL);
         }
-    } else if !container_token(ev.boot_ns) {
+    } else if !token(BUCKET_CONTAINER, ev.boot_ns, global(&CONTAINER_PER_SEC), global(&CONTAINER_BURST)) {
         count_drop(DROP_CONTAINER_RATE);
     } else if EVENTS_CONTAINER.output::<RawEvent>(ev, 0).is_err() {
         count_drop(DROP_CONTAINER_FULL);

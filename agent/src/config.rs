@@ -120,8 +120,23 @@ impl ApiServer {
         let parsed: http::Uri = url
             .parse()
             .map_err(|e| anyhow::anyhow!("apiServer: {url:?} is not a URL: {e}"))?;
-        if !matches!(parsed.scheme_str(), Some("https" | "http")) || parsed.host().is_none() {
-            bail!("apiServer: {url:?} is not an http(s) URL with a host");
+        let Some(host) = parsed.host() else {
+            bail!("apiServer: {url:?} is not an https URL with a host");
+        };
+        let loopback = host == "localhost"
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        match parsed.scheme_str() {
+            Some("https") => {}
+            // The agent's credentials would cross the network in clear.
+            Some("http") if loopback => {}
+            Some("http") => bail!(
+                "apiServer: {url:?}: plain http would send the agent's token in clear; use https (http is accepted only on loopback)"
+            ),
+            _ => bail!("apiServer: {url:?} is not an https URL with a host"),
         }
         Ok(Some(url))
     }
@@ -435,6 +450,31 @@ mod tests {
         );
         assert_eq!(Config::default().api_server.url().unwrap(), None);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The agent's token never crosses the network in clear.
+    #[test]
+    fn a_plain_http_api_server_is_refused_off_loopback() {
+        let url = |e: &str| {
+            Config::parse(&format!(
+                "shutdownGracePeriod: 30s\napiServer: {{endpoint: \"{e}\"}}\n"
+            ))
+            .and_then(|c| c.api_server.url())
+            .map_err(|e| format!("{e:#}"))
+        };
+        assert!(url("http://10.0.0.10:6443").unwrap_err().contains("https"));
+        assert!(url("http://api.example:6443")
+            .unwrap_err()
+            .contains("in clear"));
+        assert!(url("ftp://10.0.0.10").is_err());
+        for ok in [
+            "https://10.0.0.10:6443",
+            "http://127.0.0.1:8080",
+            "http://[::1]:8080",
+            "http://localhost:1",
+        ] {
+            assert_eq!(url(ok).unwrap().as_deref(), Some(ok));
+        }
     }
 
     #[test]

@@ -125,14 +125,44 @@ pub struct TimelineEntry {
     pub summary: String,
 }
 
+/// `t + d`, or the latest time that can be held when that is past it: a
+/// deadline from outside (a bus signal, a tool's argument, the config) is
+/// never a panic.
+pub fn plus(t: SystemTime, d: Duration) -> SystemTime {
+    t.checked_add(d).unwrap_or_else(|| {
+        // Halving steps down to what fits (at most 64).
+        let mut d = d;
+        while d > Duration::ZERO {
+            d /= 2;
+            if let Some(x) = t.checked_add(d) {
+                return x;
+            }
+        }
+        t
+    })
+}
+
+/// An episode's timeline keeps its first entry and the newest, this many
+/// in all: the episode (in every audit line and in the Node's record) stays
+/// a few kilobytes however many requests join it.
+pub const MAX_TIMELINE: usize = 32;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Episode {
     /// 1, 2, ... within this boot.
     pub id: u32,
     pub kind: Kind,
     pub path: Path,
-    /// Every signal that joined, in order.
+    /// Every signal that joined, in order: the first, then the newest
+    /// (`MAX_TIMELINE` in all; a flood of joining requests cannot grow it).
     pub timeline: Vec<TimelineEntry>,
+    /// Entries left out of `timeline` (after its first).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timeline_omitted: u32,
     #[serde(with = "humantime_serde")]
     pub deadline: Option<SystemTime>,
     pub protected: bool,
@@ -332,6 +362,10 @@ impl Decider {
         let action = self.action(s);
         if let Some(ep) = self.current.as_mut() {
             if !matches!(action, Action::AuditOnly { .. }) {
+                if ep.timeline.len() >= MAX_TIMELINE {
+                    ep.timeline.remove(1);
+                    ep.timeline_omitted = ep.timeline_omitted.saturating_add(1);
+                }
                 ep.timeline.push(TimelineEntry {
                     at: s.at,
                     source: s.source,
@@ -453,10 +487,10 @@ impl Decider {
                         let ep = self.current.as_mut().unwrap();
                         ep.deadline = *at;
                         ep.marked = true;
-                        ep.expected_end = Some(
-                            at.unwrap_or(s.at + Duration::from_secs(3600))
-                                + self.policy.graceful_margin,
-                        );
+                        ep.expected_end = Some(plus(
+                            at.unwrap_or(plus(s.at, Duration::from_secs(3600))),
+                            self.policy.graceful_margin,
+                        ));
                         Action::Warn { due: *at }
                     }
                     Some(Path::Scheduled) => {
@@ -539,7 +573,7 @@ impl Decider {
                     prove(ep, s);
                     ep.path = Path::Immediate;
                     ep.forced |= s.forced;
-                    ep.expected_end = Some(s.at + self.policy.immediate_end);
+                    ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
                     Action::Immediate { escalated: true }
                 }
                 None | Some(Path::Pending) => {
@@ -547,7 +581,7 @@ impl Decider {
                     let ep = self.current.as_mut().unwrap();
                     prove(ep, s);
                     ep.marked = true;
-                    ep.expected_end = Some(s.at + self.policy.immediate_end);
+                    ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
                     Action::Immediate { escalated: false }
                 }
                 Some(Path::Cancelled | Path::Abandoned | Path::Expired) => Action::Join,
@@ -596,7 +630,11 @@ impl Decider {
     }
 
     fn graceful_end(&self, s: &ShutdownSignal) -> SystemTime {
-        s.deadline.unwrap_or(s.at + self.policy.graceful_length) + self.policy.graceful_margin
+        plus(
+            s.deadline
+                .unwrap_or(plus(s.at, self.policy.graceful_length)),
+            self.policy.graceful_margin,
+        )
     }
 
     /// A request that waits for confirmation.
@@ -604,7 +642,7 @@ impl Decider {
         match path {
             None => {
                 self.open(s, Path::Pending, Authority::Request);
-                let expires = s.at + self.policy.pending_expiry;
+                let expires = plus(s.at, self.policy.pending_expiry);
                 self.current.as_mut().unwrap().expected_end = Some(expires);
                 Action::Pending { expires }
             }
@@ -710,6 +748,7 @@ impl Decider {
             kind: s.kind,
             path,
             timeline: Vec::new(),
+            timeline_omitted: 0,
             deadline,
             protected: false,
             forced: s.forced,
@@ -1572,6 +1611,64 @@ mod tests {
         d.decide(&later);
         assert_eq!(d.host_answer(1, HostAnswer::NotUnderWay, t(61)), None);
         assert!(d.episode().is_some());
+    }
+
+    /// Unprivileged `systemctl poweroff` requests, again and again, join one
+    /// pending episode: its timeline, and so each audit line and the record,
+    /// stays bounded.
+    #[test]
+    fn a_flood_of_joining_requests_cannot_grow_the_episode() {
+        let mut d = Decider::new();
+        let first = d.decide(&exec(Poweroff, false)).episode.unwrap();
+        let size = |ep: &Episode| serde_json::to_string(ep).unwrap().len();
+        let mut last = first.clone();
+        for _ in 0..5000 {
+            if let Some(ep) = d.decide(&exec(Poweroff, false)).episode {
+                last = ep;
+            }
+        }
+        assert_eq!(last.id, first.id, "one episode");
+        assert_eq!(last.timeline.len(), MAX_TIMELINE);
+        assert_eq!(last.timeline[0], first.timeline[0], "the opener is kept");
+        assert_eq!(last.timeline_omitted as usize, 5001 - MAX_TIMELINE);
+        assert!(size(&last) < 16 * 1024, "{} bytes", size(&last));
+    }
+
+    /// A deadline at the end of time (a bus signal's or a tool's) and
+    /// policies of centuries: decided, not a panic.
+    #[test]
+    fn deadlines_at_the_end_of_time_do_not_panic() {
+        let end = SystemTime::UNIX_EPOCH + Duration::from_secs(i64::MAX as u64);
+        let huge = Duration::from_secs(u64::MAX / 4);
+        let policy = Policy {
+            graceful_margin: huge,
+            immediate_end: huge,
+            pending_expiry: huge,
+            graceful_length: huge,
+            ..Policy::default()
+        };
+        for s in [
+            {
+                let mut s = logind(Effect::Now);
+                s.deadline = Some(end);
+                s
+            },
+            logind(Effect::Scheduled {
+                at: Some(end),
+                spec: "+forever".into(),
+            }),
+            exec(Poweroff, false),
+            reboot2(Poweroff, true),
+        ] {
+            let mut d = Decider::with_policy(policy.clone());
+            let dec = d.decide(&s);
+            assert!(dec.episode.and_then(|e| e.expected_end).is_some(), "{s:?}");
+        }
+        assert!(plus(end, Duration::from_secs(1)) >= end);
+        assert_eq!(
+            plus(end, Duration::MAX),
+            end + Duration::from_nanos(999_999_999)
+        );
     }
 
     #[test]

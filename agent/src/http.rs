@@ -1,6 +1,14 @@
 //! The observability endpoint: `/metrics` (Prometheus text), `/readyz` and
 //! `/healthz`. hyper 1 (HTTP/1.1 only), one small task per connection.
 //!
+//! The port is reachable from every pod (the agent runs on the node's
+//! network), so each connection is bounded: its request head within
+//! `HEAD_TIMEOUT` and `MAX_BUF` bytes, its whole life within
+//! `CONN_LIFETIME`; at most `PER_PEER` connections per peer address and
+//! `MAX_CONNS` in all. To make room the oldest connection that has not yet
+//! sent a whole request head is closed: a probe's request is whole at once,
+//! a slow attacker's never is.
+//!
 //! - `/readyz`: 200 `ok` once the agent is ready (hooks armed and, in cluster
 //!   mode, the warm watches listed) and while no part it had is lost (the
 //!   logind or systemd bus connection); else 503 with a one-line reason.
@@ -10,15 +18,18 @@ use std::{
     convert::Infallible,
     net::{IpAddr, SocketAddr},
     str::FromStr,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
 use http_body_util::Full;
 use hyper::{body::Bytes, header, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{net::TcpListener, task::AbortHandle};
 
 pub(crate) use crate::health::Health;
 
@@ -75,9 +86,18 @@ pub(crate) fn resolve(
 
 /// Binds the listener (so that a bad address fails at start).
 pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("--metrics-listen {addr}: cannot listen there"))
+    let listen = || -> std::io::Result<TcpListener> {
+        let sock = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        sock.set_reuseaddr(true)?;
+        sock.bind(addr)?;
+        // A deep accept queue: a peer opening connections as fast as it can
+        // must not make a probe's SYN wait for a retransmit.
+        sock.listen(4096)
+    };
+    listen().with_context(|| format!("--metrics-listen {addr}: cannot listen there"))
 }
 
 fn text(code: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
@@ -93,6 +113,52 @@ fn text(code: StatusCode, body: String, content_type: &'static str) -> Response<
 const PLAIN: &str = "text/plain; charset=utf-8";
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Per-connection limits (see the module's comment).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+const CONN_LIFETIME: Duration = Duration::from_secs(30);
+/// hyper's smallest read buffer: a longer head is answered 431 and closed.
+const MAX_BUF: usize = 8192;
+const MAX_CONNS: usize = 128;
+const PER_PEER: usize = 16;
+
+/// One connection: its peer, whether a whole request head came, its task.
+struct Conn {
+    peer: IpAddr,
+    asked: Arc<AtomicBool>,
+    task: AbortHandle,
+}
+
+/// The connections alive, oldest first.
+#[derive(Default)]
+struct Conns(std::collections::VecDeque<Conn>);
+
+impl Conns {
+    /// Makes room for one more from `peer`: one of its own beyond
+    /// `PER_PEER - 1`, then any beyond `MAX_CONNS - 1`, closed.
+    fn admit(&mut self, peer: IpAddr) {
+        self.0.retain(|c| !c.task.is_finished());
+        if self.0.iter().filter(|c| c.peer == peer).count() >= PER_PEER {
+            self.close_one(|c| c.peer == peer);
+        }
+        while self.0.len() >= MAX_CONNS {
+            self.close_one(|_| true);
+        }
+    }
+
+    /// Closes the oldest of `which` still waiting for its request head, or
+    /// else the oldest of `which`.
+    fn close_one(&mut self, which: impl Fn(&Conn) -> bool) {
+        let i = self
+            .0
+            .iter()
+            .position(|c| which(c) && !c.asked.load(Ordering::Relaxed))
+            .or_else(|| self.0.iter().position(&which));
+        if let Some(c) = i.and_then(|i| self.0.remove(i)) {
+            c.task.abort();
+        }
+    }
+}
+
 /// Serves until the task is dropped. `metrics` renders the registry.
 pub(crate) fn serve<F>(
     listener: TcpListener,
@@ -104,25 +170,39 @@ where
 {
     let metrics = Arc::new(metrics);
     tokio::spawn(async move {
+        let mut conns = Conns::default();
         loop {
-            let (stream, _) = match listener.accept().await {
+            let (stream, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
+                    // Out of fds, most likely: wait rather than spin.
                     tracing::warn!("metrics endpoint: accept: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
+            conns.admit(peer.ip());
             let (metrics, health) = (metrics.clone(), health.clone());
-            tokio::spawn(async move {
+            let asked = Arc::new(AtomicBool::new(false));
+            let flag = asked.clone();
+            let task = tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    flag.store(true, Ordering::Relaxed);
                     let resp = route(req.method(), req.uri().path(), &*metrics, &health);
                     async move { Ok::<_, Infallible>(resp) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
+                    .max_buf_size(MAX_BUF)
                     .keep_alive(true)
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                    .serve_connection(TokioIo::new(stream), svc);
+                let _ = tokio::time::timeout(CONN_LIFETIME, conn).await;
+            });
+            conns.0.push_back(Conn {
+                peer: peer.ip(),
+                asked,
+                task: task.abort_handle(),
             });
         }
     })
@@ -220,6 +300,49 @@ mod tests {
             resolve(Some(Listen::Off), false, AGENT_PORT, None).unwrap(),
             Listen::Off
         );
+    }
+
+    #[tokio::test]
+    async fn room_is_made_by_closing_the_oldest_that_never_asked() {
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut conns = Conns::default();
+        let add = |conns: &mut Conns, peer: IpAddr, asked: bool| {
+            conns.admit(peer);
+            let t = tokio::spawn(std::future::pending::<()>());
+            conns.0.push_back(Conn {
+                peer,
+                asked: Arc::new(AtomicBool::new(asked)),
+                task: t.abort_handle(),
+            });
+            t
+        };
+        // A probe that asked, then a peer's flood of silent connections.
+        let probe = add(&mut conns, a, true);
+        let silent: Vec<_> = (0..PER_PEER + 3)
+            .map(|_| add(&mut conns, a, false))
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(!probe.is_finished(), "the probe that asked stays");
+        assert!(
+            silent[..4].iter().all(|t| t.is_finished()),
+            "the oldest silent ones went"
+        );
+        assert_eq!(
+            conns
+                .0
+                .iter()
+                .filter(|c| c.peer == a && !c.task.is_finished())
+                .count(),
+            PER_PEER
+        );
+        // Others are admitted beside it, up to the total.
+        for _ in 0..MAX_CONNS {
+            add(&mut conns, b, false);
+        }
+        tokio::task::yield_now().await;
+        conns.admit(b);
+        assert!(conns.0.len() < MAX_CONNS, "{}", conns.0.len());
+        assert!(!probe.is_finished(), "the probe that asked stays");
     }
 
     #[test]

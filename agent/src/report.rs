@@ -206,6 +206,7 @@ mod tests {
             kind: Kind::Poweroff,
             path,
             timeline: vec![],
+            timeline_omitted: 0,
             deadline: None,
             protected: false,
             forced: false,

@@ -35,11 +35,15 @@ pub const FLAG_CREDS: u32 = 32;
 /// namespace: its reboot(2) can work.
 pub const FLAG_CAP_SYS_BOOT: u32 = 64;
 
-/// `DROPS` map slots: records lost, by scope and why.
+/// `DROPS` map slots: records lost, by scope and why. "Capable": the node's
+/// records from callers that can shut it down (see `emit`); "node": the
+/// node's others; "container": a child PID namespace's.
 pub const DROP_NODE_FULL: u32 = 0;
 pub const DROP_CONTAINER_FULL: u32 = 1;
 pub const DROP_CONTAINER_RATE: u32 = 2;
-pub const DROP_SLOTS: u32 = 3;
+pub const DROP_NODE_RATE: u32 = 3;
+pub const DROP_CAPABLE_FULL: u32 = 4;
+pub const DROP_SLOTS: u32 = 5;
 
 /// CAP_SYS_BOOT's bit in a capability set.
 pub const CAP_SYS_BOOT: u64 = 22;

@@ -7,6 +7,7 @@
 use std::{
     fs::{self, File, OpenOptions},
     io::{BufRead, BufReader, Write},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::Arc,
     time::SystemTime,
@@ -131,6 +132,21 @@ pub struct AuditLog {
     /// Runs before the fdatasync of [`AuditLog::sync_beside`] (tests hold a
     /// sync there, as a loaded disk would).
     before_beside_sync: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Held while the log is open: one writer per directory.
+    _lock: File,
+}
+
+/// The lock file beside the log.
+const LOCK_NAME: &str = "audit.lock";
+
+/// Opened for appending (created 0600).
+fn open_private(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
 }
 
 impl AuditLog {
@@ -139,15 +155,31 @@ impl AuditLog {
     }
 
     pub fn open_with(dir: &Path, boot_id: &str, limits: Limits) -> Result<Self> {
-        fs::create_dir_all(dir)
+        // Who shut the node down, and the actors' argv: root's alone.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
             .with_context(|| format!("creating audit directory {}", dir.display()))?;
+        let lock_path = dir.join(LOCK_NAME);
+        let lock =
+            open_private(&lock_path).with_context(|| format!("opening {}", lock_path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => anyhow::bail!(
+                "the audit log {} is in use by another process (another agent?): two writers would interleave their records",
+                dir.display()
+            ),
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", lock_path.display()))
+            }
+        }
         let path = dir.join(FILE_NAME);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening audit log {}", path.display()))?;
+        let mut file =
+            open_private(&path).with_context(|| format!("opening audit log {}", path.display()))?;
+        // A log written by an older agent (0644) becomes private too.
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("chmod 0600 {}", path.display()))?;
         let mut len = file.metadata()?.len();
         // A power loss mid-write leaves a line without its newline: end it,
         // so that the next record starts a line of its own (the torn bytes
@@ -167,6 +199,7 @@ impl AuditLog {
         // Make the file's own directory entry durable too.
         File::open(dir).and_then(|d| d.sync_all()).ok();
         Ok(AuditLog {
+            _lock: lock,
             file,
             path,
             boot_id: boot_id.to_string(),
@@ -308,11 +341,7 @@ impl AuditLog {
                 }
             }
             fs::rename(&self.path, rotated(1))?;
-            self.file = OpenOptions::new()
-                .create(true)
-                .read(true)
-                .append(true)
-                .open(&self.path)?;
+            self.file = open_private(&self.path)?;
         }
         if let Some(dir) = self.path.parent() {
             File::open(dir).and_then(|d| d.sync_all()).ok();
@@ -505,6 +534,28 @@ mod tests {
         }
     }
 
+    /// Root's alone, and one writer: a second agent on the same directory
+    /// is refused with a reason, not interleaved.
+    #[test]
+    fn the_log_is_private_and_has_one_writer() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("lastgasp-audit-lock-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut a = AuditLog::open(&dir, "boot-a").unwrap();
+        a.append(&signal(Kind::Reboot), None).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.join(FILE_NAME)), 0o600);
+        assert_eq!(mode(&dir), 0o700);
+        let e = format!("{:#}", AuditLog::open(&dir, "boot-a").err().unwrap());
+        assert!(e.contains("in use by another process"), "{e}");
+        drop(a);
+        // An older agent's world-readable log becomes private when opened.
+        fs::set_permissions(dir.join(FILE_NAME), fs::Permissions::from_mode(0o644)).unwrap();
+        let _b = AuditLog::open(&dir, "boot-a").unwrap();
+        assert_eq!(mode(&dir.join(FILE_NAME)), 0o600);
+        fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn round_trip_across_boots_and_torn_lines() {
         let dir = std::env::temp_dir().join(format!("lastgasp-audit-{}", std::process::id()));
@@ -529,6 +580,7 @@ mod tests {
         let mut b = AuditLog::open(&dir, "boot-b").unwrap();
         let rec = b.append(&signal(Kind::Halt), None).unwrap();
         assert_eq!(rec.seq, 0);
+        drop(b);
         let mut a2 = AuditLog::open(&dir, "boot-a").unwrap();
         assert_eq!(
             a2.outcome(1, Outcome::Cancelled).unwrap().seq,

@@ -6,7 +6,10 @@
 //!
 //! Nothing here waits on the network for long: the last gasp is bounded
 //! (`LAST_GASP_BOUND`), and Events, cancels, warnings, unwinding and the
-//! host check run as tasks beside the loop.
+//! host check run as tasks beside the loop. In cluster mode the cluster half
+//! may join after the start ([`Agent::join_cluster`]): until then signals are
+//! decided and audited as always, and what needed the cluster is sent when
+//! it joins.
 use std::{
     sync::Arc,
     time::{Duration, Instant, SystemTime},
@@ -15,7 +18,10 @@ use std::{
 use anyhow::Result;
 use kube::runtime::events::EventType;
 use serde_json::json;
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
 
 use crate::{
     act::{
@@ -80,6 +86,21 @@ pub struct Agent {
     answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
     /// How the last last gasp (or last word) went, until taken.
     last_delivery: Option<Outcome>,
+    /// Cluster mode, before the cluster half joined: where it will come.
+    cluster_coming: Option<watch::Receiver<Option<Arc<Cluster>>>>,
+    /// Before it joined: the previous boot's report to deliver, and the
+    /// current episode's action that needed the cluster.
+    previous_boot: Option<PreviousBoot>,
+    unsent: Option<(ShutdownSignal, Action, u32)>,
+}
+
+/// The previous boot as the audit log tells it, for the cluster half.
+struct PreviousBoot {
+    prev: String,
+    current: String,
+    report: BootReport,
+    records: Vec<crate::act::audit::Record>,
+    pstore: Vec<(String, String)>,
 }
 
 impl Agent {
@@ -103,7 +124,68 @@ impl Agent {
             host_reachable: Arc::new(|| true),
             answers: mpsc::channel(4),
             last_delivery: None,
+            cluster_coming: None,
+            previous_boot: None,
+            unsent: None,
         }
+    }
+
+    /// Cluster mode whose cluster half joins later, through `coming`
+    /// ([`Agent::join_cluster`]).
+    pub fn with_cluster_coming(mut self, coming: watch::Receiver<Option<Arc<Cluster>>>) -> Self {
+        if self.cluster.is_none() {
+            self.cluster_coming = Some(coming);
+        }
+        self
+    }
+
+    /// The cluster half is here: kept, and the previous boot's report goes out.
+    fn adopt(&mut self, c: Arc<Cluster>) {
+        self.cluster = Some(c.clone());
+        self.cluster_coming = None;
+        if let Some(p) = self.previous_boot.take() {
+            drop(self.deliver_previous_boot(c, p));
+        }
+    }
+
+    /// The cluster half, waiting at most `bound` for it to join.
+    async fn cluster_within(&mut self, bound: Duration) -> Option<Arc<Cluster>> {
+        if let Some(c) = &self.cluster {
+            return Some(c.clone());
+        }
+        let mut coming = self.cluster_coming.clone()?;
+        let c = match tokio::time::timeout(bound, coming.wait_for(Option::is_some)).await {
+            Ok(Ok(c)) => c.clone()?,
+            _ => return None,
+        };
+        self.adopt(c.clone());
+        Some(c)
+    }
+
+    /// The cluster half is here: the previous boot's report goes out, and the
+    /// current episode's action that needed it is taken now. A record with a
+    /// proof of death is not sent late in the same boot (the node is alive:
+    /// the proof was wrong); it would reach the cluster after the next boot.
+    pub async fn join_cluster(&mut self, c: Arc<Cluster>) {
+        if self.cluster.is_none() {
+            self.adopt(c);
+        }
+        let Some((s, action, id)) = self.unsent.take() else {
+            return;
+        };
+        let Some(ep) = self.decider.episode().filter(|e| e.id == id).cloned() else {
+            return;
+        };
+        if ep.death.is_some() {
+            tracing::warn!(episode = id, "the API server answered after a shutdown with a proof of death that did not come: its record is not sent");
+            return;
+        }
+        tracing::info!(episode = id, action = %action, "the API server answered: the episode's action is taken now");
+        let d = Decision {
+            action,
+            episode: Some(ep),
+        };
+        self.act(Some(&s), &d).await;
     }
 
     /// How the last last gasp or last word went, since the last call.
@@ -255,6 +337,25 @@ impl Agent {
 
     async fn act(&mut self, s: Option<&ShutdownSignal>, d: &Decision) {
         let Some(ep) = d.episode.clone() else { return };
+        if self.cluster_coming.is_some() {
+            match (&d.action, s) {
+                (Action::Graceful { .. } | Action::Warn { .. }, Some(s)) => {
+                    // Held until the cluster joins (logind's delay lock stays
+                    // taken, up to its own limit).
+                    tracing::warn!(episode = ep.id, action = %d.action, "the API server has not answered yet: the action waits for it");
+                    self.unsent = Some((s.clone(), d.action.clone(), ep.id));
+                    return;
+                }
+                // The last gasp waits for it within its own bound.
+                (Action::Immediate { .. } | Action::LastWord, Some(s)) => {
+                    self.unsent = Some((s.clone(), d.action.clone(), ep.id));
+                }
+                (Action::Cancel | Action::Abandon { .. } | Action::Expire { .. }, _) => {
+                    self.unsent = None;
+                }
+                _ => {}
+            }
+        }
         match &d.action {
             Action::Graceful { .. } => {
                 if let Some(s) = s {
@@ -440,12 +541,29 @@ impl Agent {
     }
 
     async fn last_gasp(&mut self, s: &ShutdownSignal, ep: &Episode, escalated: bool) {
-        let Some(c) = self.cluster.clone() else {
+        let started = Instant::now();
+        let coming = self.cluster_coming.is_some();
+        let Some(c) = self.cluster_within(LAST_GASP_BOUND).await else {
+            if coming {
+                let error = format!(
+                    "the API server has not answered since the agent started (waited {:?})",
+                    started.elapsed()
+                );
+                self.metrics.last_gasp_failures.inc();
+                tracing::error!(
+                    "last gasp failed: {error}; it will be delivered after the next boot"
+                );
+                let outcome = Outcome::LastGaspFailed { error };
+                self.last_delivery = Some(outcome.clone());
+                self.outcome(ep.id, outcome).await;
+            }
             if let Some(l) = &self.logind {
                 l.release();
             }
             return;
         };
+        // Sent now: nothing is left for the join.
+        self.unsent = None;
         let record = self.record(s, ep);
         let (reason, message) = lastgasp::message(s, ep.kind, escalated);
         let bodies = c
@@ -454,7 +572,8 @@ impl Agent {
         // The node's expected end, counted from the detection (its monotonic
         // time is not kept: from now, which is later by the handling).
         let death = Instant::now() + decide::expected_life(s, LAST_GASP_BOUND);
-        let sent = tokio::time::timeout(LAST_GASP_BOUND, c.lastgasp.send(&bodies, death)).await;
+        let budget = LAST_GASP_BOUND.saturating_sub(started.elapsed());
+        let sent = tokio::time::timeout(budget, c.lastgasp.send(&bodies, death)).await;
         let outcome = match sent {
             Ok(Ok(sent)) => {
                 // Delivered: the evidence was accepted (the condition may follow).
@@ -535,7 +654,8 @@ impl Agent {
             .collect::<std::collections::BTreeSet<_>>()
         {
             // The previous boot is counted once the Node has been read.
-            let later = self.cluster.is_some() && Some(end) == prev.as_deref();
+            let later = (self.cluster.is_some() || self.cluster_coming.is_some())
+                && Some(end) == prev.as_deref();
             if end != boot_id && !later {
                 let r = report::classify(&contents.records, end);
                 self.metrics.count_boot_end(r.end.as_str());
@@ -553,19 +673,41 @@ impl Agent {
             undelivered = r.undelivered,
             "{note}"
         );
-        let Some(c) = self.cluster.clone() else {
-            return Ok(Some(AfterBoot {
-                report: r,
-                delivery: None,
-            }));
+        let previous = PreviousBoot {
+            prev,
+            current: boot_id.to_string(),
+            report: r.clone(),
+            records: contents.records,
+            pstore,
         };
-        // The cluster half runs beside the loop: with the API server down its
-        // retries (seconds) must not delay the audit of the next shutdown.
+        let delivery = match self.cluster.clone() {
+            Some(c) => Some(self.deliver_previous_boot(c, previous)),
+            None => {
+                if self.cluster_coming.is_some() {
+                    self.previous_boot = Some(previous);
+                }
+                None
+            }
+        };
+        Ok(Some(AfterBoot {
+            report: r,
+            delivery,
+        }))
+    }
+
+    /// The cluster half of the previous boot's report, beside the loop: with
+    /// the API server slow its retries (seconds) must not delay the audit of
+    /// the next shutdown.
+    fn deliver_previous_boot(&self, c: Arc<Cluster>, p: PreviousBoot) -> JoinHandle<BootReport> {
         let (audit, metrics, host) = (self.audit.clone(), self.metrics.clone(), self.host.clone());
-        let current = boot_id.to_string();
-        let mut records = contents.records;
-        let local = r.clone();
-        let delivery = tokio::spawn(async move {
+        let PreviousBoot {
+            prev,
+            current,
+            report: local,
+            mut records,
+            pstore,
+        } = p;
+        tokio::spawn(async move {
             // A last gasp the cluster acknowledged while its record (or its
             // outcome) never reached the disk: the Node still holds it.
             let mut report = local;
@@ -644,11 +786,7 @@ impl Agent {
                 }
             });
             report
-        });
-        Ok(Some(AfterBoot {
-            report: r,
-            delivery: Some(delivery),
-        }))
+        })
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -191,16 +191,42 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         0 => crate::decide::Policy::default().graceful_length,
         secs => Duration::from_secs(secs),
     };
-    let cluster = if args.standalone {
-        None
-    } else {
+    // Local first: detection, the audit and the delay lock never wait for
+    // the API server; the cluster half joins the loop when it answers.
+    let (cluster_tx, mut joined) = tokio::sync::watch::channel::<Option<Arc<Cluster>>>(None);
+    if !args.standalone {
         // logind must give the graceful path the buckets' whole time.
         args.dbus
             .inhibit_delay
             .get_or_insert(crate::grace::requested_delay(&buckets));
-        health.not_ready("hooks armed; waiting for the warm watches (node, pods) to list");
-        Some(Arc::new(cluster(&cfg, &audit_dir, buckets).await?))
-    };
+        let node = node_name(&cfg)?;
+        let (cfg, audit_dir) = (cfg.clone(), audit_dir.clone());
+        let health = health.clone();
+        health.lost(
+            "api-server",
+            "not reached yet (the warm watches of the node and its pods have not listed); detection and the audit run meanwhile",
+        );
+        tokio::spawn(async move {
+            let mut wait = Duration::from_secs(1);
+            loop {
+                match cluster(&cfg, &node, &audit_dir, buckets.clone()).await {
+                    Ok(c) => {
+                        health.regained("api-server");
+                        let _ = cluster_tx.send(Some(Arc::new(c)));
+                        return;
+                    }
+                    Err(e) => {
+                        health.lost("api-server", &format!("{e:#}; trying again"));
+                        tracing::warn!(
+                            "the cluster half cannot start yet: {e:#}; trying again in {wait:?}"
+                        );
+                    }
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+            }
+        });
+    }
     // logind and systemd over D-Bus, and systemd-shutdown's hook, feed the same loop.
     let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
     let hook = args
@@ -219,12 +245,16 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let policy = cfg
         .trust
         .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
-    let mut agent = Agent::new(audit, cluster, logind, metrics.clone(), args.standalone)
+    let mut agent = Agent::new(audit, None, logind, metrics.clone(), args.standalone)
         .with_policy(policy)
         .with_host(
             HostProbe::query(&args.dbus),
             host_reachable(&args.dbus, &health),
         );
+    if !args.standalone {
+        agent = agent.with_cluster_coming(joined.clone());
+    }
+    let mut join_pending = !args.standalone;
     agent.after_boot(&boot_id).await?;
     // Arming parsed the kernel's BTF and the start read the audit log
     // (megabytes, freed again): give the freed heap back to the kernel
@@ -264,13 +294,23 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
                 }
             }
             answer = agent.next_answer() => agent.host_answer(answer).await,
+            Ok(()) = joined.changed(), if join_pending => {
+                let c = joined.borrow_and_update().clone();
+                if let Some(c) = c {
+                    tracing::info!("the cluster half joined: the API server answered and the warm watches listed");
+                    join_pending = false;
+                    agent.join_cluster(c).await;
+                }
+            }
             _ = tick.tick() => {
                 health.beat();
                 agent.tick(std::time::SystemTime::now()).await;
                 let now = det.drops_by_cause();
                 if now != drops {
                     tracing::warn!(
+                        capable_full = now.capable_full,
                         node_full = now.node_full,
+                        node_rate_limited = now.node_rate_limited,
                         container_full = now.container_full,
                         container_rate_limited = now.container_rate_limited,
                         "kernel records lost (totals)"
@@ -296,16 +336,20 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
 
 /// Cluster mode: the clients (kube's own retries off: ours know the
 /// deadlines), the warm watches and the last gasp's connections.
+/// The node's name: a missing one is a configuration error, not a wait.
+fn node_name(cfg: &Config) -> Result<String> {
+    cfg.node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .context("cluster mode needs the node's name: nodeName in the config, or $NODE_NAME")
+}
+
 async fn cluster(
     cfg: &Config,
+    node: &str,
     audit_dir: &std::path::Path,
     buckets: Vec<crate::grace::Bucket>,
 ) -> Result<Cluster> {
-    let node = cfg
-        .node_name
-        .clone()
-        .or_else(|| std::env::var("NODE_NAME").ok())
-        .context("cluster mode needs the node's name: nodeName in the config, or $NODE_NAME")?;
     let server = cfg.api_server.url()?;
     if let Some(url) = &server {
         tracing::info!(
@@ -325,8 +369,8 @@ async fn cluster(
         _ => None,
     };
     Ok(Cluster {
-        node: NodeClient::start_with(watch.clone(), requests, &node).await?,
-        lastgasp: LastGasp::start(watch, patch, &node).await?,
+        node: NodeClient::start_with(watch.clone(), requests, node).await?,
+        lastgasp: LastGasp::start(watch, patch, node).await?,
         graceful: Arc::new(GracefulOptions {
             buckets,
             removal: cfg.pod_removal,

@@ -3,9 +3,7 @@
 //! and systemd's managers. Nothing here knows what a shutdown signal is.
 use std::time::{Duration, SystemTime};
 
-use zbus::{
-    connection, fdo::DBusProxy, message::Type as MsgType, Connection, MatchRule, MessageStream,
-};
+use zbus::{connection, fdo::DBusProxy, message::Type as MsgType, Connection, MatchRule};
 
 pub(crate) mod logind;
 pub(crate) mod systemd;
@@ -46,22 +44,21 @@ pub async fn peer_pid_uid(conn: &Connection, unique: &str) -> Option<(u32, u32)>
     Some((pid.ok()?, uid.ok()?))
 }
 
-/// Every `iface.member` signal on `path`, whoever sends it. A proxy's
-/// stream only carries the name owner's; a detector that must also see
-/// (and report) forgeries listens here.
-pub async fn any_sender(
-    conn: &Connection,
+/// A match rule for every `iface.member` signal on `path`, whoever sends
+/// it. A proxy's stream only carries the name owner's; a detector that must
+/// also see (and report) forgeries listens with this.
+pub fn any_sender_rule(
     path: &str,
     iface: &str,
     member: &str,
-) -> zbus::Result<MessageStream> {
-    let rule = MatchRule::builder()
+) -> zbus::Result<zbus::OwnedMatchRule> {
+    Ok(MatchRule::builder()
         .msg_type(MsgType::Signal)
         .path(path)
         .interface(iface)
         .member(member)
-        .build()?;
-    MessageStream::for_match_rule(rule, conn, None).await
+        .build()?
+        .into())
 }
 
 /// A microsecond wall-clock timestamp as logind and systemd give them.

@@ -25,7 +25,7 @@ const CMD_POWER_OFF: libc::c_long = 0x4321FEDC;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | pidns-reboot poweroff|restart|halt | fake-init | nobody-init | reboot-init | exec-in-pidns PATH [ARGS...] | exec-loop N | exec-loop-in-pidns N PATH [ARGS...]"
+        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | bad-magic-reboots N INTERVAL_MS | unprivileged-reboot-flood SECS | pidns-reboot poweroff|restart|halt | fake-init | nobody-init | reboot-init | exec-in-pidns PATH [ARGS...] | exec-loop N | exec-loop-in-pidns N PATH [ARGS...]"
     );
     exit(2)
 }
@@ -62,6 +62,35 @@ fn main() {
             } else {
                 1
             });
+        }
+        Some("bad-magic-reboots") => {
+            // N reboot(2) calls with magic1 = 0 (EINVAL, harmless) and cmd
+            // MARKER_CMD + i: each one's record can be told apart.
+            let n: u32 = args
+                .get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage());
+            let gap: u64 = args
+                .get(3)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage());
+            for i in 0..n {
+                let rc = bad_magic_reboot(MARKER_CMD + i as libc::c_long);
+                if rc != Some(libc::EINVAL) {
+                    eprintln!("marker {i}: expected EINVAL, got {rc:?}");
+                    exit(1);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(gap));
+            }
+            println!("markers {n}");
+            exit(0)
+        }
+        Some("unprivileged-reboot-flood") => {
+            let secs: u64 = args
+                .get(2)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage());
+            unprivileged_flood(std::time::Duration::from_secs(secs))
         }
         Some("pidns-reboot") => {
             let cmd = match args.get(2).map(String::as_str) {
@@ -108,6 +137,75 @@ fn main() {
         }),
         _ => usage(),
     }
+}
+
+/// The first marker's cmd (not a reboot(2) command).
+const MARKER_CMD: libc::c_long = 0x1000;
+
+/// reboot(2) with magic1 = 0, never valid: the kernel refuses it (EINVAL for
+/// a caller with CAP_SYS_BOOT, EPERM for others) and does nothing. The errno.
+fn bad_magic_reboot(cmd: libc::c_long) -> Option<i32> {
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_reboot,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            cmd,
+            0,
+        )
+    };
+    (rc == -1).then(|| std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+/// One process per CPU, pinned to it, as uid/gid 65534 (no capabilities),
+/// calling reboot(2) as fast as it can for `secs`; prints the calls made.
+fn unprivileged_flood(secs: std::time::Duration) -> ! {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut children = Vec::new();
+    for cpu in 0..cpus {
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        // SAFETY: single-threaded process.
+        match unsafe { fork() }.expect("fork") {
+            ForkResult::Child => {
+                drop(r);
+                let mut set = nix::sched::CpuSet::new();
+                let _ = set.set(cpu);
+                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+                let nobody = nix::unistd::Gid::from_raw(65534);
+                nix::unistd::setgroups(&[]).expect("setgroups");
+                nix::unistd::setresgid(nobody, nobody, nobody).expect("setresgid");
+                let nobody = nix::unistd::Uid::from_raw(65534);
+                nix::unistd::setresuid(nobody, nobody, nobody).expect("setresuid");
+                let end = std::time::Instant::now() + secs;
+                let mut calls: u64 = 0;
+                while std::time::Instant::now() < end {
+                    for _ in 0..1000 {
+                        if bad_magic_reboot(0) != Some(libc::EPERM) {
+                            eprintln!("an unprivileged reboot(2) did not fail with EPERM");
+                            exit(1);
+                        }
+                    }
+                    calls += 1000;
+                }
+                let _ = nix::unistd::write(&w, &calls.to_le_bytes());
+                exit(0)
+            }
+            ForkResult::Parent { child } => {
+                drop(w);
+                children.push((child, r));
+            }
+        }
+    }
+    let mut total = 0u64;
+    let mut ok = true;
+    for (child, r) in children {
+        let mut buf = [0u8; 8];
+        let _ = nix::unistd::read(&r, &mut buf);
+        total += u64::from_le_bytes(buf);
+        ok &= matches!(waitpid(child, None), Ok(WaitStatus::Exited(_, 0)));
+    }
+    println!("calls {total} cpus {cpus}");
+    exit(if ok { 0 } else { 1 })
 }
 
 /// Runs `init` as PID 1 of a new PID namespace; prints its global pid, then

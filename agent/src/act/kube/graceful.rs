@@ -253,7 +253,10 @@ pub async fn run(
             continue;
         }
         let started_ms = ms();
-        let deadline = Instant::now() + Duration::from_secs(bucket.seconds.max(0) as u64);
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(Duration::from_secs(bucket.seconds.max(0) as u64))
+            .unwrap_or(now + Duration::from_secs(86400 * 365));
         let outcomes = join_all(
             pods.iter()
                 .map(|p| terminate(nc, opts.removal, bucket, p, deadline, ms)),

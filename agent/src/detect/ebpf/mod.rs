@@ -26,7 +26,9 @@ static EBPF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/
 pub struct EbpfDetector {
     // Owns the programs and links: dropping it detaches everything.
     _bpf: Ebpf,
-    /// The node's records, and containers' (rate-limited in the kernel).
+    /// The node's records from callers that can shut it down, the node's
+    /// others and containers' (both rate-limited in the kernel).
+    capable_events: AsyncFd<RingBuf<MapData>>,
     node_events: AsyncFd<RingBuf<MapData>>,
     container_events: AsyncFd<RingBuf<MapData>>,
     drops: PerCpuArray<MapData, u64>,
@@ -36,8 +38,12 @@ pub struct EbpfDetector {
 /// Records lost before userspace saw them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Drops {
-    /// The node's ring buffer was full.
+    /// The capable callers' ring buffer was full.
+    pub capable_full: u64,
+    /// The node's (other callers') ring buffer was full.
     pub node_full: u64,
+    /// The node's other callers over their rate in the kernel.
+    pub node_rate_limited: u64,
     /// The containers' ring buffer was full.
     pub container_full: u64,
     /// Over the containers' rate in the kernel.
@@ -46,20 +52,26 @@ pub struct Drops {
 
 impl Drops {
     /// (scope, reason, total), as the metric labels them.
-    pub fn by_label(&self) -> [(&'static str, &'static str, u64); 3] {
+    pub fn by_label(&self) -> [(&'static str, &'static str, u64); 5] {
         [
+            ("capable", "full", self.capable_full),
             ("node", "full", self.node_full),
+            ("node", "rate-limited", self.node_rate_limited),
             ("container", "full", self.container_full),
             ("container", "rate-limited", self.container_rate_limited),
         ]
     }
 
     pub fn total(&self) -> u64 {
-        self.node_full + self.container_full + self.container_rate_limited
+        self.capable_full
+            + self.node_full
+            + self.node_rate_limited
+            + self.container_full
+            + self.container_rate_limited
     }
 }
 
-/// At most this many records per `next_batch`, the node's first: the loop
+/// At most this many records per `next_batch`, capable callers' first: the loop
 /// stays fair to the buses and the heartbeat during a flood.
 const BATCH: usize = 256;
 
@@ -229,11 +241,13 @@ impl EbpfDetector {
             // AsyncFd holds it.
             Ok(unsafe { AsyncFd::register(rb)? })
         };
+        let capable_events = ring(&mut bpf, "EVENTS_CAPABLE")?;
         let node_events = ring(&mut bpf, "EVENTS_NODE")?;
         let container_events = ring(&mut bpf, "EVENTS_CONTAINER")?;
         let drops = PerCpuArray::try_from(bpf.take_map("DROPS").context("no DROPS map")?)?;
         Ok(EbpfDetector {
             _bpf: bpf,
+            capable_events,
             node_events,
             container_events,
             drops,
@@ -245,7 +259,9 @@ impl EbpfDetector {
     pub fn drops_by_cause(&self) -> Drops {
         let slot = |i: u32| -> u64 { self.drops.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0) };
         Drops {
+            capable_full: slot(common::DROP_CAPABLE_FULL),
             node_full: slot(common::DROP_NODE_FULL),
+            node_rate_limited: slot(common::DROP_NODE_RATE),
             container_full: slot(common::DROP_CONTAINER_FULL),
             container_rate_limited: slot(common::DROP_CONTAINER_RATE),
         }
@@ -257,16 +273,19 @@ impl EbpfDetector {
     }
 
     /// Waits for the next records and returns them decoded (not yet enriched
-    /// from /proc: see `actor::enrich_with`): the node's first, at most `BATCH`.
+    /// from /proc: see `actor::enrich_with`): capable callers' first, then
+    /// the node's others, then containers', at most `BATCH`.
     pub async fn next_batch(&mut self) -> Result<Vec<ShutdownSignal>> {
         loop {
             let mut out = Vec::new();
+            drain(&mut self.capable_events, &mut out, BATCH);
             drain(&mut self.node_events, &mut out, BATCH);
             drain(&mut self.container_events, &mut out, BATCH);
             if !out.is_empty() {
                 return Ok(out);
             }
             tokio::select! {
+                g = self.capable_events.readable_mut() => g?.clear_ready(),
                 g = self.node_events.readable_mut() => g?.clear_ready(),
                 g = self.container_events.readable_mut() => g?.clear_ready(),
             }

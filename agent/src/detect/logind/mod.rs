@@ -139,7 +139,12 @@ pub struct LogindDetector {
     cfg: LogindConfig,
     link: Option<Link>,
     /// Subscribed by `start`, for the first session.
-    streams: Option<(MessageStream, MessageStream)>,
+    streams: Option<Streams>,
+    /// The unique name owning `org.freedesktop.login1`, followed through
+    /// NameOwnerChanged: a signal is judged without a round trip.
+    owner: Option<String>,
+    /// Reports of other peers' PrepareForShutdown, rate-limited.
+    forged: Forged,
     lock: Option<OwnedFd>,
     delay_max: Duration,
     episode: Option<Episode>,
@@ -174,7 +179,8 @@ impl LogindDetector {
         }
         // Listening from here on: a shutdown that starts while we set up is
         // in the streams, or in PreparingForShutdown when `run` reads it.
-        let streams = subscribe(&link.conn).await?;
+        let streams = subscribe(&link.conn, cfg.bus.as_deref()).await?;
+        let owner = bus::name_owner(&link.conn, LOGIND).await?;
         if let Some(want) = cfg.want_delay {
             config::ensure_inhibit_delay(&link.host, &cfg.logind_root, want).await?;
         }
@@ -186,7 +192,9 @@ impl LogindDetector {
         let det = LogindDetector {
             cfg,
             link: Some(link),
+            owner,
             streams: Some(streams),
+            forged: Forged::default(),
             lock: Some(lock),
             delay_max,
             episode: None,
@@ -256,9 +264,18 @@ impl LogindDetector {
         let first = self.sessions == 0;
         self.sessions += 1;
         // Subscribed before reading state, so nothing falls in between.
-        let (mut prepare, mut changed) = match self.streams.take() {
+        let Streams {
+            mut prepare,
+            mut changed,
+            mut owner_changed,
+            mut others,
+        } = match self.streams.take() {
             Some(s) => s,
-            None => subscribe(&link.conn).await?,
+            None => {
+                let s = subscribe(&link.conn, self.cfg.bus.as_deref()).await?;
+                self.owner = bus::name_owner(&link.conn, LOGIND).await?;
+                s
+            }
         };
 
         match link.host.current_inhibit_delay().await {
@@ -317,6 +334,10 @@ impl LogindDetector {
                         return Ok(f);
                     }
                 }
+                m = owner_changed.next() => {
+                    let m = m.ok_or_else(|| anyhow::anyhow!("the bus connection closed"))??;
+                    self.owner_changed(&m);
+                }
                 Some(()) = self.release_rx.recv() => {
                     self.release("graceful work done");
                     self.relock_unless_logind_waits(conn).await;
@@ -339,12 +360,104 @@ impl LogindDetector {
                     }
                 }
                 _ = poll.tick() => {
+                    self.forged.summary();
                     if let Some(f) = self.check_scheduled(conn, tx, None).await {
                         return Ok(f);
                     }
                 }
+                Some(m) = next_other(&mut others) => match m {
+                    Ok(m) => {
+                        if let Some(f) = self.on_other(conn, m, tx).await {
+                            return Ok(f);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("logind: the connection watching other peers' PrepareForShutdown failed ({e}); forgeries are no longer reported until the bus reconnects");
+                        others = None;
+                    }
+                },
                 _ = tx.closed() => return Ok(Flow::Stop),
             }
+        }
+    }
+
+    /// logind restarted (a new unique name) or left the bus.
+    fn owner_changed(&mut self, m: &Message) {
+        // Only the bus daemon speaks for names; a peer can send this signal
+        // straight to us under its own name.
+        if m.header().sender().map(|s| s.as_str()) != Some("org.freedesktop.DBus") {
+            return;
+        }
+        if let Ok((name, _, new)) = m.body().deserialize::<(String, String, String)>() {
+            if name == LOGIND {
+                tracing::info!(owner = new, "logind: org.freedesktop.login1 changed hands");
+                self.owner = (!new.is_empty()).then_some(new);
+            }
+        }
+    }
+
+    /// A PrepareForShutdown on the connection watching every peer: logind's
+    /// own arrive on the main one (and are skipped here); the others are
+    /// forgeries, reported (or, with --trust-unowned-bus-signals, acted on).
+    async fn on_other(
+        &mut self,
+        conn: &Link,
+        m: Message,
+        tx: &mpsc::Sender<ShutdownSignal>,
+    ) -> Option<Flow> {
+        let sender = m
+            .header()
+            .sender()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        if self.owner.as_deref() == Some(sender.as_str()) && m.header().destination().is_none() {
+            return None;
+        }
+        self.on_prepare(conn, m, tx).await
+    }
+
+    /// Another peer's PrepareForShutdown: audit-only, never waited for.
+    /// Within `Forged`'s rate it is reported with the peer's pid and uid;
+    /// past it, counted (and summed up in the log).
+    async fn report_forged(
+        &mut self,
+        conn: &Connection,
+        sender: &str,
+        start: bool,
+        (wall, boot_ns): (SystemTime, u64),
+        tx: &mpsc::Sender<ShutdownSignal>,
+    ) {
+        if !self.forged.take() {
+            return;
+        }
+        tracing::warn!(
+            sender,
+            logind = self.owner.as_deref().unwrap_or("(none)"),
+            start,
+            "logind: PrepareForShutdown from a peer that does not own org.freedesktop.login1: \
+             reported, audit-only (--trust-unowned-bus-signals acts on it)"
+        );
+        let actor = tokio::time::timeout(Duration::from_millis(100), sender_actor(conn, sender))
+            .await
+            .ok()
+            .flatten();
+        let effect = if start { Effect::Now } else { Effect::Cancel };
+        let mut s = signal(
+            Kind::Unknown,
+            effect,
+            None,
+            wall,
+            boot_ns,
+            actor,
+            "PrepareForShutdown",
+        );
+        s.sender = Some(BusSender {
+            unique: sender.to_string(),
+            owns_name: false,
+        });
+        // Lossy: a flood of reports must not stand before logind's signal.
+        if tx.try_send(s).is_err() {
+            self.forged.dropped += 1;
         }
     }
 
@@ -372,39 +485,20 @@ impl LogindDetector {
                 return None;
             }
         };
-        // Asked at once, for this very signal: a restarted logind has a new
-        // unique name, and only the current owner speaks for logind.
-        let (owner, actor) = tokio::join!(
-            bus::name_owner(&conn.conn, LOGIND),
-            sender_actor(&conn.conn, &sender)
-        );
-        let owner = owner.ok().flatten();
-        let from_logind = owner.as_deref() == Some(sender.as_str());
+        // Only the current owner's broadcast speaks for logind (one sent
+        // straight to this connection is another peer's, whoever it names).
+        let from_logind =
+            self.owner.as_deref() == Some(sender.as_str()) && m.header().destination().is_none();
+        if !from_logind && !self.cfg.trust_unowned {
+            self.report_forged(&conn.conn, &sender, start, (wall, boot_ns), tx)
+                .await;
+            return None;
+        }
+        let actor = sender_actor(&conn.conn, &sender).await;
         let by = Some(BusSender {
             unique: sender.clone(),
             owns_name: from_logind,
         });
-        if !from_logind && !self.cfg.trust_unowned {
-            tracing::warn!(
-                sender,
-                logind = owner.as_deref().unwrap_or("(none)"),
-                start,
-                "logind: PrepareForShutdown from a peer that does not own org.freedesktop.login1: \
-                 reported, audit-only (--trust-unowned-bus-signals acts on it)"
-            );
-            let effect = if start { Effect::Now } else { Effect::Cancel };
-            let mut s = signal(
-                Kind::Unknown,
-                effect,
-                None,
-                wall,
-                boot_ns,
-                actor,
-                "PrepareForShutdown",
-            );
-            s.sender = by;
-            return tx.send(s).await.is_err().then_some(Flow::Stop);
-        }
         if !from_logind {
             tracing::warn!(
                 sender,
@@ -688,8 +782,112 @@ impl LogindDetector {
 
 /// PrepareForShutdown from any sender, as the kubelet accepts it (its e2e
 /// tests fake it), and logind's PropertiesChanged.
-async fn subscribe(conn: &Connection) -> zbus::Result<(MessageStream, MessageStream)> {
-    let prepare = bus::any_sender(conn, PATH, MANAGER, "PrepareForShutdown").await?;
+/// The detector's subscriptions.
+struct Streams {
+    /// PrepareForShutdown from the owner of org.freedesktop.login1 (the bus
+    /// daemon filters broadcasts by sender; one sent straight to this
+    /// connection still arrives, and is judged by the owner).
+    prepare: MessageStream,
+    /// logind's ScheduledShutdown changes.
+    changed: MessageStream,
+    /// NameOwnerChanged for org.freedesktop.login1.
+    owner_changed: MessageStream,
+    /// PrepareForShutdown from every peer, on a connection of its own with
+    /// a short queue: a flood of forgeries fills only that one. `None` when
+    /// it could not be opened (forgeries then go unreported).
+    others: Option<MessageStream>,
+}
+
+/// Other peers' PrepareForShutdown reported per second (burst
+/// `FORGED_BURST`); the rest are counted.
+const FORGED_PER_SEC: f64 = 5.0;
+const FORGED_BURST: f64 = 20.0;
+
+/// The forgery reports' token bucket and what it held back.
+struct Forged {
+    tokens: f64,
+    at: Instant,
+    /// Held back (over the rate, or the signal channel was full) since the
+    /// last summary.
+    dropped: u64,
+}
+
+impl Default for Forged {
+    fn default() -> Self {
+        Forged {
+            tokens: FORGED_BURST,
+            at: Instant::now(),
+            dropped: 0,
+        }
+    }
+}
+
+impl Forged {
+    /// Whether one more may be reported now.
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * FORGED_PER_SEC)
+            .min(FORGED_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+
+    /// Logs what was held back since the last call.
+    fn summary(&mut self) {
+        if self.dropped > 0 {
+            tracing::warn!(
+                held_back = self.dropped,
+                "logind: forged PrepareForShutdown signals not reported one by one (a flood from another peer)"
+            );
+            self.dropped = 0;
+        }
+    }
+}
+
+async fn next_other(others: &mut Option<MessageStream>) -> Option<zbus::Result<Message>> {
+    match others {
+        Some(s) => s.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn subscribe(conn: &Connection, address: Option<&str>) -> zbus::Result<Streams> {
+    let rule = MatchRule::builder()
+        .msg_type(MsgType::Signal)
+        .sender(LOGIND)
+        .path(PATH)
+        .interface(MANAGER)
+        .member("PrepareForShutdown")
+        .build()?;
+    let prepare = MessageStream::for_match_rule(rule, conn, None).await?;
+    let rule = MatchRule::builder()
+        .msg_type(MsgType::Signal)
+        .sender("org.freedesktop.DBus")
+        .interface("org.freedesktop.DBus")
+        .member("NameOwnerChanged")
+        .arg(0, LOGIND)
+        .build()?;
+    let owner_changed = MessageStream::for_match_rule(rule, conn, None).await?;
+    let others = match bus::connect(address).await {
+        Ok(c) => Some(
+            MessageStream::for_match_rule(
+                bus::any_sender_rule(PATH, MANAGER, "PrepareForShutdown")?,
+                &c,
+                std::num::NonZeroUsize::new(16),
+            )
+            .await?,
+        ),
+        Err(e) => {
+            tracing::warn!("logind: no second bus connection to watch for forged PrepareForShutdown ({e}): forgeries go unreported");
+            None
+        }
+    };
     let rule = MatchRule::builder()
         .msg_type(MsgType::Signal)
         .sender(LOGIND)
@@ -699,7 +897,12 @@ async fn subscribe(conn: &Connection) -> zbus::Result<(MessageStream, MessageStr
         .arg(0, MANAGER)
         .build()?;
     let changed = MessageStream::for_match_rule(rule, conn, None).await?;
-    Ok((prepare, changed))
+    Ok(Streams {
+        prepare,
+        changed,
+        owner_changed,
+        others,
+    })
 }
 
 /// ScheduledShutdown from a PropertiesChanged signal, when it is there.
@@ -785,6 +988,8 @@ mod tests {
             cfg: LogindConfig::default(),
             link: None,
             streams: None,
+            owner: None,
+            forged: Forged::default(),
             lock: None,
             delay_max: Duration::MAX,
             episode: None,
