@@ -319,6 +319,7 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
         "{recs:#?}"
     );
 
+    drop(agent);
     let mut next = agent_at(&dir, "boot-2", Some(cluster));
     let after = next.after_boot("boot-2").await.unwrap().expect("boot-1");
     let settled = after.delivery.expect("cluster mode").await.unwrap();
