@@ -134,7 +134,7 @@ impl ApiServer {
             // The agent's credentials would cross the network in clear.
             Some("http") if loopback => {}
             Some("http") => bail!(
-                "apiServer: {url:?}: plain http would send the agent's token in clear; use https (http is accepted only on loopback)"
+                "apiServer: {url:?}: plain http would send the agent's token in clear: https is required (http only on loopback)"
             ),
             _ => bail!("apiServer: {url:?} is not an https URL with a host"),
         }

@@ -8,6 +8,8 @@ pub mod config;
 pub mod controller;
 pub mod decide;
 pub mod detect;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod grace;
 pub(crate) mod health;
 pub(crate) mod http;

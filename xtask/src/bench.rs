@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: the release agent and the bench binary, then the
-//! bench's table (`flood`, `stdout`, `lastgasp`, `recovery`, `zone`, `--quick` select and shorten).
+//! bench's table (`flood`, `stdout`, `lastgasp`, `recovery`, `zone`, `--quick` select and shorten);
+//! `cargo xtask bench fuzz` fuzzes the parsers instead (`fuzz.rs`).
 use std::path::Path;
 
 use anyhow::{bail, Result};
@@ -10,6 +11,10 @@ use crate::{
 };
 
 pub fn bench(root: &Path, args: &[String]) -> Result<()> {
+    // Fuzzing is a run of its own (`cargo xtask bench fuzz`).
+    if args.first().map(String::as_str) == Some("fuzz") {
+        return crate::fuzz::fuzz(root, &args[1..]);
+    }
     let bin = build(root, true)?;
     // The bench runs lastgasp-trigger from beside itself: build every
     // binary of the tests package, not only the bench.

@@ -2,6 +2,7 @@
 //! cached), builds the eBPF object and the agent, runs, tests and benchmarks.
 mod bench;
 mod build;
+mod fuzz;
 mod image;
 mod k8s;
 mod setup;

@@ -167,7 +167,7 @@ impl AuditLog {
         match lock.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => anyhow::bail!(
-                "the audit log {} is in use by another process (another agent?): two writers would interleave their records",
+                "the audit log {} is held by another process (another agent?): two writers would interleave their records",
                 dir.display()
             ),
             Err(fs::TryLockError::Error(e)) => {
@@ -421,18 +421,31 @@ pub fn read(path: &Path) -> Result<Contents> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e).with_context(|| format!("opening {}", p.display())),
         };
-        for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
-            let line = line?;
-            if line.is_empty() {
-                continue;
-            }
-            match serde_json::from_slice::<Record>(&line) {
-                Ok(r) => out.records.push(r),
-                Err(e) => out.unreadable.push((i + 1, e.to_string())),
-            }
-        }
+        parse_into(BufReader::new(file), &mut out)?;
     }
     Ok(out)
+}
+
+/// The records of one file's bytes (what `read` does per file).
+pub fn parse(bytes: &[u8]) -> Contents {
+    let mut out = Contents::default();
+    // Reading from a slice cannot fail.
+    let _ = parse_into(bytes, &mut out);
+    out
+}
+
+fn parse_into(r: impl BufRead, out: &mut Contents) -> std::io::Result<()> {
+    for (i, line) in r.split(b'\n').enumerate() {
+        let line = line?;
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<Record>(&line) {
+            Ok(r) => out.records.push(r),
+            Err(e) => out.unreadable.push((i + 1, e.to_string())),
+        }
+    }
+    Ok(())
 }
 
 /// Which boots `history` shows.
@@ -547,7 +560,7 @@ mod tests {
         assert_eq!(mode(&dir.join(FILE_NAME)), 0o600);
         assert_eq!(mode(&dir), 0o700);
         let e = format!("{:#}", AuditLog::open(&dir, "boot-a").err().unwrap());
-        assert!(e.contains("in use by another process"), "{e}");
+        assert!(e.contains("held by another process"), "{e}");
         drop(a);
         // An older agent's world-readable log becomes private when opened.
         fs::set_permissions(dir.join(FILE_NAME), fs::Permissions::from_mode(0o644)).unwrap();

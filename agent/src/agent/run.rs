@@ -200,6 +200,9 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             .inhibit_delay
             .get_or_insert(crate::grace::requested_delay(&buckets));
         let node = node_name(&cfg)?;
+        // A configuration error (no kubeconfig, a bad apiServer) stops the
+        // start; an API server that does not answer is waited for.
+        let clients = Clients::new(&cfg).await?;
         let (cfg, audit_dir) = (cfg.clone(), audit_dir.clone());
         let health = health.clone();
         health.lost(
@@ -209,7 +212,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         tokio::spawn(async move {
             let mut wait = Duration::from_secs(1);
             loop {
-                match cluster(&cfg, &node, &audit_dir, buckets.clone()).await {
+                match cluster(&cfg, &clients, &node, &audit_dir, buckets.clone()).await {
                     Ok(c) => {
                         health.regained("api-server");
                         let _ = cluster_tx.send(Some(Arc::new(c)));
@@ -344,33 +347,52 @@ fn node_name(cfg: &Config) -> Result<String> {
         .context("cluster mode needs the node's name: nodeName in the config, or $NODE_NAME")
 }
 
+/// Watches (long reads), the node's other requests, and the last gasp's
+/// own connections (nothing queues before them). Made from the config
+/// alone: nothing is asked of the API server yet.
+struct Clients {
+    watch: ::kube::Client,
+    requests: ::kube::Client,
+    patch: ::kube::Client,
+}
+
+impl Clients {
+    async fn new(cfg: &Config) -> Result<Self> {
+        let server = cfg.api_server.url()?;
+        if let Some(url) = &server {
+            tracing::info!(
+                url,
+                "reaching the API server directly (apiServer), not through the Service VIP"
+            );
+        }
+        Ok(Clients {
+            watch: kube::client(Use::Watch, server.as_deref()).await?,
+            requests: kube::client(Use::Requests, server.as_deref()).await?,
+            patch: kube::client(Use::Requests, server.as_deref()).await?,
+        })
+    }
+}
+
+/// The cluster half, once its warm watches (the node, its pods) listed.
 async fn cluster(
     cfg: &Config,
+    clients: &Clients,
     node: &str,
     audit_dir: &std::path::Path,
     buckets: Vec<crate::grace::Bucket>,
 ) -> Result<Cluster> {
-    let server = cfg.api_server.url()?;
-    if let Some(url) = &server {
-        tracing::info!(
-            url,
-            "reaching the API server directly (apiServer), not through the Service VIP"
-        );
-    }
-    // Watches (long reads), the node's other requests, and the last gasp's
-    // own connections (nothing queues before them).
-    let (watch, requests, patch) = (
-        kube::client(Use::Watch, server.as_deref()).await?,
-        kube::client(Use::Requests, server.as_deref()).await?,
-        kube::client(Use::Requests, server.as_deref()).await?,
-    );
+    let Clients {
+        watch,
+        requests,
+        patch,
+    } = clients;
     let own_pod = match (std::env::var("POD_NAMESPACE"), std::env::var("POD_NAME")) {
         (Ok(ns), Ok(name)) => Some((ns, name)),
         _ => None,
     };
     Ok(Cluster {
-        node: NodeClient::start_with(watch.clone(), requests, node).await?,
-        lastgasp: LastGasp::start(watch, patch, node).await?,
+        node: NodeClient::start_with(watch.clone(), requests.clone(), node).await?,
+        lastgasp: LastGasp::start(watch.clone(), patch.clone(), node).await?,
         graceful: Arc::new(GracefulOptions {
             buckets,
             removal: cfg.pod_removal,

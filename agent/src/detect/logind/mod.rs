@@ -906,7 +906,7 @@ async fn subscribe(conn: &Connection, address: Option<&str>) -> zbus::Result<Str
 }
 
 /// ScheduledShutdown from a PropertiesChanged signal, when it is there.
-fn scheduled_from_changed(m: &Message) -> Option<(String, u64)> {
+pub(crate) fn scheduled_from_changed(m: &Message) -> Option<(String, u64)> {
     type Changed = (
         String,
         std::collections::HashMap<String, zbus::OwnedVariant>,
