@@ -442,10 +442,14 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         let nodes_as_agent: Api<Node> = Api::all(agent.clone());
         let merge = |v: Value| Patch::Merge(v);
         let pp = PatchParams::default();
-        denied(
+        // Both the agent's policy and the evidence policy refuse it.
+        denied_by(
             "the last-gasp annotation on node B",
             nodes_as_agent.patch(b, &pp, &merge(json!({"metadata": {"annotations": {RECORD_ANNOTATION: "{}"}}}))).await,
-            &format!("may only change its own Node, not {b}"),
+            &[
+                &format!("may only change its own Node, not {b}"),
+                &format!("of Node {b} is written only by the lastgasp agent on that node"),
+            ],
         );
         denied(
             "a label on its own node",
@@ -496,12 +500,13 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         );
         // A token of the same ServiceAccount bound to no pod has no node claim.
         let unbound = cp.agent_client(&bound_token(&admin, AGENT_SA, None).await, Use::Requests);
-        denied(
+        // Both the agent's policy and the evidence policy refuse it.
+        denied_by(
             "a write with a token that has no node claim",
             Api::<Node>::all(unbound)
                 .patch(a, &pp, &merge(json!({"metadata": {"annotations": {RECORD_ANNOTATION: "{}"}}})))
                 .await,
-            "no node-name claim",
+            &["no node-name claim", "is written only by the lastgasp agent on that node"],
         );
         std::fs::remove_dir_all(&dir).ok();
     });

@@ -17,7 +17,7 @@ use crate::{
     setup::{self, cache_dir, clean_toolchain_env},
 };
 
-const CARGO_FUZZ_VERSION: &str = "0.13.1";
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 pub const TARGETS: [&str; 6] = [
     "kernel_record",
     "exec_record",
@@ -148,7 +148,7 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
             .output();
         rows.push(format!(
             "| {t} | {done} | {secs} s | {} /s | {crashes} | {} inputs |",
-            if secs > 0 { done / secs } else { done },
+            done.checked_div(secs).unwrap_or(done),
             count(&corpus)
         ));
     }
