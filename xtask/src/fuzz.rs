@@ -132,7 +132,11 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
                 "{t}: cargo fuzz failed:\n{}",
                 tail.into_iter().rev().collect::<Vec<_>>().join("\n")
             );
-            failed.push(t.clone());
+            failed.push(if crashes > 0 {
+                format!("{t}: {crashes} crash(es), inputs in fuzz/artifacts/{t}/")
+            } else {
+                format!("{t}: cargo fuzz failed without a crash input (a build error? see above)")
+            });
         }
         // Minimised, so the corpus kept in the repository stays small.
         let mut cmin = Command::new(&cargo_fuzz);
@@ -158,10 +162,7 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
         println!("{r}");
     }
     if !failed.is_empty() {
-        bail!(
-            "fuzzing found crashes in {} (inputs in fuzz/artifacts/)",
-            failed.join(", ")
-        );
+        bail!("fuzzing failed: {}", failed.join("; "));
     }
     Ok(())
 }
