@@ -136,6 +136,22 @@ pub struct AuditLog {
     _lock: File,
 }
 
+/// A decision as an audit line carries it: the episode with its first
+/// timeline entry (which names it) and its newest (this line's change); the
+/// entries between are in the episode's earlier lines. Each line stays a
+/// few hundred bytes however many requests join the episode.
+fn changes_only(d: &Decision) -> Decision {
+    let mut d = d.clone();
+    if let Some(ep) = d.episode.as_mut() {
+        let n = ep.timeline.len();
+        if n > 2 {
+            ep.timeline.drain(1..n - 1);
+            ep.timeline_omitted = ep.timeline_omitted.saturating_add((n - 2) as u32);
+        }
+    }
+    d
+}
+
 /// The lock file beside the log.
 const LOCK_NAME: &str = "audit.lock";
 
@@ -242,7 +258,7 @@ impl AuditLog {
         self.write(
             Entry::Signal {
                 signal: signal.clone(),
-                decision: decision.cloned(),
+                decision: decision.map(changes_only),
             },
             durability,
         )
@@ -545,6 +561,48 @@ mod tests {
                 ret: None,
             },
         }
+    }
+
+    /// An episode joined again and again: each audit line carries its first
+    /// and newest timeline entries only.
+    #[test]
+    fn an_audit_line_carries_the_episodes_changes_not_its_history() {
+        let dir = std::env::temp_dir().join(format!("lastgasp-audit-delta-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mut a = AuditLog::open(&dir, "b").unwrap();
+        let mut decider = crate::decide::Decider::new();
+        let mut sizes = Vec::new();
+        for _ in 0..20 {
+            let s = signal(Kind::Poweroff);
+            let d = decider.decide(&s);
+            a.append(&s, Some(&d)).unwrap();
+            sizes.push(fs::metadata(dir.join(FILE_NAME)).unwrap().len());
+        }
+        let c = read(&dir.join(FILE_NAME)).unwrap();
+        let last = c.records.last().unwrap();
+        let Entry::Signal {
+            decision: Some(d), ..
+        } = &last.entry
+        else {
+            panic!("{last:?}")
+        };
+        let ep = d.episode.as_ref().unwrap();
+        assert_eq!(ep.timeline.len(), 2, "{ep:?}");
+        assert_eq!(ep.timeline_omitted, 18);
+        let first = match &c.records[0].entry {
+            Entry::Signal {
+                decision: Some(d), ..
+            } => d.episode.clone().unwrap(),
+            e => panic!("{e:?}"),
+        };
+        assert_eq!(
+            ep.timeline[0], first.timeline[0],
+            "the opener names the episode"
+        );
+        // Lines do not grow with the episode.
+        let line = |i: usize| sizes[i] - if i == 0 { 0 } else { sizes[i - 1] };
+        assert!(line(19) <= line(3) + 16, "{} vs {}", line(19), line(3));
+        fs::remove_dir_all(&dir).ok();
     }
 
     /// Root's alone, and one writer: a second agent on the same directory

@@ -851,6 +851,15 @@ async fn write_outcome(
     }
 }
 
+/// An episode's timeline in a line (entries left out counted where they were).
+fn timeline_text(ep: &Episode) -> String {
+    let mut parts: Vec<String> = ep.timeline.iter().map(|e| e.summary.clone()).collect();
+    if ep.timeline_omitted > 0 && parts.len() > 1 {
+        parts.insert(1, format!("({} more)", ep.timeline_omitted));
+    }
+    parts.join("; ")
+}
+
 /// The PreviousBoot Event's note: how the boot ended, by which episode, and
 /// the kernel's last words when nothing announced it.
 fn previous_boot_note(r: &BootReport, pstore: &[(String, String)]) -> String {
@@ -861,7 +870,7 @@ fn previous_boot_note(r: &BootReport, pstore: &[(String, String)]) -> String {
             r.end.as_str(),
             ep.kind,
             ep.id,
-            ep.timeline.iter().map(|e| e.summary.as_str()).collect::<Vec<_>>().join("; ")
+            timeline_text(ep)
         ),
         None => format!(
             "previous boot {} ended unannounced: no shutdown was seen (power loss, reset, watchdog or panic)",
