@@ -62,6 +62,8 @@ pub fn any_sender_rule(
 }
 
 /// A microsecond wall-clock timestamp as logind and systemd give them.
+/// Past year 9999 (`u64::MAX` is logind's "never"), the latest time a log
+/// can write.
 pub fn wall_usec(usec: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_micros(usec)
+    (SystemTime::UNIX_EPOCH + Duration::from_micros(usec)).min(crate::timespan::latest())
 }

@@ -341,6 +341,19 @@ mod tests {
         }
     }
 
+    /// Found by the fuzzer (`cargo xtask bench fuzz`, kernel_record): an exec
+    /// of `shutdown` whose time lies past year 9999 decoded to a time no
+    /// log can write, and writing the signal panicked (any user could run
+    /// it). The time is now kept as unknown, with the spec.
+    #[test]
+    fn fuzz_kernel_record_1_a_time_past_9999_is_written_down() {
+        let bytes = include_bytes!("testdata/fuzz-kernel-record-1");
+        let raw = RawEvent::from_bytes(bytes).unwrap();
+        let s = decode(&raw, now());
+        let d = crate::decide::Decider::new().decide(&s);
+        serde_json::to_string(&(&s, &d.action)).unwrap();
+    }
+
     #[test]
     fn every_record_source_has_one_hook() {
         let mut seen: Vec<u32> = HOOKS.iter().map(|h| h.source).collect();

@@ -270,6 +270,15 @@ fn shutdown_forms() {
         ("shutdown -r +010", sched(Reboot, Some(480), "+010")), // C syntax: octal
         ("shutdown -r +0", logind(Reboot)),
         ("shutdown +5 -r", sched(Reboot, Some(300), "+5")),
+        // Past year 9999 (any user may run it): unknown, never unwritable.
+        (
+            "shutdown -h +99999999999",
+            sched(Poweroff, None, "+99999999999"),
+        ),
+        (
+            "systemctl poweroff --when=+100000y",
+            sched(Poweroff, None, "+100000y"),
+        ),
         ("shutdown -H 22:30", sched(Halt, None, "22:30")),
         ("shutdown 7:05", sched(Poweroff, None, "7:05")),
         ("shutdown 00:00", sched(Poweroff, None, "00:00")),

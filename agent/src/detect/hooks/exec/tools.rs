@@ -310,9 +310,11 @@ pub(super) fn when_effect(value: &str, now: SystemTime) -> Option<Effect> {
     })
 }
 
+/// A scheduled shutdown; a time no log could write (past year 9999, before
+/// 1970) is kept as unknown, with the spec.
 pub(super) fn scheduled(at: Option<SystemTime>, spec: &str) -> Effect {
     Effect::Scheduled {
-        at,
+        at: at.and_then(crate::timespan::writable),
         spec: spec.to_string(),
     }
 }
