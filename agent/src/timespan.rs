@@ -5,14 +5,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The latest time RFC 3339 (the audit log, the Node's record, every log
 /// line) can write: 9999-12-31T23:59:59Z. humantime refuses to format a
 /// later one, or one before 1970, and a refused format is a panic.
-pub fn latest() -> SystemTime {
+pub(crate) fn latest() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(253_402_300_799)
 }
 
 /// `t` when it can be written down (1970 to 9999), else `None`: a time
 /// derived from outside data (a tool's argument, a bus property) never
 /// reaches a serialiser that cannot write it.
-pub fn writable(t: SystemTime) -> Option<SystemTime> {
+pub(crate) fn writable(t: SystemTime) -> Option<SystemTime> {
     (UNIX_EPOCH..=latest()).contains(&t).then_some(t)
 }
 
