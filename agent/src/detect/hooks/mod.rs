@@ -354,6 +354,20 @@ mod tests {
         serde_json::to_string(&(&s, &d.action)).unwrap();
     }
 
+    /// Found by the fuzzer (kernel_record, after the first fix): a reboot(2)
+    /// exit record returning i64::MIN overflowed the errno's negation.
+    #[test]
+    fn fuzz_kernel_record_2_any_return_value_is_told() {
+        let bytes = include_bytes!("testdata/fuzz-kernel-record-2");
+        let raw = RawEvent::from_bytes(bytes).unwrap();
+        let s = decode(&raw, now());
+        serde_json::to_string(&s).unwrap();
+        let mut r = raw;
+        r.source = lastgasp_common::SRC_REBOOT_EXIT;
+        r.a[3] = i64::MIN as u64;
+        let _ = decode(&r, now());
+    }
+
     #[test]
     fn every_record_source_has_one_hook() {
         let mut seen: Vec<u32> = HOOKS.iter().map(|h| h.source).collect();

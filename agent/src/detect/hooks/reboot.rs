@@ -89,7 +89,12 @@ fn errno_text(ret: i64) -> String {
     if ret >= 0 {
         return ret.to_string();
     }
-    let errno = nix::errno::Errno::from_raw(i32::try_from(-ret).unwrap_or(0));
+    // i64::MIN has no negation (found by fuzzing): errno 0, "unknown".
+    let raw = ret
+        .checked_neg()
+        .and_then(|e| i32::try_from(e).ok())
+        .unwrap_or(0);
+    let errno = nix::errno::Errno::from_raw(raw);
     format!("-1 {errno:?} ({})", errno.desc())
 }
 
