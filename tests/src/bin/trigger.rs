@@ -46,22 +46,9 @@ fn main() {
                 .unwrap_or_else(|| usage());
             let cmd = cmd.unwrap_or_else(|_| usage());
             // magic1 = 0 is never valid: the kernel answers EINVAL and does nothing.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_reboot,
-                    0 as libc::c_long,
-                    0 as libc::c_long,
-                    cmd,
-                    0,
-                )
-            };
-            let errno = std::io::Error::last_os_error();
-            println!("rc {rc} {errno}");
-            exit(if rc == -1 && errno.raw_os_error() == Some(libc::EINVAL) {
-                0
-            } else {
-                1
-            });
+            let errno = bad_magic_reboot(cmd as libc::c_long);
+            println!("errno {errno:?}");
+            exit(if errno == Some(libc::EINVAL) { 0 } else { 1 });
         }
         Some("bad-magic-reboots") => {
             // N reboot(2) calls with magic1 = 0 (EINVAL, harmless) and cmd
