@@ -108,26 +108,35 @@ fn start_standalone(audit: &std::path::Path, extra: &[&str]) -> Running {
 
 /// `lastgasp --json-logs run --standalone ...`: every stderr line must be JSON.
 fn start_run(audit: &std::path::Path, extra: &[&str]) -> Running {
-    let mut child = Command::new(agent_bin())
-        .args(["--json-logs", "run", "--standalone", "--audit-dir"])
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["--json-logs", "run", "--standalone", "--audit-dir"])
         .arg(audit)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting lastgasp (build it with cargo xtask build)");
-    let err = child.stderr.take().unwrap();
-    let logs = Arc::new(Mutex::new(Vec::new()));
-    let l = logs.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines() {
-            let Ok(line) = line else { return };
-            let v: Value = serde_json::from_str(&line)
-                .unwrap_or_else(|e| json!({"NOT_JSON": line, "error": e.to_string()}));
-            l.lock().unwrap().push(v);
-        }
-    });
-    Running { child, logs }
+        .args(extra);
+    Running::spawn(cmd)
+}
+
+impl Running {
+    /// Starts `cmd` (stdout dropped) and collects its stderr's JSON lines (a
+    /// line that is not JSON is kept as `NOT_JSON`).
+    fn spawn(mut cmd: Command) -> Running {
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting lastgasp (build it with cargo xtask build)");
+        let err = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let l = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { return };
+                let v: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| json!({"NOT_JSON": line, "error": e.to_string()}));
+                l.lock().unwrap().push(v);
+            }
+        });
+        Running { child, logs }
+    }
 }
 
 #[test]
@@ -1331,34 +1340,19 @@ async fn a_slow_header_flood_cannot_exhaust_the_controller() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(agent_bin())
-        .args([
-            "--json-logs",
-            "controller",
-            "--identity",
-            "slowhead",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let logs = Arc::new(Mutex::new(Vec::new()));
-    let l = logs.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines() {
-            let Ok(line) = line else { return };
-            l.lock()
-                .unwrap()
-                .push(serde_json::from_str::<Value>(&line).unwrap_or(json!({"NOT_JSON": line})));
-        }
-    });
-    let running = Running { child, logs };
+    let mut cmd = Command::new(agent_bin());
+    cmd.args([
+        "--json-logs",
+        "controller",
+        "--identity",
+        "slowhead",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .env("KUBECONFIG", &kubeconfig)
+    .env_remove("KUBERNETES_SERVICE_HOST")
+    .env_remove("KUBERNETES_SERVICE_PORT");
+    let running = Running::spawn(cmd);
     let logs = running.logs.clone();
     let addr = tokio::task::spawn_blocking(move || {
         let v = wait_log_in(&logs, "the endpoint's address", |v| {
@@ -1430,41 +1424,27 @@ async fn an_api_server_down_from_the_start_blinds_nothing() {
     )
     .unwrap();
     let audit = dir.join("audit");
-    let mut child = Command::new(agent_bin())
-        .args([
-            "--json-logs",
-            "run",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--logind-root",
-        ])
-        .arg(&bus.root)
-        .arg("--system-bus")
-        .arg(&bus.address)
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--audit-dir")
-        .arg(&audit)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("NODE_NAME", node)
-        .env_remove("POD_NAME")
-        .env_remove("POD_NAMESPACE")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let logs = Arc::new(Mutex::new(Vec::new()));
-    let l = logs.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            l.lock()
-                .unwrap()
-                .push(serde_json::from_str::<Value>(&line).unwrap_or(json!({"NOT_JSON": line})));
-        }
-    });
-    let agent = Running { child, logs };
+    let mut cmd = Command::new(agent_bin());
+    cmd.args([
+        "--json-logs",
+        "run",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--logind-root",
+    ])
+    .arg(&bus.root)
+    .arg("--system-bus")
+    .arg(&bus.address)
+    .arg("--config")
+    .arg(&cfg)
+    .arg("--audit-dir")
+    .arg(&audit)
+    .env("KUBECONFIG", &kubeconfig)
+    .env("NODE_NAME", node)
+    .env_remove("POD_NAME")
+    .env_remove("POD_NAMESPACE")
+    .env_remove("KUBERNETES_SERVICE_HOST");
+    let agent = Running::spawn(cmd);
     let blocking = |f: Box<dyn FnOnce() -> Value + Send>| tokio::task::spawn_blocking(f);
     let logs = agent.logs.clone();
     let listen = blocking(Box::new(move || {
