@@ -105,16 +105,20 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
         let artifacts = fuzz_dir.join("artifacts").join(t);
         let before = count(&artifacts);
         let started = Instant::now();
-        let mut cmd = Command::new(&cargo_fuzz);
-        clean_toolchain_env(&mut cmd);
-        let out = cmd
-            .current_dir(root)
-            .env("RUSTUP_TOOLCHAIN", &tools.nightly)
-            .env("LASTGASP_EBPF_OBJ", ebpf_object(root))
-            .args(["fuzz", "run", "--fuzz-dir"])
-            .arg(&fuzz_dir)
-            .arg(t)
-            .arg(&corpus)
+        // `cargo fuzz SUB TARGET CORPUS` on the nightly, with the eBPF object.
+        let fuzz = |sub: &str| {
+            let mut cmd = Command::new(&cargo_fuzz);
+            clean_toolchain_env(&mut cmd);
+            cmd.current_dir(root)
+                .env("RUSTUP_TOOLCHAIN", &tools.nightly)
+                .env("LASTGASP_EBPF_OBJ", ebpf_object(root))
+                .args(["fuzz", sub, "--fuzz-dir"])
+                .arg(&fuzz_dir)
+                .arg(t)
+                .arg(&corpus);
+            cmd
+        };
+        let out = fuzz("run")
             .args([
                 "--",
                 &format!("-runs={runs}"),
@@ -139,17 +143,7 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
             });
         }
         // Minimised, so the corpus kept in the repository stays small.
-        let mut cmin = Command::new(&cargo_fuzz);
-        clean_toolchain_env(&mut cmin);
-        let _ = cmin
-            .current_dir(root)
-            .env("RUSTUP_TOOLCHAIN", &tools.nightly)
-            .env("LASTGASP_EBPF_OBJ", ebpf_object(root))
-            .args(["fuzz", "cmin", "--fuzz-dir"])
-            .arg(&fuzz_dir)
-            .arg(t)
-            .arg(&corpus)
-            .output();
+        let _ = fuzz("cmin").output();
         rows.push(format!(
             "| {t} | {done} | {secs} s | {} /s | {crashes} | {} inputs |",
             done.checked_div(secs).unwrap_or(done),
