@@ -405,15 +405,20 @@ impl LogindDetector {
         m: Message,
         tx: &mpsc::Sender<ShutdownSignal>,
     ) -> Option<Flow> {
-        let sender = m
-            .header()
-            .sender()
-            .map(|s| s.to_string())
-            .unwrap_or_default();
-        if self.owner.as_deref() == Some(sender.as_str()) && m.header().destination().is_none() {
+        if self.is_loginds(&m) {
             return None;
         }
         self.on_prepare(conn, m, tx).await
+    }
+
+    /// Only the current owner's broadcast speaks for logind (one sent
+    /// straight to this connection is another peer's, whoever it names).
+    fn is_loginds(&self, m: &Message) -> bool {
+        let h = m.header();
+        h.destination().is_none()
+            && h.sender()
+                .map(|s| s.as_str())
+                .is_some_and(|s| self.owner.as_deref() == Some(s))
     }
 
     /// Another peer's PrepareForShutdown: audit-only, never waited for.
@@ -485,10 +490,7 @@ impl LogindDetector {
                 return None;
             }
         };
-        // Only the current owner's broadcast speaks for logind (one sent
-        // straight to this connection is another peer's, whoever it names).
-        let from_logind =
-            self.owner.as_deref() == Some(sender.as_str()) && m.header().destination().is_none();
+        let from_logind = self.is_loginds(&m);
         if !from_logind && !self.cfg.trust_unowned {
             self.report_forged(&conn.conn, &sender, start, (wall, boot_ns), tx)
                 .await;
