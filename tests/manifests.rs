@@ -545,6 +545,61 @@ fn flag(args: &[String], name: &str) -> Option<String> {
     })
 }
 
+/// The value of the container's environment variable `name`.
+fn env_value(c: &k8s_openapi::api::core::v1::Container, name: &str) -> Option<String> {
+    c.env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+/// The environment variable clap reads for `--long` of the subcommand `A`.
+fn env_of<A: clap::Args>(long: &str) -> Option<String> {
+    A::augment_args(clap::Command::new("x"))
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+}
+
+#[test]
+fn check_exec_in_the_agents_pod_reads_the_settings_run_reads() {
+    // `kubectl exec ds/lastgasp-agent -- lastgasp check`, as written: the
+    // settings are environment, which run and check both read; none is an
+    // argument of run's alone. (The chart renders the same DaemonSet: see
+    // the kustomize/helm comparison.)
+    {
+        let dir = "deploy/kustomize";
+        let objs = objects(dir, &source_objects());
+        let pod = agent_pod(&objs);
+        let c = &pod.containers[0];
+        assert_eq!(
+            c.args.clone().unwrap(),
+            ["--json-logs", "run"],
+            "{dir}: run's settings belong in env, where check finds them too"
+        );
+        for (long, want) in [
+            ("config", "/etc/lastgasp/config.yaml"),
+            ("logind-root", "/host"),
+        ] {
+            let var = env_of::<lastgasp::agent::RunArgs>(long).expect("run reads it from env");
+            assert_eq!(
+                env_of::<lastgasp::check::CheckArgs>(long).as_deref(),
+                Some(var.as_str()),
+                "check reads --{long} from the same variable"
+            );
+            assert_eq!(env_value(c, &var).as_deref(), Some(want), "{dir}: {var}");
+        }
+        let var = env_of::<lastgasp::agent::RunArgs>("shutdown-hook-dir").unwrap();
+        assert_eq!(
+            env_value(c, &var).as_deref(),
+            Some("/host/usr/lib/systemd/system-shutdown"),
+            "{dir}: {var}"
+        );
+    }
+}
+
 #[test]
 fn the_config_map_parses_with_the_agents_config_and_fits_the_daemonset() {
     let objs = objects("deploy/kustomize", &source_objects());
@@ -555,10 +610,9 @@ fn the_config_map_parses_with_the_agents_config_and_fits_the_daemonset() {
     assert_eq!(cfg.pod_removal, Removal::Delete);
     let pod = agent_pod(&objs);
     let c = &pod.containers[0];
-    let args = c.args.clone().unwrap();
 
-    // --config points into the ConfigMap's mount.
-    let config_path = PathBuf::from(flag(&args, "--config").expect("--config"));
+    // The config file is in the ConfigMap's mount.
+    let config_path = PathBuf::from(env_value(c, "LASTGASP_CONFIG").expect("LASTGASP_CONFIG"));
     let mounts = c.volume_mounts.clone().unwrap();
     let volumes = pod.volumes.clone().unwrap();
     let m = mounts
@@ -606,7 +660,7 @@ fn the_config_map_parses_with_the_agents_config_and_fits_the_daemonset() {
         .clone()
         .unwrap()
         .into_iter()
-        .map(|e| (e.name, e.value_from.unwrap().field_ref.unwrap().field_path))
+        .filter_map(|e| Some((e.name, e.value_from?.field_ref?.field_path)))
         .collect();
     assert_eq!(env["NODE_NAME"], "spec.nodeName");
     assert_eq!(env["POD_NAME"], "metadata.name");
@@ -758,14 +812,13 @@ fn the_agent_runs_unprivileged_with_the_documented_capabilities() {
         .map(|(h, (m, ro))| (h.as_str(), (m.as_str(), *ro)))
         .collect();
     assert_eq!(got, want);
-    // The drop-in lands where logind reads it: --logind-root + etc/systemd/logind.conf.d.
-    let args = c.args.clone().unwrap();
+    // The drop-in lands where logind reads it: the logind root + etc/systemd/logind.conf.d.
     // The hook lands in systemd-shutdown's directory, the FIFO in the shared run dir.
     assert_eq!(
-        flag(&args, "--shutdown-hook-dir").as_deref(),
+        env_value(c, "LASTGASP_SHUTDOWN_HOOK_DIR").as_deref(),
         Some("/host/usr/lib/systemd/system-shutdown")
     );
-    let root = flag(&args, "--logind-root").expect("--logind-root");
+    let root = env_value(c, "LASTGASP_LOGIND_ROOT").expect("LASTGASP_LOGIND_ROOT");
     assert_eq!(
         lastgasp::detect::logind::config::dropin_path(Path::new(&root)),
         Path::new("/host/etc/systemd/logind.conf.d/99-lastgasp.conf")

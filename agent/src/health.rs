@@ -80,6 +80,17 @@ impl Health {
             .any(|p| !lost.contains_key(p))
     }
 
+    /// Whether the graceful path is armed: `part` (logind) started and
+    /// neither it nor any of its parts (`part` and the `part …` lock) is lost.
+    pub fn armed(&self, part: &str) -> bool {
+        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        self.buses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(part)
+            && !lost.keys().any(|p| p.split(' ').next() == Some(part))
+    }
+
     pub fn readiness(&self) -> Result<(), String> {
         if let Some(why) = &*self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) {
             return Err(why.clone());
@@ -179,5 +190,20 @@ mod tests {
         let h = Health::new("arming the hooks");
         h.lost("logind", "gone");
         assert_eq!(h.readiness(), Err("arming the hooks".into()));
+    }
+
+    #[test]
+    fn the_graceful_path_is_armed_only_while_logind_and_its_lock_hold() {
+        let h = Health::new("starting");
+        assert!(!h.armed("logind"), "never started (no bus, no logind)");
+        h.bus_started("logind");
+        assert!(h.armed("logind"));
+        h.lost("logind delay lock", "cannot take a delay lock: denied");
+        h.lost("logindx", "another part");
+        assert!(!h.armed("logind"));
+        h.regained("logind delay lock");
+        assert!(h.armed("logind"), "a part of another name does not count");
+        h.lost("logind", "the bus connection closed");
+        assert!(!h.armed("logind"));
     }
 }

@@ -34,6 +34,23 @@ pub struct Metrics {
     pub hooks: Family<Labels, Gauge>,
     pub boot_info: Family<Labels, Gauge>,
     pub audit_failures: Counter,
+    /// 1 while logind's delay lock is held and its signals are followed.
+    pub graceful_path_armed: Gauge,
+}
+
+/// `lastgasp_build_info{version, component}` = 1 in `r`.
+fn register_build_info(r: &mut Registry, component: &str) {
+    let info = Family::<Labels, Gauge>::default();
+    info.get_or_create(&vec![
+        ("version".into(), env!("CARGO_PKG_VERSION").into()),
+        ("component".into(), component.into()),
+    ])
+    .set(1);
+    r.register(
+        "lastgasp_build_info",
+        "The running binary's version and component (agent or controller), always 1",
+        info,
+    );
 }
 
 fn label(v: impl serde::Serialize) -> String {
@@ -114,8 +131,16 @@ impl Default for Metrics {
             "Audit records (signals or outcomes) that could not be written and fsync'd",
             audit_failures.clone(),
         );
+        let graceful_path_armed = Gauge::default();
+        r.register(
+            "lastgasp_graceful_path_armed",
+            "1 while the graceful path is armed (logind's delay lock held, its signals followed); 0 without it: shutdowns are still seen and the last gasp sent, but nothing holds a shutdown for the pods to leave",
+            graceful_path_armed.clone(),
+        );
+        register_build_info(&mut r, "agent");
         Metrics {
             registry: Arc::new(r),
+            graceful_path_armed,
             graceful_start,
             graceful_end,
             boots_ended,
@@ -259,6 +284,7 @@ impl Default for ControllerMetrics {
             "1 while fencing is paused (lastgasp.dev/paused on the controller's Lease), as the leader last read it",
             paused.clone(),
         );
+        register_build_info(&mut r, "controller");
         ControllerMetrics {
             registry: Arc::new(r),
             lease_held,
@@ -308,8 +334,21 @@ mod tests {
             "lastgasp_audit_write_failures_total 0",
             "lastgasp_last_gasp_failures_total 0",
             "# TYPE graceful_shutdown_start_time_seconds gauge",
+            "lastgasp_graceful_path_armed 0",
+            concat!(
+                "lastgasp_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\",component=\"agent\"} 1"
+            ),
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");
+        }
+        let c = ControllerMetrics::default().encode();
+        for want in [
+            "component=\"controller\"} 1",
+            "lastgasp_controller_lease_held 0",
+        ] {
+            assert!(c.contains(want), "{want} missing:\n{c}");
         }
     }
 }

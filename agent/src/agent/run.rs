@@ -307,6 +307,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             }
             _ = tick.tick() => {
                 health.beat();
+                metrics.graceful_path_armed.set(i64::from(health.armed(crate::detect::logind::PART)));
                 agent.tick(std::time::SystemTime::now()).await;
                 let now = det.drops_by_cause();
                 if now != drops {
