@@ -157,6 +157,7 @@ fn typed(v: &Value) -> Result<Value, String> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict::<RoleBinding>(v)?.1,
         ("apps/v1", "DaemonSet") => strict::<DaemonSet>(v)?.1,
         ("apps/v1", "Deployment") => strict::<Deployment>(v)?.1,
+        ("batch/v1", "Job") => strict::<k8s_openapi::api::batch::v1::Job>(v)?.1,
         ("policy/v1", "PodDisruptionBudget") => {
             strict::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(v)?.1
         }
@@ -392,7 +393,8 @@ fn kustomize_and_helm_render_the_same_objects() {
 /// so that `helm upgrade` rolls the agents when it changes) and knows the
 /// release and the chart (the standard `helm.sh/chart` and
 /// `app.kubernetes.io/{managed-by,instance,version}` labels): left out of
-/// the comparison with kustomize.
+/// the comparison with kustomize. So are Helm's hooks (the uninstall's
+/// `--lift-fences` Job: kustomize has no uninstall to hook).
 fn without_helm_only(objs: &BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
     const HELM_LABELS: [&str; 4] = [
         "helm.sh/chart",
@@ -401,6 +403,7 @@ fn without_helm_only(objs: &BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
         "app.kubernetes.io/version",
     ];
     objs.iter()
+        .filter(|(_, v)| v.pointer("/metadata/annotations/helm.sh~1hook").is_none())
         .map(|(k, v)| {
             let mut v = v.clone();
             if let Some(l) = v
@@ -716,6 +719,23 @@ fn container_args_parse_with_the_agents_cli() {
     let objs = objects("deploy/kustomize", &source_objects());
     for pod in [agent_pod(&objs), controller_pod(&objs)] {
         parses_with_the_cli(&bin, &pod.containers[0]);
+    }
+    // The chart's uninstall hook: `lastgasp controller ... --lift-fences`.
+    if let Some(h) = helm() {
+        let chart = objects("helm template", &render_helm(&h, &[]));
+        let job: k8s_openapi::api::batch::v1::Job = get(&chart, "Job", "lastgasp-lift-fences");
+        let spec = job.spec.unwrap().template.spec.unwrap();
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some("lastgasp-controller")
+        );
+        let c = &spec.containers[0];
+        assert!(c
+            .args
+            .as_ref()
+            .unwrap()
+            .contains(&"--lift-fences".to_string()));
+        parses_with_the_cli(&bin, c);
     }
     // And a wrong flag is caught, so the check is real.
     let mut c = agent_pod(&objs).containers[0].clone();

@@ -552,7 +552,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         cfg.lease_namespace = NS.into();
         cfg.lease_name = "lastgasp-controller".into();
         let from = cp.audit(&user(CONTROLLER_SA)).len();
-        let ctl = recovery::spawn_controller(client, cfg).await.unwrap();
+        let ctl = recovery::spawn_controller(client.clone(), cfg).await.unwrap();
 
         // The record comes from A's own agent (the admission policy refuses
         // it from anyone else).
@@ -601,6 +601,41 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         ctl.abort();
+
+        // Uninstall: `lastgasp controller --lift-fences` (the chart's
+        // pre-delete hook) with the controller's own token lifts every fence
+        // it set (B's, as a fence leaves it), and no one else's (C's).
+        let (b, c) = (names[1], names[2]);
+        let fence = json!({
+            "metadata": {"annotations": {TAINTED_BY_ANNOTATION: "deployed", FENCED_BOOT_ANNOTATION: sim.boot_id(b).unwrap()}},
+            "spec": {"taints": [{"key": OUT_OF_SERVICE_KEY, "value": "nodeshutdown", "effect": "NoExecute"}]},
+        });
+        let as_controller: Api<Node> = Api::all(client.clone());
+        let pp = PatchParams {
+            field_manager: Some("lastgasp-controller".into()),
+            ..Default::default()
+        };
+        as_controller.patch(b, &pp, &Patch::Merge(&fence)).await.unwrap();
+        let foreign = json!({"spec": {"taints": [{"key": OUT_OF_SERVICE_KEY, "value": "by-hand", "effect": "NoExecute"}]}});
+        nodes.patch(c, &PatchParams::default(), &Patch::Merge(&foreign)).await.unwrap();
+        lastgasp::controller::lift::pause(client.clone(), NS, "lastgasp-controller")
+            .await
+            .unwrap();
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), NS);
+        let lease = leases.get("lastgasp-controller").await.unwrap();
+        assert_eq!(
+            lease.annotations().get("lastgasp.dev/paused").map(String::as_str),
+            Some("true"),
+            "the replicas still running are paused first"
+        );
+        let lifted = lastgasp::controller::lift::lift_all(client.clone()).await.unwrap();
+        assert_eq!(lifted, [b], "only the node this controller fenced");
+        let nb = nodes.get(b).await.unwrap();
+        assert!(!tainted(&nb), "B's fence lifted");
+        for ann in [TAINTED_BY_ANNOTATION, FENCED_BOOT_ANNOTATION] {
+            assert!(!nb.annotations().contains_key(ann), "B keeps {ann}");
+        }
+        assert!(tainted(&nodes.get(c).await.unwrap()), "C's taint is not the controller's");
         let events = cp.audit(&user(CONTROLLER_SA));
         assert_exactly_enough(
             "controller",

@@ -13,7 +13,7 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
     // The D-Bus tests run a private dbus-daemon and use dbus-send.
     setup::ensure_debs(&[("dbus-daemon", "dbus-daemon"), ("dbus-send", "dbus-bin")])?;
     // The alerts' unit tests (tests/monitoring.rs) run promtool.
-    setup::ensure_debs(&[("/usr/bin/promtool", "prometheus")])?;
+    setup::ensure_debs(&[("promtool", "prometheus")])?;
     // The manifest tests render deploy/ with helm and kustomize.
     let manifest_tools = setup::ensure_manifest_tools()?;
     // The cluster tests also run against a real control plane.
@@ -27,7 +27,7 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
         .env("LASTGASP_BIN", &bin)
         .env("LASTGASP_HELM", &manifest_tools.helm)
         .env("LASTGASP_KUSTOMIZE", &manifest_tools.kustomize)
-        .env("LASTGASP_PROMTOOL", "/usr/bin/promtool")
+        .env("LASTGASP_PROMTOOL", "promtool")
         .args(args);
     k8s::env(&mut cmd, &control_plane);
     // eBPF tests share the kernel's hooks: one at a time.

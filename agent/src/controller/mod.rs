@@ -15,6 +15,7 @@
 //! election and the pause switch), `pass` (one pass over the nodes and the
 //! operator's controls), `write` (the writes).
 mod lead;
+pub mod lift;
 mod pass;
 pub mod rule;
 mod write;
@@ -159,11 +160,26 @@ pub struct ControllerArgs {
     /// (default: $POD_IP:9851).
     #[arg(long, value_name = "ADDR:PORT", env = "LASTGASP_METRICS_LISTEN")]
     pub metrics_listen: Option<Listen>,
+    /// Pause the running replicas (the Lease's `lastgasp.dev/paused`), lift
+    /// every out-of-service fence this controller set (the taint and its
+    /// annotations), then exit: an uninstall's last step.
+    #[arg(long)]
+    pub lift_fences: bool,
 }
 
 /// `lastgasp controller`: one pass every `interval`; the holder of the
 /// Lease writes.
 pub async fn run(args: ControllerArgs) -> Result<()> {
+    if args.lift_fences {
+        let c = client(Use::Requests, None).await?;
+        lift::pause(c.clone(), &args.lease_namespace, &args.lease_name).await?;
+        let lifted = lift::lift_all(c).await?;
+        tracing::info!(
+            nodes = lifted.len(),
+            "every fence this controller set is lifted"
+        );
+        return Ok(());
+    }
     let identity = args
         .identity
         .or_else(|| std::env::var("POD_NAME").ok())

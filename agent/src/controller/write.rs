@@ -218,36 +218,13 @@ impl Writer {
     /// `node`'s resourceVersion (a node written since gives 409, and the
     /// next pass judges again).
     async fn set_taint(&self, node: &Node, present: bool) -> Result<()> {
-        let mut taints: Vec<Taint> = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default();
-        taints.retain(|t| t.key != OUT_OF_SERVICE_KEY);
-        if present {
-            taints.push(Taint {
-                key: OUT_OF_SERVICE_KEY.into(),
-                value: Some(OUT_OF_SERVICE_VALUE.into()),
-                effect: "NoExecute".into(),
-                time_added: Some(Time(Timestamp::now())),
-            });
-        }
-        let (marker, boot) = if present {
-            (json!(self.cfg.identity), json!(boot_id(node)))
-        } else {
-            (serde_json::Value::Null, serde_json::Value::Null)
-        };
-        let patch = json!({
-            "metadata": { "resourceVersion": node.resource_version(), "annotations": {
-                TAINTED_BY_ANNOTATION: marker, FENCED_BOOT_ANNOTATION: boot } },
-            "spec": { "taints": taints },
-        });
-        let params = PatchParams {
-            field_manager: Some(FENCE_MANAGER.into()),
-            ..Default::default()
-        };
+        let fence = present.then_some(self.cfg.identity.as_str());
         self.nodes
-            .patch(&node.name_any(), &params, &Patch::Merge(&patch))
+            .patch(
+                &node.name_any(),
+                &fence_params(),
+                &Patch::Merge(&fence_patch(node, fence)),
+            )
             .await?;
         Ok(())
     }
@@ -269,6 +246,42 @@ impl Writer {
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             tracing::warn!("controller event: {e}");
         }
+    }
+}
+
+/// The Node patch that sets the fence (`Some(identity)`: the taint and the
+/// annotations naming the controller and the boot) or lifts it (`None`),
+/// guarded by `node`'s resourceVersion (a node written since gives 409).
+pub(super) fn fence_patch(node: &Node, fence: Option<&str>) -> serde_json::Value {
+    let mut taints: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    taints.retain(|t| t.key != OUT_OF_SERVICE_KEY);
+    if fence.is_some() {
+        taints.push(Taint {
+            key: OUT_OF_SERVICE_KEY.into(),
+            value: Some(OUT_OF_SERVICE_VALUE.into()),
+            effect: "NoExecute".into(),
+            time_added: Some(Time(Timestamp::now())),
+        });
+    }
+    let (marker, boot) = match fence {
+        Some(identity) => (json!(identity), json!(boot_id(node))),
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    };
+    json!({
+        "metadata": { "resourceVersion": node.resource_version(), "annotations": {
+            TAINTED_BY_ANNOTATION: marker, FENCED_BOOT_ANNOTATION: boot } },
+        "spec": { "taints": taints },
+    })
+}
+
+pub(super) fn fence_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FENCE_MANAGER.into()),
+        ..Default::default()
     }
 }
 
