@@ -157,6 +157,7 @@ fn typed(v: &Value) -> Result<Value, String> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict::<RoleBinding>(v)?.1,
         ("apps/v1", "DaemonSet") => strict::<DaemonSet>(v)?.1,
         ("apps/v1", "Deployment") => strict::<Deployment>(v)?.1,
+        ("v1", "ResourceQuota") => strict::<k8s_openapi::api::core::v1::ResourceQuota>(v)?.1,
         ("batch/v1", "Job") => strict::<k8s_openapi::api::batch::v1::Job>(v)?.1,
         ("policy/v1", "PodDisruptionBudget") => {
             strict::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(v)?.1
@@ -2222,4 +2223,202 @@ fn the_charts_values_take_effect() {
         .filter(|o| o["kind"] != "PodMonitor")
         .collect();
     objects("helm template with every value set", &typed);
+}
+
+/// The config's field names, as its parser knows them (serde's
+/// deny_unknown_fields error lists every one).
+fn config_fields() -> BTreeSet<String> {
+    let err = format!("{:#}", Config::parse("noSuchField: 1").unwrap_err());
+    let fields: BTreeSet<String> = err
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|f| *f != "noSuchField")
+        .map(str::to_string)
+        .collect();
+    assert!(fields.contains("podRemoval"), "{err}");
+    fields
+}
+
+#[test]
+fn the_values_schema_covers_every_config_field_and_refuses_a_typo() {
+    let Some(h) = helm() else {
+        return skip(
+            "the_values_schema_covers_every_config_field_and_refuses_a_typo",
+            "no helm",
+        );
+    };
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(lastgasp_tests::render::chart_dir().join("values.schema.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let agent = &schema["properties"]["agent"]["properties"];
+    // Every field the agent reads is settable: its own value, agent.config,
+    // or fixed by the DaemonSet (the audit dir's host path, $NODE_NAME).
+    let mut settable: BTreeSet<String> = agent["config"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    for own in [
+        "podRemoval",
+        "shutdownGracePeriod",
+        "shutdownGracePeriodCriticalPods",
+        "kubeletConfigPath",
+    ] {
+        assert!(agent.get(own).is_some(), "agent.{own} in the schema");
+        assert!(settable.insert(own.into()), "{own} settable twice");
+    }
+    settable.extend(["auditDir".to_string(), "nodeName".to_string()]);
+    assert_eq!(
+        settable,
+        config_fields(),
+        "the schema and the config's fields"
+    );
+    assert_eq!(agent["config"]["additionalProperties"], false);
+
+    // Every agent.config field, set, renders a config the agent accepts.
+    let set = [
+        "agent.config.ignoreDaemonSets=true",
+        "agent.config.excludeNamespaces={kube-system,monitoring}",
+        "agent.config.excludePodLabels.keep=yes",
+        "agent.config.shutdownGracePeriodByPodPriority[0].priority=0",
+        "agent.config.shutdownGracePeriodByPodPriority[0].shutdownGracePeriodSeconds=20",
+        "agent.config.shutdownGracePeriodByPodPriority[1].priority=100000",
+        "agent.config.shutdownGracePeriodByPodPriority[1].shutdownGracePeriodSeconds=10",
+        "agent.config.trust.pendingExpiry=90s",
+        "agent.config.apiServer.endpoint=https://10.0.0.10:6443",
+        "agent.config.auditMaxFileMiB=32",
+        "agent.config.auditFiles=8",
+        "agent.shutdownGracePeriod=",
+        "agent.shutdownGracePeriodCriticalPods=",
+    ];
+    let mut cmd = Command::new(&h);
+    cmd.args(["template", "lastgasp"])
+        .arg(lastgasp_tests::render::chart_dir())
+        .args(["--namespace", "lastgasp"]);
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // A by-priority list excludes the two grace periods (the kubelet's
+    // rule): the schema lets them be emptied, the agent's parser decides.
+    if !out.status.success() {
+        panic!("helm template with every agent.config field: {stderr}");
+    }
+    let objs = objects(
+        "helm template --set agent.config.*",
+        &lastgasp_tests::render::split_yaml(&text),
+    );
+    let cm: ConfigMap = get(&objs, "ConfigMap", "lastgasp-agent");
+    let yaml = &cm.data.unwrap()["config.yaml"];
+    let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
+    assert!(cfg.ignore_daemon_sets);
+    assert_eq!(cfg.exclude_namespaces, ["kube-system", "monitoring"]);
+    assert_eq!(cfg.audit_max_file_mib, 32);
+    assert_eq!(cfg.audit_files, 8);
+    assert_eq!(cfg.trust.pending_expiry, Duration::from_secs(90));
+    assert_eq!(
+        cfg.api_server.endpoint.as_deref(),
+        Some("https://10.0.0.10:6443")
+    );
+
+    // Typos and wrong types fail at `helm template`, before anything is applied.
+    for bad in [
+        "agent.config.ignoreDaemonSet=true",
+        "agent.config.auditFiles=many",
+        "agent.podRemoval=drain",
+        "controller.policy=poweroff",
+        "controller.proofQuiet=soon",
+        "agent.shutdownGracePeriod=30",
+        "nosuchvalue=1",
+    ] {
+        let out = Command::new(&h)
+            .args(["template", "lastgasp"])
+            .arg(lastgasp_tests::render::chart_dir())
+            .args(["--set", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--set {bad} was accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("schema"),
+            "--set {bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_charts_controller_flags_reach_the_controller() {
+    let (Some(h), Some(bin)) = (helm(), agent_bin()) else {
+        return skip(
+            "the_charts_controller_flags_reach_the_controller",
+            "no helm or no agent binary (LASTGASP_BIN)",
+        );
+    };
+    let objs = objects(
+        "helm template --set controller.*",
+        &render_helm(
+            &h,
+            &[
+                "controller.proofQuiet=5s",
+                "controller.leaseMargin=3s",
+                "controller.rebootTimeout=15m",
+                "controller.maxFencesPerMinute=0",
+                "controller.concurrency=4",
+                "controller.priorityClassName=lastgasp-high",
+                "controller.extraEnv[0].name=RUST_LOG",
+                "controller.extraEnv[0].value=debug",
+                "agent.extraEnv[0].name=RUST_LOG",
+                "agent.extraEnv[0].value=debug",
+                "agent.appArmorProfile.type=Unconfined",
+                "agent.seLinuxOptions.type=spc_t",
+                "priorityClassQuota.enabled=true",
+            ],
+        ),
+    );
+    let pod = controller_pod(&objs);
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap();
+    for (f, v) in [
+        ("--proof-quiet", "5s"),
+        ("--lease-margin", "3s"),
+        ("--reboot-timeout", "15m"),
+        ("--max-fences-per-minute", "0"),
+        ("--concurrency", "4"),
+    ] {
+        assert_eq!(flag(&args, f).as_deref(), Some(v), "{f}");
+    }
+    parses_with_the_cli(&bin, c);
+    assert_eq!(pod.priority_class_name.as_deref(), Some("lastgasp-high"));
+    assert!(c.env.as_ref().unwrap().iter().any(|e| e.name == "RUST_LOG"));
+    let a = &agent_pod(&objs).containers[0];
+    assert!(a.env.as_ref().unwrap().iter().any(|e| e.name == "RUST_LOG"));
+    let sc = a.security_context.clone().unwrap();
+    assert_eq!(sc.app_armor_profile.unwrap().type_, "Unconfined");
+    assert_eq!(sc.se_linux_options.unwrap().type_.as_deref(), Some("spc_t"));
+    let q: k8s_openapi::api::core::v1::ResourceQuota =
+        get(&objs, "ResourceQuota", "lastgasp-critical-pods");
+    let sel = q
+        .spec
+        .unwrap()
+        .scope_selector
+        .unwrap()
+        .match_expressions
+        .unwrap();
+    assert_eq!(
+        sel[0].values.clone().unwrap(),
+        ["system-node-critical", "lastgasp-high"]
+    );
+    // Unset, the binary's defaults: no flag rendered.
+    let defaults = objects("helm template", &render_helm(&h, &[]));
+    let args = controller_pod(&defaults).containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert_eq!(flag(&args, "--proof-quiet"), None);
 }
