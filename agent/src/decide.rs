@@ -305,7 +305,7 @@ pub enum HostAnswer {
     Unknown(String),
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Decider {
     policy: Policy,
     current: Option<Episode>,

@@ -44,6 +44,13 @@ enum Command {
     /// the API permissions. Prints a table; exits 1 when something required
     /// is missing (warnings alone exit 0).
     Check(CheckArgs),
+    /// Run by systemd-shutdown's hook when the agent is gone: sends the last
+    /// word the agent prepared (act/courier.rs).
+    #[command(hide = true)]
+    Courier {
+        #[arg(long)]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
@@ -84,6 +91,11 @@ fn main() -> Result<()> {
             .enable_all()
             .build()?
             .block_on(controller::run(args)),
+        Command::Courier { dir } => {
+            let said = current()?.block_on(lastgasp::act::courier::deliver(&dir))?;
+            println!("{said}");
+            Ok(())
+        }
         Command::Check(args) => {
             let code = current()?.block_on(check::main(&args));
             // The logs first: exit does not run destructors.

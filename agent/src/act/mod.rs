@@ -1,3 +1,4 @@
 pub mod audit;
+pub mod courier;
 pub mod kube;
 pub mod metrics;

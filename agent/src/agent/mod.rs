@@ -92,6 +92,9 @@ pub struct Agent {
     /// current episode's action that needed the cluster.
     previous_boot: Option<PreviousBoot>,
     unsent: Option<(ShutdownSignal, Action, u32)>,
+    /// The run directory of systemd-shutdown's hook and the API server the
+    /// agent was told to use: the courier's kit goes there.
+    courier: Option<(std::path::PathBuf, Option<String>)>,
 }
 
 /// The previous boot as the audit log tells it, for the cluster half.
@@ -127,6 +130,70 @@ impl Agent {
             cluster_coming: None,
             previous_boot: None,
             unsent: None,
+            courier: None,
+        }
+    }
+
+    /// With systemd-shutdown's hook in `run_dir`: a courier kit is left
+    /// there once PID 1 is systemd-shutdown (`act::courier`).
+    pub fn with_courier(mut self, run_dir: std::path::PathBuf, server: Option<String>) -> Self {
+        self.courier = Some((run_dir, server));
+        self
+    }
+
+    /// PID 1 has become systemd-shutdown: the record its hook's signal
+    /// would have the agent send (with the final-stage proof) is left for
+    /// the courier, in case the runtime kills the agent before the hook.
+    async fn leave_courier_kit(&self, s: &ShutdownSignal) {
+        let (Some((run_dir, server)), Some(c)) = (&self.courier, &self.cluster) else {
+            return;
+        };
+        let pid1_became_shutdown = s.source == crate::signal::Source::Exec
+            && s.scope == crate::signal::Scope::Node
+            && s.actor
+                .as_ref()
+                .is_some_and(|a| a.pid == 1 && a.comm == "systemd-shutdow");
+        if !pid1_became_shutdown {
+            return;
+        }
+        let verb = match s.kind {
+            crate::signal::Kind::Poweroff => "poweroff",
+            crate::signal::Kind::Halt => "halt",
+            crate::signal::Kind::Reboot => "reboot",
+            crate::signal::Kind::Kexec => "kexec",
+            _ => return,
+        };
+        let hook = crate::detect::shutdown_hook::signal(verb, "systemd-shutdow", SystemTime::now());
+        let d = self.decider.clone().decide(&hook);
+        let Some(ep) = d
+            .episode
+            .as_ref()
+            .filter(|_| matches!(d.action, Action::LastWord | Action::Immediate { .. }))
+        else {
+            return;
+        };
+        let record = self.record(&hook, ep);
+        let (reason, message) = lastgasp::message(&hook, ep.kind, false);
+        let evidence = c
+            .lastgasp
+            .bodies(reason, &message, &record, SystemTime::now())
+            .evidence;
+        let kit = match crate::act::courier::credentials(server.as_deref()).await {
+            Ok((server, root_certs, token)) => crate::act::courier::Kit {
+                server,
+                root_certs,
+                token,
+                node: c.lastgasp.node().to_string(),
+                evidence,
+            },
+            Err(e) => return tracing::warn!("no courier kit: {e:#}"),
+        };
+        match crate::act::courier::prepare(run_dir, &kit) {
+            Ok(()) => tracing::info!(
+                episode = ep.id,
+                "courier kit left for systemd-shutdown's hook"
+            ),
+            Err(e) => tracing::warn!("no courier kit: {e:#}"),
         }
     }
 
@@ -280,6 +347,7 @@ impl Agent {
         tracing::info!(source = %s.source, kind = %s.kind, forced = s.forced, scope = %s.scope,
             pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()),
             action = %d.action, episode = d.episode.as_ref().map(|e| e.id), "shutdown signal");
+        self.leave_courier_kit(&s).await;
         self.act(Some(&s), &d).await;
         if let Some(sync) = sync {
             let synced = sync.await.map_err(anyhow::Error::from).and_then(|r| r);

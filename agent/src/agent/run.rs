@@ -239,9 +239,15 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             hook_dir,
             run_dir: args.run_dir.clone(),
         });
+    let mut courier = None;
     if let Some(paths) = &hook {
         if let Err(e) = shutdown_hook::start(paths, &node, dbus_tx.clone()) {
             tracing::warn!("systemd-shutdown's hook NOT installed ({e:#}): the last word of a shutdown through systemd races the kernel's power-off");
+        } else if !args.standalone {
+            match crate::act::courier::install(&paths.hook_dir, &paths.run_dir) {
+                Ok(()) => courier = Some(paths.run_dir.clone()),
+                Err(e) => tracing::warn!("no courier ({e:#}): a shutdown that kills the agent before systemd-shutdown's hook loses its last word"),
+            }
         }
     }
     let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
@@ -256,6 +262,9 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         );
     if !args.standalone {
         agent = agent.with_cluster_coming(joined.clone());
+    }
+    if let Some(run_dir) = courier {
+        agent = agent.with_courier(run_dir, cfg.api_server.url()?);
     }
     let mut join_pending = !args.standalone;
     agent.after_boot(&boot_id).await?;

@@ -35,6 +35,8 @@ const FIFO: &str = "shutdown-hook";
 const PID_FILE: &str = "agent.pid";
 /// How long the hook waits for the agent's answer, in tenths of a second.
 const WAIT_TENTHS: u32 = 50;
+/// Beside the hook: the courier's binary.
+const COURIER: &str = crate::act::courier::BIN_DIR;
 
 /// The installed script. POSIX sh and `sleep`: it runs in systemd-shutdown's
 /// degraded environment (the root file system likely read-only; /run still
@@ -53,8 +55,19 @@ fn script(run_dir: &Path) -> String {
 # /dev/null).
 dir={dir}
 say() {{ echo "lastgasp: $*" > /dev/kmsg 2>/dev/null || echo "lastgasp: $*" >&2; }}
-pid=$(cat "$dir/{PID_FILE}" 2>/dev/null) || {{ say "no agent ($dir/{PID_FILE})"; exit 0; }}
-kill -0 "$pid" 2>/dev/null || {{ say "the agent (pid $pid) is not running"; exit 0; }}
+# Without the agent (the container runtime's clean-up may have killed it),
+# its courier sends the record the agent left when PID 1 became
+# systemd-shutdown.
+courier() {{
+    say "$1"
+    bin="$(dirname "$0")/{COURIER}/run"
+    if [ -f "$dir/courier/kit.json" ]; then
+        say "$("$bin" courier --dir "$dir/courier" 2>&1 | tail -n 3 | tr '\n' ' ')"
+    fi
+    exit 0
+}}
+pid=$(cat "$dir/{PID_FILE}" 2>/dev/null) || courier "no agent ($dir/{PID_FILE})"
+kill -0 "$pid" 2>/dev/null || courier "the agent (pid $pid) is not running"
 [ -p "$dir/{FIFO}" ] || {{ say "no $dir/{FIFO}"; exit 0; }}
 rm -f "$dir/{FIFO}.done"
 # Opened read-write: never blocks, whoever reads.
@@ -262,6 +275,37 @@ mod tests {
             .unwrap()
             .success());
         assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+        // A dead agent that left a courier and its kit: the hook runs it
+        // (here a stand-in that records its arguments).
+        let courier = paths.run_dir.join("courier");
+        let bin = paths.hook_dir.join(COURIER);
+        fs::create_dir_all(&courier).unwrap();
+        fs::create_dir_all(&bin).unwrap();
+        let called = dir.join("courier-called");
+        write_atomic(
+            &bin.join("run"),
+            format!(
+                "#!/bin/sh\necho \"$@\" > {}\necho delivered\n",
+                called.display()
+            )
+            .as_bytes(),
+            0o700,
+        )
+        .unwrap();
+        let hook_run = || {
+            std::process::Command::new(&hook)
+                .arg("poweroff")
+                .status()
+                .unwrap()
+        };
+        assert!(hook_run().success());
+        assert!(!called.exists(), "no kit: no courier");
+        fs::write(courier.join("kit.json"), b"{}").unwrap();
+        assert!(hook_run().success());
+        assert_eq!(
+            fs::read_to_string(&called).unwrap().trim(),
+            format!("courier --dir {}", courier.display())
+        );
         fs::remove_dir_all(&dir).ok();
     }
 }

@@ -34,6 +34,10 @@ use super::qemu::{Guest, Run, Spec};
 pub const SCENARIOS: &[(&str, &str)] = &[
     ("poweroff", "systemctl poweroff"),
     ("poweroff-force", "systemctl poweroff --force"),
+    (
+        "poweroff-force-agent-killed",
+        "systemctl poweroff --force, the agent SIGKILLed in systemd-shutdown",
+    ),
     ("poweroff-target", "systemctl start poweroff.target"),
     ("sigrtmin4", "kill -s SIGRTMIN+4 1"),
     ("shutdown-h-1", "shutdown -h +1, waited out"),

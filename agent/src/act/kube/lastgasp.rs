@@ -175,6 +175,11 @@ impl LastGasp {
     }
 
     /// The bodies.
+    /// The node these patches are for.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
     pub fn bodies(
         &self,
         reason: &str,

@@ -1,0 +1,226 @@
+//! The last word without the agent: once the node's PID 1 has become
+//! systemd-shutdown, the container runtime's own clean-up can SIGKILL the
+//! agent (containerd, told that a shim died during the final sweep, runs
+//! `runc delete --force` on its containers; seen on a real node in about one
+//! forced power-off in three). Then systemd-shutdown's hook finds no agent
+//! to tell, and the proof that the kernel is going down never leaves.
+//!
+//! So the agent leaves a courier on the host: at start a copy of its own
+//! binary with the loader and libraries it runs with, beside the hook (in
+//! a subdirectory systemd-shutdown does not run; /run is mounted noexec);
+//! when PID 1 execs systemd-shutdown, a kit in its run directory (a tmpfs,
+//! root's, 0700: the API server, its CA, the agent's own token, and the
+//! record patch its hook signal would produce). The hook runs it when the
+//! agent is gone: one PATCH, as the agent would send it, under the agent's
+//! own identity. The token is as exposed as the kubelet's copy of it
+//! already is.
+use std::{
+    fs,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::kube::record_params;
+
+/// Under the agent's run directory: the kit.
+pub const DIR: &str = "courier";
+/// Beside the hook: the binary (systemd-shutdown runs only the files of its
+/// directory, not those of a subdirectory).
+pub const BIN_DIR: &str = "lastgasp.courier";
+const KIT: &str = "kit.json";
+/// The hook's entry: `run courier --dir DIR`.
+const RUN: &str = "run";
+/// The courier's whole budget (systemd-shutdown waits for its hooks).
+const BUDGET: Duration = Duration::from_secs(4);
+
+/// Everything the courier needs, written when PID 1 execs systemd-shutdown.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Kit {
+    pub server: String,
+    /// DER certificates the API server's chain must lead to.
+    pub root_certs: Vec<Vec<u8>>,
+    pub token: String,
+    pub node: String,
+    /// The record patch (merge, field manager `lastgasp-record`).
+    pub evidence: Value,
+}
+
+pub fn dir(run_dir: &Path) -> PathBuf {
+    run_dir.join(DIR)
+}
+
+/// At start: in `hook_dir`'s subdirectory, the binary, the loader and the
+/// libraries this process runs with (from /proc/self/maps), and the hook's
+/// entry script (`run`, paths relative to itself: the host sees the hook
+/// directory elsewhere than the pod). A stale kit (a soft-reboot keeps
+/// /run) is removed.
+pub fn install(hook_dir: &Path, run_dir: &Path) -> Result<()> {
+    let kits = dir(run_dir);
+    fs::create_dir_all(&kits).with_context(|| format!("creating {}", kits.display()))?;
+    fs::set_permissions(&kits, fs::Permissions::from_mode(0o700))?;
+    let _ = fs::remove_file(kits.join(KIT));
+    let dir = hook_dir.join(BIN_DIR);
+    let lib = dir.join("lib");
+    fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+    copy(Path::new("/proc/self/exe"), &dir.join("lastgasp"), 0o700)?;
+    let maps = fs::read_to_string("/proc/self/maps")?;
+    let mut loader = None;
+    let mut seen = std::collections::BTreeSet::new();
+    for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+        let p = Path::new(path);
+        let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if !name.contains(".so") || !seen.insert(name.to_string()) {
+            continue;
+        }
+        copy(p, &lib.join(name), 0o700)?;
+        if name.starts_with("ld-") {
+            loader = Some(name.to_string());
+        }
+    }
+    let d = "d=$(dirname \"$0\")";
+    let run = match loader {
+        Some(ld) => format!(
+            "#!/bin/sh\n{d}\nexec \"$d/lib/{ld}\" --library-path \"$d/lib\" \"$d/lastgasp\" \"$@\"\n"
+        ),
+        // A static binary.
+        None => format!("#!/bin/sh\n{d}\nexec \"$d/lastgasp\" \"$@\"\n"),
+    };
+    write(&dir.join(RUN), run.as_bytes(), 0o700)
+}
+
+/// When PID 1 has become systemd-shutdown: what the hook's signal would
+/// have the agent send.
+pub fn prepare(run_dir: &Path, kit: &Kit) -> Result<()> {
+    write(&dir(run_dir).join(KIT), &serde_json::to_vec(kit)?, 0o600)
+}
+
+/// The agent's API server, CA and token, as its own client has them.
+pub async fn credentials(server: Option<&str>) -> Result<(String, Vec<Vec<u8>>, String)> {
+    let config = kube::Config::infer().await?;
+    let url = server
+        .map(str::to_string)
+        .unwrap_or(config.cluster_url.to_string());
+    let certs = match (&config.root_cert, &config.root_cert_file) {
+        (Some(c), _) => c.clone(),
+        (None, Some(f)) => pem_certs(&fs::read(f)?)?,
+        (None, None) => Vec::new(),
+    };
+    use secrecy::ExposeSecret;
+    let token = match (&config.auth_info.token, &config.auth_info.token_file) {
+        (Some(t), _) => t.expose_secret().to_string(),
+        (None, Some(f)) => fs::read_to_string(f)?.trim().to_string(),
+        (None, None) => bail!("the agent's credentials are not a bearer token: no courier"),
+    };
+    Ok((url, certs, token))
+}
+
+fn pem_certs(pem: &[u8]) -> Result<Vec<Vec<u8>>> {
+    use rustls_pki_types::{pem::PemObject, CertificateDer};
+    CertificateDer::pem_slice_iter(pem)
+        .map(|c| Ok(c?.to_vec()))
+        .collect()
+}
+
+/// `lastgasp courier --dir DIR`, run by the hook: the kit's patch, once,
+/// within the budget. Prints what came of it (the hook logs it).
+pub async fn deliver(dir: &Path) -> Result<String> {
+    let kit: Kit = serde_json::from_slice(
+        &fs::read(dir.join(KIT)).with_context(|| format!("no kit in {}", dir.display()))?,
+    )?;
+    let mut config = kube::Config::new(kit.server.parse().context("the kit's server")?);
+    config.root_cert = Some(kit.root_certs.clone());
+    config.auth_info.token = Some(kit.token.clone().into());
+    super::kube::tune(&mut config, super::kube::Use::Requests);
+    let client = kube::Client::try_from(config)?;
+    let nodes: Api<Node> = Api::all(client);
+    let t = std::time::Instant::now();
+    tokio::time::timeout(
+        BUDGET,
+        nodes.patch(&kit.node, &record_params(), &Patch::Merge(&kit.evidence)),
+    )
+    .await
+    .context("the API server did not answer in time")??;
+    Ok(format!(
+        "the courier delivered the record of {} in {} ms",
+        kit.node,
+        t.elapsed().as_millis()
+    ))
+}
+
+/// Written only when it differs (the node's root file system, at every start).
+fn copy(from: &Path, to: &Path, mode: u32) -> Result<()> {
+    let data = fs::read(from).with_context(|| format!("reading {}", from.display()))?;
+    if fs::read(to).is_ok_and(|have| have == data) {
+        return Ok(());
+    }
+    write(to, &data, mode)
+}
+
+fn write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.write_all(data)?;
+    }
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
+    fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_decodes_to_der() {
+        // "hello" and "hi!" as two certificate blocks.
+        let pem = b"-----BEGIN CERTIFICATE-----\naGVsbG8=\n-----END CERTIFICATE-----\n\
+                    -----BEGIN CERTIFICATE-----\naGkh\n-----END CERTIFICATE-----\n";
+        assert_eq!(
+            pem_certs(pem).unwrap(),
+            vec![b"hello".to_vec(), b"hi!".to_vec()]
+        );
+    }
+
+    #[test]
+    fn installed_courier_runs_the_binary_it_copied() {
+        let tmp = std::env::temp_dir().join(format!("lastgasp-courier-{}", std::process::id()));
+        let (hook_dir, run_dir) = (tmp.join("hooks"), tmp.join("run"));
+        install(&hook_dir, &run_dir).unwrap();
+        let d = hook_dir.join(BIN_DIR);
+        // The test binary itself, through the loader and libraries it uses.
+        let out = std::process::Command::new(d.join(RUN))
+            .args(["--list"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout)
+            .contains("installed_courier_runs_the_binary_it_copied"));
+        for d in [d, dir(&run_dir)] {
+            let mode = fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+        }
+        fs::remove_dir_all(&tmp).unwrap();
+    }
+}
