@@ -66,9 +66,12 @@ impl CgroupDriver {
     }
 }
 
-/// `cargo xtask test`'s real-node scenario: the agent as its DaemonSet's
-/// pod, the kubelet's graceful shutdown off, a forced power-off; one boot.
-pub const CI: (&str, &str) = ("lastgasp", "poweroff-force");
+/// `cargo xtask test`'s real-node scenarios: the agent as its DaemonSet's
+/// pod, the kubelet's graceful shutdown off, a forced power-off; and the
+/// same with the agent killed in systemd-shutdown's sweep (its courier must
+/// send the last word); one boot each.
+pub const CI_ARM: &str = "lastgasp";
+pub const CI: &[&str] = &["poweroff-force", "poweroff-force-agent-killed"];
 
 /// The guest's memory with the kubelet, containerd and four pods (the
 /// runner reports what is in use when the pods run: `mem_used_mib`).
