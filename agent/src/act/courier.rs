@@ -101,7 +101,10 @@ pub fn install(hook_dir: &Path, run_dir: &Path) -> Result<()> {
 /// When PID 1 has become systemd-shutdown: what the hook's signal would
 /// have the agent send.
 pub fn prepare(run_dir: &Path, kit: &Kit) -> Result<()> {
-    write(&dir(run_dir).join(KIT), &serde_json::to_vec(kit)?, 0o600)
+    let kits = dir(run_dir);
+    fs::create_dir_all(&kits)?;
+    fs::set_permissions(&kits, fs::Permissions::from_mode(0o700))?;
+    write(&kits.join(KIT), &serde_json::to_vec(kit)?, 0o600)
 }
 
 /// The agent's API server, CA and token, as its own client has them.

@@ -244,10 +244,14 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         if let Err(e) = shutdown_hook::start(paths, &node, dbus_tx.clone()) {
             tracing::warn!("systemd-shutdown's hook NOT installed ({e:#}): the last word of a shutdown through systemd races the kernel's power-off");
         } else if !args.standalone {
-            match crate::act::courier::install(&paths.hook_dir, &paths.run_dir) {
-                Ok(()) => courier = Some(paths.run_dir.clone()),
-                Err(e) => tracing::warn!("no courier ({e:#}): a shutdown that kills the agent before systemd-shutdown's hook loses its last word"),
-            }
+            // A copy of the binary (megabytes): beside the loop, not before it.
+            let (hook_dir, run_dir) = (paths.hook_dir.clone(), paths.run_dir.clone());
+            std::thread::spawn(move || {
+                if let Err(e) = crate::act::courier::install(&hook_dir, &run_dir) {
+                    tracing::warn!("no courier ({e:#}): a shutdown that kills the agent before systemd-shutdown's hook loses its last word");
+                }
+            });
+            courier = Some(paths.run_dir.clone());
         }
     }
     let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
