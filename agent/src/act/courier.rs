@@ -16,7 +16,7 @@
 //! already is.
 use std::{
     fs,
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -28,12 +28,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::kube::record_params;
+use crate::detect::shutdown_hook::{write_atomic as write, COURIER};
 
 /// Under the agent's run directory: the kit.
 pub const DIR: &str = "courier";
-/// Beside the hook: the binary (systemd-shutdown runs only the files of its
-/// directory, not those of a subdirectory).
-pub const BIN_DIR: &str = "lastgasp.courier";
 const KIT: &str = "kit.json";
 /// The hook's entry: `run courier --dir DIR`.
 const RUN: &str = "run";
@@ -66,7 +64,7 @@ pub fn install(hook_dir: &Path, run_dir: &Path) -> Result<()> {
     fs::create_dir_all(&kits).with_context(|| format!("creating {}", kits.display()))?;
     fs::set_permissions(&kits, fs::Permissions::from_mode(0o700))?;
     let _ = fs::remove_file(kits.join(KIT));
-    let dir = hook_dir.join(BIN_DIR);
+    let dir = hook_dir.join(COURIER);
     let lib = dir.join("lib");
     fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
@@ -169,24 +167,6 @@ fn copy(from: &Path, to: &Path, mode: u32) -> Result<()> {
     write(to, &data, mode)
 }
 
-fn write(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        use std::io::Write;
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(data)?;
-    }
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
-    fs::rename(&tmp, path)?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,7 +187,7 @@ mod tests {
         let tmp = std::env::temp_dir().join(format!("lastgasp-courier-{}", std::process::id()));
         let (hook_dir, run_dir) = (tmp.join("hooks"), tmp.join("run"));
         install(&hook_dir, &run_dir).unwrap();
-        let d = hook_dir.join(BIN_DIR);
+        let d = hook_dir.join(COURIER);
         // The test binary itself, through the loader and libraries it uses.
         let out = std::process::Command::new(d.join(RUN))
             .args(["--list"])

@@ -35,8 +35,9 @@ const FIFO: &str = "shutdown-hook";
 const PID_FILE: &str = "agent.pid";
 /// How long the hook waits for the agent's answer, in tenths of a second.
 const WAIT_TENTHS: u32 = 50;
-/// Beside the hook: the courier's binary.
-const COURIER: &str = crate::act::courier::BIN_DIR;
+/// Beside the hook: the courier's binary (`act::courier`); systemd-shutdown
+/// runs only the files of its directory, not those of a subdirectory.
+pub const COURIER: &str = "lastgasp.courier";
 
 /// The installed script. POSIX sh and `sleep`: it runs in systemd-shutdown's
 /// degraded environment (the root file system likely read-only; /run still
@@ -211,9 +212,20 @@ pub(crate) fn signal(verb: &str, pid1: &str, at: SystemTime) -> ShutdownSignal {
     }
 }
 
-fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+/// Replaces `path` at once with a file of `mode` from its creation (a
+/// secret is never readable by others, even for a moment).
+pub(crate) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    use std::io::Write;
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, data)?;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(data)?;
+    drop(f);
     fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
     fs::rename(&tmp, path)?;
     Ok(())
