@@ -48,7 +48,7 @@ enum Command {
     /// word the agent prepared (act/courier.rs).
     #[command(hide = true)]
     Courier {
-        #[arg(long)]
+        #[arg(long, env = "LASTGASP_COURIER_DIR")]
         dir: PathBuf,
     },
 }

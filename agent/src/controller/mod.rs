@@ -163,7 +163,7 @@ pub struct ControllerArgs {
     /// Pause the running replicas (the Lease's `lastgasp.dev/paused`), lift
     /// every out-of-service fence this controller set (the taint and its
     /// annotations), then exit: an uninstall's last step.
-    #[arg(long)]
+    #[arg(long, env = "LASTGASP_LIFT_FENCES")]
     pub lift_fences: bool,
 }
 
