@@ -629,7 +629,9 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             "the replicas still running are paused first"
         );
         let lifted = lastgasp::controller::lift::lift_all(client.clone()).await.unwrap();
-        assert_eq!(lifted, [b], "only the node this controller fenced");
+        // The control plane is shared: other tests' fences are lifted too.
+        assert!(lifted.iter().any(|n| n == b), "B lifted: {lifted:?}");
+        assert!(!lifted.iter().any(|n| n == c), "C is not the controller's: {lifted:?}");
         let nb = nodes.get(b).await.unwrap();
         assert!(!tainted(&nb), "B's fence lifted");
         for ann in [TAINTED_BY_ANNOTATION, FENCED_BOOT_ANNOTATION] {
