@@ -2422,3 +2422,52 @@ fn the_charts_controller_flags_reach_the_controller() {
         .unwrap();
     assert_eq!(flag(&args, "--proof-quiet"), None);
 }
+
+#[test]
+fn helm_lint_passes_strict_and_renders_the_notes() {
+    let Some(h) = helm() else {
+        return skip("helm_lint_passes_strict_and_renders_the_notes", "no helm");
+    };
+    // `helm lint` renders every template, NOTES.txt included.
+    let out = Command::new(&h)
+        .args(["lint", "--strict"])
+        .arg(lastgasp_tests::render::chart_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm lint --strict:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_chart_readme_names_every_top_level_value() {
+    let dir = lastgasp_tests::render::chart_dir();
+    let values: Value =
+        serde_norway::from_str(&std::fs::read_to_string(dir.join("values.yaml")).unwrap()).unwrap();
+    let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    let mut missing = Vec::new();
+    for (k, v) in values.as_object().unwrap() {
+        // Sections are named by their keys: `agent.podRemoval`, `controller.policy`...
+        match v.as_object() {
+            Some(m) if !m.is_empty() && k != "rbac" && k != "serviceAccount" => {
+                for sub in m.keys() {
+                    if !readme.contains(&format!("`{k}.{sub}")) {
+                        missing.push(format!("{k}.{sub}"));
+                    }
+                }
+            }
+            _ => {
+                if !readme.contains(&format!("`{k}")) {
+                    missing.push(k.clone());
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "deploy/helm/lastgasp/README.md does not name: {missing:?}"
+    );
+}
