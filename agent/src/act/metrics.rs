@@ -91,7 +91,7 @@ impl Default for Metrics {
         let decisions = Family::<Labels, Counter>::default();
         r.register(
             "lastgasp_decisions",
-            "Decisions taken on shutdown signals, by action (graceful, immediate, cancel, warn, join, audit-only)",
+            "Decisions taken on shutdown signals, by action (audit-only, pending, warn, graceful, immediate, last-word, cancel, abandon, expire, join)",
             decisions.clone(),
         );
         let last_gasp_latency = Histogram::new(LAST_GASP_BUCKETS.iter().copied());
