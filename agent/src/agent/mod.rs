@@ -148,22 +148,16 @@ impl Agent {
         let (Some((run_dir, server)), Some(c)) = (&self.courier, &self.cluster) else {
             return;
         };
+        use crate::detect::shutdown_hook::{self, FINAL_STAGE_COMM};
         let pid1_became_shutdown = s.source == crate::signal::Source::Exec
             && s.scope == crate::signal::Scope::Node
             && s.actor
                 .as_ref()
-                .is_some_and(|a| a.pid == 1 && a.comm == "systemd-shutdow");
-        if !pid1_became_shutdown {
+                .is_some_and(|a| a.pid == 1 && a.comm == FINAL_STAGE_COMM);
+        let Some(verb) = shutdown_hook::verb(s.kind).filter(|_| pid1_became_shutdown) else {
             return;
-        }
-        let verb = match s.kind {
-            crate::signal::Kind::Poweroff => "poweroff",
-            crate::signal::Kind::Halt => "halt",
-            crate::signal::Kind::Reboot => "reboot",
-            crate::signal::Kind::Kexec => "kexec",
-            _ => return,
         };
-        let hook = crate::detect::shutdown_hook::signal(verb, "systemd-shutdow", SystemTime::now());
+        let hook = shutdown_hook::signal(verb, FINAL_STAGE_COMM, SystemTime::now());
         let d = self.decider.clone().decide(&hook);
         let Some(ep) = d
             .episode

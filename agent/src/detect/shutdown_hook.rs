@@ -167,17 +167,30 @@ fn pid1_comm(init_pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// systemd-shutdown's comm (cut at 15 bytes): the node's PID 1 in its final stage.
+pub const FINAL_STAGE_COMM: &str = "systemd-shutdow";
+
+/// The verbs systemd-shutdown passes its hooks, and what each shuts down.
+const VERBS: [(&str, Kind); 4] = [
+    ("poweroff", Kind::Poweroff),
+    ("halt", Kind::Halt),
+    ("reboot", Kind::Reboot),
+    ("kexec", Kind::Kexec),
+];
+
+/// The verb the hook is given for a shutdown of `kind`, if any.
+pub(crate) fn verb(kind: Kind) -> Option<&'static str> {
+    VERBS.iter().find(|(_, k)| *k == kind).map(|(v, _)| *v)
+}
+
 /// The hook's verb as a signal: the node's final stage only while its PID 1
-/// is systemd-shutdown (comm is cut at 15 bytes); else what it is.
+/// is systemd-shutdown; else what it is.
 pub(crate) fn signal(verb: &str, pid1: &str, at: SystemTime) -> ShutdownSignal {
-    let kind = match verb {
-        "poweroff" => Kind::Poweroff,
-        "halt" => Kind::Halt,
-        "reboot" => Kind::Reboot,
-        "kexec" => Kind::Kexec,
-        _ => Kind::Unknown,
-    };
-    let effect = if pid1 == "systemd-shutdow" {
+    let kind = VERBS
+        .iter()
+        .find(|(v, _)| *v == verb)
+        .map_or(Kind::Unknown, |(_, k)| *k);
+    let effect = if pid1 == FINAL_STAGE_COMM {
         Effect::Now
     } else {
         Effect::None {
