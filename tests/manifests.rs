@@ -2295,25 +2295,10 @@ fn the_values_schema_covers_every_config_field_and_refuses_a_typo() {
         "agent.shutdownGracePeriod=",
         "agent.shutdownGracePeriodCriticalPods=",
     ];
-    let mut cmd = Command::new(&h);
-    cmd.args(["template", "lastgasp"])
-        .arg(lastgasp_tests::render::chart_dir())
-        .args(["--namespace", "lastgasp"]);
-    for s in set {
-        cmd.args(["--set", s]);
-    }
-    let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     // A by-priority list excludes the two grace periods (the kubelet's
     // rule): the schema lets them be emptied, the agent's parser decides.
-    if !out.status.success() {
-        panic!("helm template with every agent.config field: {stderr}");
-    }
-    let objs = objects(
-        "helm template --set agent.config.*",
-        &lastgasp_tests::render::split_yaml(&text),
-    );
+    // render_helm panics with helm's stderr if the schema refuses any.
+    let objs = objects("helm template --set agent.config.*", &render_helm(&h, &set));
     let cm: ConfigMap = get(&objs, "ConfigMap", "lastgasp-agent");
     let yaml = &cm.data.unwrap()["config.yaml"];
     let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
