@@ -108,6 +108,38 @@ pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
     Ok(Image { tag })
 }
 
+/// The image `build` made, saved as a multi-arch OCI index (an
+/// `oci-archive`): a podman manifest list holding each arch's image
+/// (`release::ARCHES`), pushed with its images.
+pub fn save_index(target: &Path, image: &Image, to: &Path) -> Result<()> {
+    let dir = target.join("image");
+    let list = format!("{}-index", image.tag);
+    let _ = podman(&dir)
+        .args(["manifest", "rm", &list])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    crate::run(podman(&dir).args(["manifest", "create", &list]))
+        .context("podman manifest create")?;
+    crate::run(podman(&dir).args([
+        "manifest",
+        "add",
+        &list,
+        &format!("containers-storage:{}", image.tag),
+    ]))
+    .context("podman manifest add")?;
+    let _ = fs::remove_file(to);
+    crate::run(
+        podman(&dir)
+            .args([
+                "manifest", "push", "--quiet", "--all", "--format", "oci", &list,
+            ])
+            .arg(format!("oci-archive:{}", to.display())),
+    )
+    .context("podman manifest push")?;
+    Ok(())
+}
+
 /// The real-node scenarios' only other image (`vm-test --node`): a static
 /// binary built here (`tests/vm/node/sleeper.c`: the pod sandbox's pause
 /// process without arguments, a workload that takes N ms to stop with one),
@@ -179,7 +211,7 @@ fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
-fn env_version(root: &Path) -> Result<String> {
+pub fn env_version(root: &Path) -> Result<String> {
     let text = fs::read_to_string(root.join("agent/Cargo.toml"))?;
     text.lines()
         .find_map(|l| l.strip_prefix("version = \""))

@@ -5,6 +5,7 @@ mod build;
 mod fuzz;
 mod image;
 mod k8s;
+mod release;
 mod setup;
 mod test;
 mod vm;
@@ -51,6 +52,13 @@ enum Cmd {
     /// Build the DaemonSet's image from the release binary (podman, FROM
     /// scratch) and check that it arms in a container.
     Image,
+    /// The release artefacts in target/dist/VERSION: image archives and a
+    /// multi-arch OCI index, the chart package, an SBOM, notes, SHA256SUMS.
+    Release {
+        /// Also push them to a local registry and pull them back, as an operator would.
+        #[arg(long)]
+        verify: bool,
+    },
     /// Run the benchmarks and print their table.
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -83,6 +91,13 @@ fn main() -> Result<()> {
             image::check_arms(&target_dir(&root), &img)
         }
         Cmd::VmTest(args) => vm::vm_test(&root, args, |release| build(&root, release)),
+        Cmd::Release { verify } => {
+            let dist = release::release(&root)?;
+            if verify {
+                release::verify(&dist)?;
+            }
+            Ok(())
+        }
         Cmd::Bench { args } => bench::bench(&root, &args),
     }
 }

@@ -374,6 +374,41 @@ pub fn ensure_manifest_tools() -> Result<ManifestTools> {
     Ok(ManifestTools { helm, kustomize })
 }
 
+const CYCLONEDX_VERSION: &str = "0.5.9";
+
+/// cargo-cyclonedx (crates.io), for the release's SBOM: built once with
+/// the preinstalled cargo (about a minute) into the tools cache.
+pub fn ensure_cyclonedx() -> Result<PathBuf> {
+    let root = cache_dir().join(format!("tools/cargo-cyclonedx-{CYCLONEDX_VERSION}"));
+    let bin = root.join("bin/cargo-cyclonedx");
+    let want = format!(" {CYCLONEDX_VERSION}");
+    let check = |b: &Path| reports_version(b, &["cyclonedx", "--version"], &want);
+    if !check(&bin) {
+        eprintln!("xtask: installing cargo-cyclonedx {CYCLONEDX_VERSION} (crates.io) for the release's SBOM");
+        output(
+            Command::new("cargo")
+                .args([
+                    "install",
+                    "--locked",
+                    "--quiet",
+                    "--version",
+                    CYCLONEDX_VERSION,
+                    "cargo-cyclonedx",
+                    "--root",
+                ])
+                .arg(&root),
+        )
+        .context("cargo install cargo-cyclonedx")?;
+        if !check(&bin) {
+            bail!(
+                "cargo-cyclonedx at {} was installed but does not report {CYCLONEDX_VERSION}",
+                bin.display()
+            );
+        }
+    }
+    Ok(bin)
+}
+
 fn reports_version(bin: &Path, args: &[&str], version: &str) -> bool {
     Command::new(bin)
         .args(args)

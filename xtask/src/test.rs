@@ -1,12 +1,12 @@
-//! `cargo xtask test`: every suite, then the DaemonSet's image and the VM
-//! subset (or SKIPPED with the reason).
+//! `cargo xtask test`: every suite, then the release (the DaemonSet's image
+//! among it) and the VM subset (or SKIPPED with the reason).
 use std::path::Path;
 
 use anyhow::Result;
 
 use crate::{
-    build::{build, cargo, ebpf_object, run, target_dir},
-    image, k8s, setup, vm,
+    build::{build, cargo, ebpf_object, run},
+    k8s, release, setup, vm,
 };
 
 pub fn test(root: &Path, args: &[String]) -> Result<()> {
@@ -40,9 +40,11 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
     // (a named subset, vm::CI_SUBSET), or SKIPPED with the reason
     // (LASTGASP_VM=skip, or qemu cannot run here).
     if args.is_empty() {
-        let release = build(root, true)?;
-        let img = image::build(root, &target_dir(root), &release)?;
-        image::check_arms(&target_dir(root), &img)?;
+        // The release (its image built from the release binary and
+        // checked to arm as the DaemonSet runs it), pushed to a real
+        // registry and pulled back.
+        let dist = release::release(root)?;
+        release::verify(&dist)?;
         // The debug agent `test` just built: no second (release) build within CI's budget.
         vm::ci(root, || build(root, false))?;
     } else {
