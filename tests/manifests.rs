@@ -19,7 +19,7 @@ use std::{
 use k8s_openapi::api::{
     admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
     apps::v1::{DaemonSet, Deployment},
-    core::v1::{ConfigMap, Container, Namespace, Node, PodSpec, ServiceAccount},
+    core::v1::{ConfigMap, Container, Namespace, Node, Pod, PodSpec, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
 };
 use lastgasp::{
@@ -158,6 +158,7 @@ fn typed(v: &Value) -> Result<Value, String> {
         ("apps/v1", "DaemonSet") => strict::<DaemonSet>(v)?.1,
         ("apps/v1", "Deployment") => strict::<Deployment>(v)?.1,
         ("v1", "ResourceQuota") => strict::<k8s_openapi::api::core::v1::ResourceQuota>(v)?.1,
+        ("v1", "Pod") => strict::<Pod>(v)?.1,
         ("batch/v1", "Job") => strict::<k8s_openapi::api::batch::v1::Job>(v)?.1,
         ("policy/v1", "PodDisruptionBudget") => {
             strict::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(v)?.1
@@ -737,6 +738,34 @@ fn container_args_parse_with_the_agents_cli() {
             .unwrap()
             .contains(&"--lift-fences".to_string()));
         parses_with_the_cli(&bin, c);
+    }
+    // `helm test`'s pod: `lastgasp check` with exactly the agent's spec.
+    if let Some(h) = helm() {
+        let chart = objects("helm template", &render_helm(&h, &[]));
+        let test: Pod = get(&chart, "Pod", "lastgasp-test-check");
+        let spec = test.spec.unwrap();
+        parses_with_the_cli(&bin, &spec.containers[0]);
+        assert_eq!(
+            spec.containers[0].args.as_deref(),
+            Some(&["check".to_string()][..])
+        );
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        let mut agent = agent_pod(&chart);
+        let c = &mut agent.containers[0];
+        // What differs: the subcommand, and no port (the agent on the same
+        // node holds 9850 on the host network) and so no probes.
+        (c.args, c.ports, c.readiness_probe, c.liveness_probe) =
+            (Some(vec!["check".into()]), None, None, None);
+        agent.restart_policy = Some("Never".into());
+        assert_eq!(
+            spec, agent,
+            "the helm test pod's spec is the agent's, but for the above"
+        );
+        let off = objects("helm template", &render_helm(&h, &["tests.enabled=false"]));
+        assert!(
+            off.values().all(|v| v["kind"] != "Pod"),
+            "tests.enabled=false still renders a test pod"
+        );
     }
     // And a wrong flag is caught, so the check is real.
     let mut c = agent_pod(&objs).containers[0].clone();

@@ -328,6 +328,39 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         let agent = cp.agent_client(&token, Use::Requests);
         let agent_watch = cp.agent_client(&token, Use::Watch);
 
+        // `lastgasp check`'s fence probe (and the chart's `helm test`): the
+        // policy refuses both dry runs for the agent's token; for a client
+        // the policy does not judge (the admin), the probe FAILs.
+        // A policy is in force a moment after it is created: ask until then.
+        let t0 = Instant::now();
+        let probe = loop {
+            let mut probe = lastgasp::preflight::Report::default();
+            lastgasp::check::fence(&mut probe, &agent, a).await;
+            if probe.failures() == 0 || t0.elapsed() > Duration::from_secs(30) {
+                break probe;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        println!("the fence probe passed {:?} after the policy's creation", t0.elapsed());
+        for (what, says) in [
+            ("fence: own node", "may not change the labels"),
+            ("fence: other node", "may only change its own Node, not agent-b"),
+        ] {
+            let line = probe.line(what).unwrap_or_else(|| panic!("no {what} line: {probe}"));
+            assert_eq!(line.status, lastgasp::preflight::Status::Ok, "{probe}");
+            assert!(line.text.contains(says), "{what}: {}", line.text);
+        }
+        let mut unfenced = lastgasp::preflight::Report::default();
+        lastgasp::check::fence(&mut unfenced, &admin, a).await;
+        assert_eq!(unfenced.failures(), 2, "the admin's dry runs are admitted: {unfenced}");
+        assert!(unfenced.line("fence: own node").unwrap().text.contains("ADMITTED"), "{unfenced}");
+        let stored = Api::<Node>::all(admin.clone()).get(a).await.unwrap();
+        assert!(
+            !stored.labels().contains_key("lastgasp.dev/check-probe"),
+            "a dry run stored the probe's label"
+        );
+        println!("check's fence probe: {probe}");
+
         // The workload: three priority classes on A, one pod on B.
         let work = "agent-work";
         nodesim::namespace(&admin, work).await.unwrap();

@@ -16,7 +16,7 @@ use crate::{
     preflight::{Report, Status},
 };
 
-pub use crate::act::kube::preflight::PERMISSIONS;
+pub use crate::act::kube::preflight::{fence, PERMISSIONS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Section {
@@ -127,6 +127,10 @@ pub async fn check_node(args: &CheckArgs) -> Report {
         if args.standalone {
             r.push(Status::Info, "permissions", "--standalone: skipped");
         } else {
+            let node = config
+                .as_ref()
+                .and_then(|c| c.node_name.clone())
+                .or_else(|| std::env::var("NODE_NAME").ok());
             match ::kube::Config::infer().await {
                 Ok(mut c) => {
                     c.default_retry = false;
@@ -134,7 +138,10 @@ pub async fn check_node(args: &CheckArgs) -> Report {
                     match ::kube::Client::try_from(c) {
                         Ok(client) => {
                             let evict = config.as_ref().is_some_and(|c| c.pod_removal == Removal::Evict);
-                            kube::preflight::preflight(&mut r, &client, &url, evict).await
+                            kube::preflight::preflight(&mut r, &client, &url, evict).await;
+                            if let Some(node) = &node {
+                                fence(&mut r, &client, node).await;
+                            }
                         }
                         Err(e) => r.push(Status::Fail, "permissions", format!("a client for {url}: {e}")),
                     }
@@ -155,10 +162,6 @@ pub async fn check_node(args: &CheckArgs) -> Report {
                     "cluster mode cannot start: it needs --config (the grace periods, at least)",
                 );
             }
-            let node = config
-                .as_ref()
-                .and_then(|c| c.node_name.clone())
-                .or_else(|| std::env::var("NODE_NAME").ok());
             if node.is_none() {
                 r.push(
                     Status::Fail,

@@ -14,7 +14,7 @@ pub mod grace;
 pub(crate) mod health;
 pub(crate) mod http;
 pub mod node;
-pub(crate) mod preflight;
+pub mod preflight;
 pub mod record;
 pub mod report;
 pub mod signal;

@@ -171,6 +171,88 @@ pub(crate) async fn preflight(r: &mut Report, client: &kube::Client, url: &str, 
     }
 }
 
+/// The per-node admission fence (the chart's `*-agent-own-node`
+/// ValidatingAdmissionPolicy), shown by asking it for what it must refuse:
+/// dry-run patches, which admission judges and nothing stores. A label on
+/// the agent's own Node, an annotation on another Node.
+pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{ListParams, Patch, PatchParams};
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let dry = PatchParams {
+        dry_run: true,
+        field_manager: Some("lastgasp-check".into()),
+        ..Default::default()
+    };
+    let label =
+        serde_json::json!({"metadata": {"labels": {"lastgasp.dev/check-probe": "refused"}}});
+    let own = nodes.patch(node, &dry, &Patch::Merge(&label)).await;
+    refused(
+        r,
+        "fence: own node",
+        own.map(drop),
+        &format!("a label on its own Node {node}"),
+    );
+    let others = nodes.list_metadata(&ListParams::default().limit(2)).await;
+    let other = match others {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .map(|n| n.metadata.name.unwrap_or_default())
+            .find(|n| n != node),
+        Err(e) => {
+            r.push(
+                Status::Fail,
+                "fence: other node",
+                format!("listing the Nodes: {e}"),
+            );
+            return;
+        }
+    };
+    let Some(other) = other else {
+        r.push(
+            Status::Info,
+            "fence: other node",
+            "the only Node in the cluster: no other to ask about",
+        );
+        return;
+    };
+    let note =
+        serde_json::json!({"metadata": {"annotations": {"lastgasp.dev/check-probe": "refused"}}});
+    let theirs = nodes.patch(&other, &dry, &Patch::Merge(&note)).await;
+    refused(
+        r,
+        "fence: other node",
+        theirs.map(drop),
+        &format!("an annotation on Node {other}"),
+    );
+}
+
+/// A probe's verdict: refused by the policy (its messages begin
+/// `lastgasp:`) is what the fence is for.
+fn refused(r: &mut Report, what: &str, answer: Result<(), kube::Error>, change: &str) {
+    match answer {
+        Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("lastgasp:") => {
+            r.push(Status::Ok, what, format!("refused (dry run): {}", e.message))
+        }
+        Err(kube::Error::Api(e)) if e.code == 403 => r.push(
+            Status::Fail,
+            what,
+            format!("refused by RBAC before admission could judge it (the agent lacks patch nodes): {}", e.message),
+        ),
+        Ok(()) => r.push(
+            Status::Fail,
+            what,
+            format!(
+                "ADMITTED {change} (dry run, nothing stored): the agent's ValidatingAdmissionPolicy or its \
+                 binding is missing (or was created seconds ago and is not yet in force), and a stolen \
+                 agent token could write any Node"
+            ),
+        ),
+        Err(e) => r.push(Status::Fail, what, format!("the dry run failed: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,255 @@
+{{/*
+The agent's pod spec: the DaemonSet's (serve: true, `lastgasp run`) and the
+`helm test` pod's (serve: false, `lastgasp check`) are one, so the check
+runs with exactly the agent's privileges, mounts and settings. Called with
+(dict "root" $ "args" (list ...) "serve" bool).
+*/}}
+{{- define "lastgasp.agentPodSpec" -}}
+{{- $root := .root -}}
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+serviceAccountName: {{ include "lastgasp.name" $root }}-agent
+# The node's processes: the actor's /proc/PID (exe, cgroup, parents),
+# the initial PID namespace that is "the node" (/proc/1/ns/pid), and
+# the node's boot id.
+hostPID: true
+# The last gasp must reach the API server while the node is going down,
+# when the CNI (its daemon, its routes) may already be gone; the host's
+# network is the last to go. So the pod IP is the node IP, and the
+# metrics/health endpoint (cluster-mode default $POD_IP:9850) binds the
+# node's address.
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+priorityClassName: {{ $root.Values.agent.priorityClassName }}
+# Linux nodes only: on Windows the kubelet's own graceful shutdown applies.
+nodeSelector:
+  {{- toYaml $root.Values.agent.nodeSelector | nindent 2 }}
+{{- with $root.Values.agent.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+# Every taint: the agent must run on every node, cordoned, NotReady or
+# already shutting down (its own lastgasp.dev/shutting-down taint).
+tolerations:
+  {{- toYaml $root.Values.agent.tolerations | nindent 2 }}
+# The agent must outlive the pods it stops. It reads SIGTERM only
+# between signals: a graceful run under way (up to shutdownGracePeriod,
+# 30s in the ConfigMap) finishes first. 45 = 30s of graceful path + 15s
+# for the audit fsync, the final node patches and exit; a kubelet doing
+# its own graceful node shutdown gives the agent (system-node-critical)
+# min(its critical bucket, 45s). Raise it with shutdownGracePeriod.
+terminationGracePeriodSeconds: {{ $root.Values.agent.terminationGracePeriodSeconds }}
+securityContext:
+  seccompProfile:
+    # The runtime's default profile allows bpf(2) and perf_event_open(2)
+    # to a container holding CAP_SYS_ADMIN (older profiles know no
+    # other gate; newer ones also accept CAP_BPF/CAP_PERFMON), so no
+    # custom or Unconfined profile is needed.
+    type: RuntimeDefault
+containers:
+  - name: agent
+    image: {{ include "lastgasp.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    args:
+      {{- toYaml .args | nindent 6 }}
+    # The settings as environment, not arguments: `kubectl exec ...
+    # -- lastgasp check` in this container reads the same ones.
+    env:
+      - name: LASTGASP_CONFIG
+        value: /etc/lastgasp/config.yaml
+      # logind's configuration as the host has it (mounted under
+      # /host): the drop-in raising InhibitDelayMaxSec goes to
+      # /host/etc/systemd/logind.conf.d/99-lastgasp.conf, and the other
+      # files decide which setting wins.
+      - name: LASTGASP_LOGIND_ROOT
+        value: /host
+      # systemd-shutdown's hook: right before the final reboot(2), with
+      # every process stopped, it waits for the agent's last word.
+      - name: LASTGASP_SHUTDOWN_HOOK_DIR
+        value: /host/usr/lib/systemd/system-shutdown
+      - name: NODE_NAME
+        valueFrom:
+          fieldRef:
+            fieldPath: spec.nodeName
+      - name: POD_NAME
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.name
+      - name: POD_NAMESPACE
+        valueFrom:
+          fieldRef:
+            fieldPath: metadata.namespace
+      # With hostNetwork this is the node's IP: the metrics and health
+      # endpoint listens on $POD_IP:9850 in cluster mode.
+      - name: POD_IP
+        valueFrom:
+          fieldRef:
+            fieldPath: status.podIP
+      {{- with $root.Values.agent.extraEnv }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    {{- if .serve }}
+    # Not 9808: that is the CSI livenessprobe sidecar's default, often
+    # on the host network too.
+    ports:
+      - name: metrics
+        containerPort: 9850
+        protocol: TCP
+    # 200 once the hooks are armed and the watches warm.
+    readinessProbe:
+      httpGet:
+        path: /readyz
+        port: metrics
+      periodSeconds: 5
+      failureThreshold: 3
+    livenessProbe:
+      httpGet:
+        path: /healthz
+        port: metrics
+      initialDelaySeconds: 10
+      periodSeconds: 10
+      failureThreshold: 6
+    {{- end }}
+    # About 30 MiB resident once armed. No CPU limit: throttling would
+    # delay the last gasp; BPF maps are charged to this cgroup.
+    resources:
+      {{- toYaml $root.Values.agent.resources | nindent 6 }}
+    securityContext:
+      privileged: false
+      # uid 0: logind grants a delay inhibitor lock ("delay" mode) and
+      # systemd's KillUnit (logind's reload) to root without polkit, and
+      # the drop-in directory /etc/systemd/logind.conf.d and the audit
+      # directory are root's.
+      runAsUser: 0
+      runAsNonRoot: false
+      readOnlyRootFilesystem: true
+      # allowPrivilegeEscalation is left unset: the API rejects `false`
+      # together with CAP_SYS_ADMIN.
+      {{- with $root.Values.agent.appArmorProfile }}
+      appArmorProfile:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $root.Values.agent.seLinuxOptions }}
+      seLinuxOptions:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      capabilities:
+        drop: ["ALL"]
+        add:
+          # Load the eBPF programs and create their maps (bpf(2)).
+          - BPF
+          # Attach tracing programs: perf_event_open(2) for the
+          # tracepoints, fentry/kprobe on the kernel's power-off paths.
+          - PERFMON
+          # Where kernel.perf_event_paranoid=3 (Debian, Ubuntu:
+          # CONFIG_SECURITY_PERF_EVENTS_RESTRICT), perf_event_open(2) is
+          # refused with EACCES without it and no tracepoint arms (the
+          # VM harness's `privileges` scenario shows it). On nodes with
+          # paranoid <= 2 it can be dropped.
+          - SYS_ADMIN
+          # Read other processes' /proc/PID/exe (and /proc/1/ns/pid) for
+          # the actor of a shutdown; without it `exe` is left out.
+          - SYS_PTRACE
+    volumeMounts:
+      - name: config
+        mountPath: /etc/lastgasp
+        readOnly: true
+      # The fsync'd audit log and graceful_node_shutdown_state; it must
+      # survive the pod and the reboot.
+      - name: audit
+        mountPath: /var/lib/lastgasp
+      # logind (delay lock, PrepareForShutdown) and systemd (jobs,
+      # KillUnit) on the system bus, /run/dbus/system_bus_socket. The
+      # directory, not the socket: a restarted dbus-daemon makes a new
+      # socket, which a bind mount of the old one would never see.
+      - name: dbus
+        mountPath: /run/dbus
+      # The kernel's BTF: field offsets for the exec hook, fentry.
+      - name: btf
+        mountPath: /sys/kernel/btf
+        readOnly: true
+      # tracefs: the tracepoints' ids. The host's own mount, so the
+      # agent never mounts one itself.
+      - name: tracefs
+        mountPath: /sys/kernel/tracing
+        readOnly: true
+      # logind's configuration, read to find the InhibitDelayMaxSec in
+      # force; only logind.conf.d is writable (the agent's drop-in).
+      - name: etc-systemd
+        mountPath: /host/etc/systemd
+        readOnly: true
+      - name: logind-conf-d
+        mountPath: /host/etc/systemd/logind.conf.d
+      - name: run-systemd
+        mountPath: /host/run/systemd
+        readOnly: true
+      - name: usr-lib-systemd
+        mountPath: /host/usr/lib/systemd
+        readOnly: true
+      # systemd-shutdown runs the executables here before its reboot(2):
+      # the agent installs its hook (the one file it writes there).
+      - name: system-shutdown
+        mountPath: /host/usr/lib/systemd/system-shutdown
+      # Where the hook and the agent meet: a FIFO and the agent's pid
+      # (tmpfs: gone at the next boot).
+      - name: run-lastgasp
+        mountPath: /run/lastgasp
+      {{- if $root.Values.agent.kubeletConfigPath }}
+      # The kubelet's configuration, for the grace periods.
+      - name: kubelet-config
+        mountPath: {{ $root.Values.agent.kubeletConfigPath }}
+        readOnly: true
+      {{- end }}
+volumes:
+  - name: config
+    configMap:
+      name: {{ include "lastgasp.name" $root }}-agent
+  - name: audit
+    hostPath:
+      path: /var/lib/lastgasp
+      type: DirectoryOrCreate
+  - name: dbus
+    hostPath:
+      path: /run/dbus
+      type: DirectoryOrCreate
+  - name: btf
+    hostPath:
+      path: /sys/kernel/btf
+      type: Directory
+  - name: tracefs
+    hostPath:
+      path: /sys/kernel/tracing
+      type: Directory
+  - name: etc-systemd
+    hostPath:
+      path: /etc/systemd
+      type: DirectoryOrCreate
+  - name: logind-conf-d
+    hostPath:
+      path: /etc/systemd/logind.conf.d
+      type: DirectoryOrCreate
+  - name: run-systemd
+    hostPath:
+      path: /run/systemd
+      type: DirectoryOrCreate
+  - name: usr-lib-systemd
+    hostPath:
+      path: /usr/lib/systemd
+      type: DirectoryOrCreate
+  - name: system-shutdown
+    hostPath:
+      path: /usr/lib/systemd/system-shutdown
+      type: DirectoryOrCreate
+  - name: run-lastgasp
+    hostPath:
+      path: /run/lastgasp
+      type: DirectoryOrCreate
+  {{- if $root.Values.agent.kubeletConfigPath }}
+  - name: kubelet-config
+    hostPath:
+      path: {{ $root.Values.agent.kubeletConfigPath }}
+      type: File
+  {{- end }}
+{{- end -}}
