@@ -7,7 +7,7 @@
 //! reason when the binaries or kustomize/helm are not on this machine.
 use std::{
     collections::BTreeSet,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use k8s_openapi::api::{
@@ -27,7 +27,9 @@ use lastgasp::{
         },
         metrics::Metrics,
     },
-    controller::{FENCED_BOOT_ANNOTATION, OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION},
+    controller::{
+        FENCED_BOOT_ANNOTATION, FENCED_CONDITION, OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION,
+    },
     decide::{Action, Decider, Episode},
     grace::Bucket,
     signal::ShutdownSignal,
@@ -280,6 +282,16 @@ async fn evidence_enforced(admin: &Client, node: &str) {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+fn condition_of(node: &Node, type_: &str) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
 }
 
 /// Expects the request to be refused with 403 and `why` in the message.
@@ -624,6 +636,23 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             "fenced with the controller's own token after {:?}",
             t0.elapsed()
         );
+        // The remediators' condition: True since the API server's time of
+        // the proof, and only the controller may write it.
+        let fenced = nodes.get(a).await.unwrap();
+        let cond = condition_of(&fenced, FENCED_CONDITION).expect("the condition is set at the fence");
+        assert_eq!((cond.status.as_str(), cond.reason.as_deref()), ("True", Some("PoweredOff")), "{cond:?}");
+        let proof = lastgasp::record::written_at(&fenced).expect("the record's write time");
+        assert_eq!(
+            cond.last_transition_time.as_ref().map(|t| SystemTime::from(t.0)),
+            Some(proof),
+            "lastTransitionTime is the time of the evidence"
+        );
+        let forged = json!({"status": {"conditions": [{"type": FENCED_CONDITION, "status": "True", "reason": "PoweredOff"}]}});
+        denied(
+            "the admin sets PoweredOffAndFenced on node C",
+            nodes.patch_status(names[2], &PatchParams::default(), &Patch::Strategic(&forged)).await,
+            "is written only by the lastgasp controller",
+        );
         sim.add_node(a).await.unwrap();
         let t0 = Instant::now();
         while tainted(&nodes.get(a).await.unwrap()) {
@@ -631,6 +660,17 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
                 t0.elapsed() < Duration::from_secs(30),
                 "the taint stayed after a new boot"
             );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let t0 = Instant::now();
+        loop {
+            let back = nodes.get(a).await.unwrap();
+            let cond = condition_of(&back, FENCED_CONDITION).expect("the condition stays, False");
+            if cond.status == "False" {
+                assert_eq!(cond.reason.as_deref(), Some("NodeBack"));
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "still {cond:?} after the untaint");
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         ctl.abort();
@@ -671,6 +711,8 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             assert!(!nb.annotations().contains_key(ann), "B keeps {ann}");
         }
         assert!(tainted(&nodes.get(c).await.unwrap()), "C's taint is not the controller's");
+        let cond = condition_of(&nb, FENCED_CONDITION).expect("B's condition is cleared");
+        assert_eq!((cond.status.as_str(), cond.reason.as_deref()), ("False", Some("FenceLifted")));
         let events = cp.audit(&user(CONTROLLER_SA));
         assert_exactly_enough(
             "controller",

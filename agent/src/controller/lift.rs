@@ -11,7 +11,7 @@ use kube::{
 };
 
 use super::{
-    write::{fence_params, fence_patch},
+    write::{fence_params, fence_patch, set_condition, Mark},
     FENCED_BOOT_ANNOTATION, PAUSE_ANNOTATION, TAINTED_BY_ANNOTATION,
 };
 
@@ -63,6 +63,19 @@ pub async fn lift_all(client: Client) -> Result<Vec<String>> {
             {
                 Ok(_) => {
                     tracing::info!(node = %name, by = ?by, boot = ?boot, "fence lifted");
+                    let note = "the fence was lifted by the controller's uninstall";
+                    if let Err(e) = set_condition(
+                        &nodes,
+                        &name,
+                        Mark::Cleared {
+                            reason: "FenceLifted",
+                        },
+                        note,
+                    )
+                    .await
+                    {
+                        tracing::warn!(node = %name, "the condition was not cleared: {e}");
+                    }
                     lifted.push(name);
                     break;
                 }

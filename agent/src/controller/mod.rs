@@ -45,6 +45,15 @@ pub const FENCED_BOOT_ANNOTATION: &str = "lastgasp.dev/out-of-service-boot";
 /// time is the API server's time of the fence.
 pub const FENCE_MANAGER: &str = "lastgasp-controller";
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+/// The Node condition remediators match by type and status
+/// (NodeHealthCheck, MachineHealthCheck): True only while this
+/// controller's fence stands on proof that the node's kernel went down,
+/// `lastTransitionTime` the API server's time of that proof; False once
+/// the node is back (or the fence lifted). Never written by the agent.
+pub const FENCED_CONDITION: &str = "PoweredOffAndFenced";
+/// The Event (and condition reason) of a node Ready again on the boot it
+/// was fenced in: it never went down, the taint stays for a human.
+pub const KEPT_SAME_BOOT: &str = "OutOfServiceKept";
 /// A Node labelled `lastgasp.dev/fencing=disabled` is never fenced (the
 /// controller says when it would have been).
 pub const OPT_OUT_LABEL: &str = "lastgasp.dev/fencing";

@@ -22,8 +22,8 @@ use super::{
     lead::Leadership,
     rule::{self, boot_id, fenced_by_us, judge, Verdict},
     write::{get_with_date, Done, Recovery, Work, Writer},
-    ControllerConfig, Policy, FENCED_BOOT_ANNOTATION, NODE_LEASE_NAMESPACE, OPT_OUT_LABEL,
-    OPT_OUT_VALUE,
+    ControllerConfig, Policy, FENCED_BOOT_ANNOTATION, KEPT_SAME_BOOT, NODE_LEASE_NAMESPACE,
+    OPT_OUT_LABEL, OPT_OUT_VALUE,
 };
 use crate::act::metrics::ControllerMetrics;
 
@@ -166,7 +166,7 @@ impl Controller {
                 Verdict::BackOnSameBoot => {
                     self.metrics.count_action("kept-same-boot");
                     self.record(&name, Verdict::BackOnSameBoot);
-                    self.tell(&name, EventType::Warning, "OutOfServiceKept",
+                    self.tell(&name, EventType::Warning, KEPT_SAME_BOOT,
                         "Ready again on the boot it was fenced in: it did not go down. Check its workloads and storage, then remove the taint by hand".into())
                 }
                 Verdict::Contradicted { why } => {

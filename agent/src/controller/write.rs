@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use k8s_openapi::{
     api::{
         coordination::v1::Lease,
-        core::v1::{Node, ObjectReference, Pod, Taint},
+        core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint},
     },
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
@@ -26,9 +26,10 @@ use serde_json::json;
 use super::{
     lead::Leadership,
     rule::{boot_id, judge, Verdict},
-    ControllerConfig, FENCED_BOOT_ANNOTATION, FENCE_MANAGER, NODE_LEASE_NAMESPACE,
-    OUT_OF_SERVICE_KEY, OUT_OF_SERVICE_VALUE, TAINTED_BY_ANNOTATION,
+    ControllerConfig, FENCED_BOOT_ANNOTATION, FENCED_CONDITION, FENCE_MANAGER, KEPT_SAME_BOOT,
+    NODE_LEASE_NAMESPACE, OUT_OF_SERVICE_KEY, OUT_OF_SERVICE_VALUE, TAINTED_BY_ANNOTATION,
 };
+use crate::{record, signal::Kind};
 
 /// How long a fence waits for the taint eviction controller to mark the
 /// node's pods for deletion before it leaves the rest to the next pass.
@@ -97,6 +98,12 @@ impl Writer {
                 };
                 self.leading()?;
                 self.set_taint(&live, true).await?;
+                let proof = record::written_at(&live).unwrap_or(now);
+                let mark = Mark::Fenced {
+                    proof,
+                    reason: fenced_reason(&live),
+                };
+                self.mark(name, mark, &why).await;
                 self.event(name, EventType::Warning, "OutOfServiceTaintAdded", why)
                     .await;
                 // The API server has the taint: the replacements cannot land
@@ -117,6 +124,8 @@ impl Writer {
                     "node is Ready again on boot {}",
                     boot_id(&live).unwrap_or("?")
                 );
+                self.mark(name, Mark::Cleared { reason: "NodeBack" }, &note)
+                    .await;
                 self.event(name, EventType::Normal, "OutOfServiceTaintRemoved", note)
                     .await;
                 Ok(Done::Untainted)
@@ -127,6 +136,16 @@ impl Writer {
                 reason,
                 note,
             } => {
+                if *reason == KEPT_SAME_BOOT {
+                    self.mark(
+                        name,
+                        Mark::Cleared {
+                            reason: KEPT_SAME_BOOT,
+                        },
+                        note,
+                    )
+                    .await;
+                }
                 self.event(name, *type_, reason, note.clone()).await;
                 Ok(Done::Told)
             }
@@ -229,6 +248,17 @@ impl Writer {
         Ok(())
     }
 
+    /// Sets the remediators' condition; a failure is logged, and never
+    /// undoes or holds back the fence (the taint is the fence).
+    async fn mark(&self, node: &str, mark: Mark<'_>, message: &str) {
+        if let Err(e) = set_condition(&self.nodes, node, mark, message).await {
+            tracing::warn!(
+                node,
+                "the {FENCED_CONDITION} condition was not written: {e}"
+            );
+        }
+    }
+
     async fn event(&self, node: &str, type_: EventType, reason: &str, note: String) {
         let reference = ObjectReference {
             api_version: Some("v1".into()),
@@ -247,6 +277,58 @@ impl Writer {
             tracing::warn!("controller event: {e}");
         }
     }
+}
+
+/// What the remediators' condition says.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Mark<'a> {
+    /// True since `proof`, the API server's time of the record's write.
+    Fenced { proof: SystemTime, reason: &'a str },
+    /// False since now.
+    Cleared { reason: &'a str },
+}
+
+/// The [`FENCED_CONDITION`] condition, the one builder of it.
+pub(super) fn fenced_condition(mark: Mark<'_>, message: &str, now: SystemTime) -> NodeCondition {
+    let (status, since, reason) = match mark {
+        Mark::Fenced { proof, reason } => ("True", proof, reason),
+        Mark::Cleared { reason } => ("False", now, reason),
+    };
+    let time = |t: SystemTime| Time(Timestamp::try_from(t).unwrap_or_else(|_| Timestamp::now()));
+    NodeCondition {
+        type_: FENCED_CONDITION.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_heartbeat_time: Some(time(now)),
+        last_transition_time: Some(time(since)),
+    }
+}
+
+/// The reason of a True condition: what the record proves.
+fn fenced_reason(node: &Node) -> &'static str {
+    match record::of_node(node).and_then(Result::ok).map(|r| r.kind()) {
+        Some(Kind::Poweroff) => "PoweredOff",
+        Some(Kind::Halt) => "Halted",
+        // Fenced only under policy also-reboots, after the reboot timeout.
+        _ => "RebootNotBack",
+    }
+}
+
+/// Writes the condition (status subresource; the strategic merge keeps the
+/// kubelet's and the agent's conditions, merged by type).
+pub(super) async fn set_condition(
+    nodes: &Api<Node>,
+    node: &str,
+    mark: Mark<'_>,
+    message: &str,
+) -> Result<()> {
+    let cond = fenced_condition(mark, message, SystemTime::now());
+    let body = json!({ "status": { "conditions": [cond] } });
+    nodes
+        .patch_status(node, &fence_params(), &Patch::Strategic(&body))
+        .await?;
+    Ok(())
 }
 
 /// The Node patch that sets the fence (`Some(identity)`: the taint and the
