@@ -183,8 +183,19 @@ async fn a_dark_zone_is_fenced_side_by_side() {
     let taints: Vec<_> = reqs
         .iter()
         .filter(|r| r.method == "PATCH" && r.path.starts_with("/api/v1/nodes/z"))
+        .filter(|r| !r.path.ends_with("/status"))
         .collect();
     assert_eq!(taints.len(), zone.len());
+    // And each fenced node's PoweredOffAndFenced condition.
+    let conditions = reqs
+        .iter()
+        .filter(|r| {
+            r.method == "PATCH"
+                && r.path.starts_with("/api/v1/nodes/z")
+                && r.path.ends_with("/status")
+        })
+        .count();
+    assert_eq!(conditions, zone.len());
     let in_flight = taints
         .iter()
         .map(|a| {

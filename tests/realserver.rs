@@ -355,8 +355,8 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         };
         println!("the fence probe passed {:?} after the policy's creation", t0.elapsed());
         for (what, says) in [
-            ("fence: own node", "may not change the labels"),
-            ("fence: other node", "may only change its own Node, not agent-b"),
+            ("own node", "may not change the labels"),
+            ("other node", "may only change its own Node, not agent-b"),
         ] {
             let line = probe.line(what).unwrap_or_else(|| panic!("no {what} line: {probe}"));
             assert_eq!(line.status, lastgasp::preflight::Status::Ok, "{probe}");
@@ -365,7 +365,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         let mut unfenced = lastgasp::preflight::Report::default();
         lastgasp::check::fence(&mut unfenced, &admin, a).await;
         assert_eq!(unfenced.failures(), 2, "the admin's dry runs are admitted: {unfenced}");
-        assert!(unfenced.line("fence: own node").unwrap().text.contains("ADMITTED"), "{unfenced}");
+        assert!(unfenced.line("own node").unwrap().text.contains("ADMITTED"), "{unfenced}");
         let stored = Api::<Node>::all(admin.clone()).get(a).await.unwrap();
         assert!(
             !stored.labels().contains_key("lastgasp.dev/check-probe"),
@@ -462,9 +462,25 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
             "the agent's own pod stays, to send its last word: {deletes:?}"
         );
         assert!(pods.get_opt("elsewhere").await.unwrap().is_some(), "node B's pod is untouched");
+        // Upstream's drain conditions, reason NodeShutdown, after the drain;
+        // never the kubelet's own GracefulNodeShutdownInProgress.
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let drained = nodes.get(a).await.unwrap();
+        let st = |n: &Node, t: &str| {
+            condition_of(n, t).map(|c| (c.status, c.reason.unwrap_or_default()))
+        };
+        let reason = || "NodeShutdown".to_string();
+        assert_eq!(st(&drained, "ShutdownInProgress"), Some(("True".into(), "GracefulShutdown".into())));
+        assert_eq!(st(&drained, "DrainInProgress"), Some(("False".into(), reason())));
+        assert_eq!(st(&drained, "Drained"), Some(("True".into(), reason())));
+        assert_eq!(st(&drained, "GracefulNodeShutdownInProgress"), None);
 
-        // 4. The same agent (its pod stayed) cancels.
+        // 4. The same agent (its pod stayed) cancels: all three False.
         graceful::cancel(&nc, &ep).await.unwrap();
+        let cancelled = nodes.get(a).await.unwrap();
+        for t in ["ShutdownInProgress", "DrainInProgress", "Drained"] {
+            assert_eq!(st(&cancelled, t), Some(("False".into(), "ShutdownCancelled".into())), "{t}");
+        }
 
         // Every request of the agent: none refused, exactly its grants.
         let full = cp.audit(&user(AGENT_SA));

@@ -25,6 +25,8 @@ pub enum Section {
     Privileges,
     Dbus,
     Cluster,
+    /// The per-node admission fence, asked to refuse two dry-run patches.
+    Fence,
 }
 
 impl Section {
@@ -35,6 +37,7 @@ impl Section {
             Section::Privileges => "privileges",
             Section::Dbus => "dbus",
             Section::Cluster => "cluster",
+            Section::Fence => "fence",
         }
     }
 }
@@ -45,7 +48,7 @@ pub struct CheckArgs {
     #[arg(long, env = "LASTGASP_STANDALONE")]
     pub standalone: bool,
     /// Only these sections (comma-separated): kernel, hooks, privileges,
-    /// dbus, cluster.
+    /// dbus, cluster, fence.
     #[arg(long, value_enum, value_delimiter = ',', env = "LASTGASP_ONLY")]
     pub only: Vec<Section>,
     /// Do not load the eBPF programs: predict the hooks from tracefs, the
@@ -122,56 +125,75 @@ pub async fn check_node(args: &CheckArgs) -> Report {
             launch::preflight(&mut r, &dbus).await;
         }
     }
+    let node = config
+        .as_ref()
+        .and_then(|c| c.node_name.clone())
+        .or_else(|| std::env::var("NODE_NAME").ok());
+    let cluster = want(Section::Cluster) || want(Section::Fence);
+    let client = match cluster && !args.standalone {
+        true => Some(cluster_client().await),
+        false => None,
+    };
     if want(Section::Cluster) {
         r.section(Section::Cluster.name());
-        if args.standalone {
-            r.push(Status::Info, "permissions", "--standalone: skipped");
-        } else {
-            let node = config
-                .as_ref()
-                .and_then(|c| c.node_name.clone())
-                .or_else(|| std::env::var("NODE_NAME").ok());
-            match ::kube::Config::infer().await {
-                Ok(mut c) => {
-                    c.default_retry = false;
-                    let url = c.cluster_url.to_string();
-                    match ::kube::Client::try_from(c) {
-                        Ok(client) => {
-                            let evict = config.as_ref().is_some_and(|c| c.pod_removal == Removal::Evict);
-                            kube::preflight::preflight(&mut r, &client, &url, evict).await;
-                            if let Some(node) = &node {
-                                fence(&mut r, &client, node).await;
-                            }
-                        }
-                        Err(e) => r.push(Status::Fail, "permissions", format!("a client for {url}: {e}")),
-                    }
-                }
-                Err(e) => r.push(
-                    Status::Fail,
-                    "cluster",
-                    format!(
-                        "cluster mode cannot start: no Kubernetes configuration (not in a pod, no $KUBECONFIG or ~/.kube/config): {e}; \
-                         run with --standalone for a node without a cluster"
-                    ),
-                ),
+        match &client {
+            None => r.push(Status::Info, "permissions", "--standalone: skipped"),
+            Some(Err(e)) => r.push(Status::Fail, "cluster", e.clone()),
+            Some(Ok((client, url))) => {
+                let evict = config
+                    .as_ref()
+                    .is_some_and(|c| c.pod_removal == Removal::Evict);
+                kube::preflight::preflight(&mut r, client, url, evict).await;
             }
-            if args.config.is_none() {
-                r.push(
-                    Status::Fail,
-                    "config",
-                    "cluster mode cannot start: it needs --config (the grace periods, at least)",
-                );
-            }
-            if node.is_none() {
-                r.push(
-                    Status::Fail,
-                    "node name",
-                    "cluster mode cannot start: no node name (nodeName in the config, or $NODE_NAME)",
-                );
-            }
+        }
+        if !args.standalone && args.config.is_none() {
+            r.push(
+                Status::Fail,
+                "config",
+                "cluster mode cannot start: it needs --config (the grace periods, at least)",
+            );
+        }
+        if !args.standalone && node.is_none() {
+            r.push(
+                Status::Fail,
+                "node name",
+                "cluster mode cannot start: no node name (nodeName in the config, or $NODE_NAME)",
+            );
+        }
+    }
+    if want(Section::Fence) {
+        r.section(Section::Fence.name());
+        match (&client, &node) {
+            (None, _) => r.push(Status::Info, "fence", "--standalone: skipped"),
+            (Some(Err(_)), _) => r.push(
+                Status::Fail,
+                "fence",
+                "no client for the API server (see cluster)",
+            ),
+            (_, None) => r.push(
+                Status::Fail,
+                "fence",
+                "no node name (nodeName in the config, or $NODE_NAME)",
+            ),
+            (Some(Ok((client, _))), Some(node)) => fence(&mut r, client, node).await,
         }
     }
     r
+}
+
+/// A client as `lastgasp run` builds it (no retries: a check answers once),
+/// and the API server's URL; or why there is none.
+async fn cluster_client() -> Result<(::kube::Client, String), String> {
+    let mut c = ::kube::Config::infer().await.map_err(|e| {
+        format!(
+            "cluster mode cannot start: no Kubernetes configuration (not in a pod, no $KUBECONFIG or \
+             ~/.kube/config): {e}; run with --standalone for a node without a cluster"
+        )
+    })?;
+    c.default_retry = false;
+    let url = c.cluster_url.to_string();
+    let client = ::kube::Client::try_from(c).map_err(|e| format!("a client for {url}: {e}"))?;
+    Ok((client, url))
 }
 
 /// The graceful-shutdown part alone (D-Bus and logind), as before.

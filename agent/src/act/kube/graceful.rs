@@ -196,7 +196,8 @@ pub async fn run(
             let t = nc.set_taint_and_record(true, Some(record)).await;
             (
                 t,
-                nc.set_condition(true, "GracefulShutdown", &message).await,
+                nc.set_condition(true, super::GRACEFUL_REASON, &message)
+                    .await,
             )
         },
         nc.event(
@@ -286,8 +287,14 @@ pub async fn run(
         report.terminated(),
         report.remaining()
     );
-    if let Err(err) = nc.event(EventType::Normal, "Shutdown", note).await {
-        tracing::error!("graceful end event: {err:#}");
+    let (d, e) = tokio::join!(
+        nc.set_drained(report.remaining() == 0, &note),
+        nc.event(EventType::Normal, "Shutdown", note.clone())
+    );
+    for r in [d, e] {
+        if let Err(err) = r {
+            tracing::error!("graceful end: {err:#}");
+        }
     }
     Ok(report)
 }

@@ -33,6 +33,17 @@ use crate::record::{self, Closing, EpisodeKey, ShutdownRecord, RECORD_MANAGER};
 
 /// The node condition the agent owns (the kubelet owns Ready).
 pub const CONDITION: &str = "ShutdownInProgress";
+/// Upstream's drain conditions (KEP-5683's reserved names), reason
+/// `NodeShutdown` while and after the graceful path drains the node.
+/// Never `GracefulNodeShutdownInProgress`: that one is the kubelet's own.
+pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
+pub const DRAINED: &str = "Drained";
+pub const DRAIN_REASON: &str = "NodeShutdown";
+/// Every condition type the agent writes (its admission policy allows
+/// these and no other).
+pub const AGENT_CONDITIONS: [&str; 3] = [CONDITION, DRAIN_IN_PROGRESS, DRAINED];
+/// The `ShutdownInProgress` reason of the graceful path's start.
+pub const GRACEFUL_REASON: &str = "GracefulShutdown";
 /// The agent's own NoSchedule taint while a shutdown is under way.
 pub const TAINT_KEY: &str = "lastgasp.dev/shutting-down";
 /// Event reason, as the kubelet's shutdown manager uses.
@@ -120,10 +131,42 @@ impl NodeClient {
     }
 
     /// Sets the `ShutdownInProgress` condition (status subresource; the
-    /// strategic merge keeps the kubelet's conditions, merged by type).
+    /// strategic merge keeps the kubelet's conditions, merged by type), and
+    /// upstream's drain conditions with it: `DrainInProgress` True when the
+    /// graceful path starts; both False when the condition goes False.
     pub async fn set_condition(&self, status: bool, reason: &str, message: &str) -> Result<()> {
-        let cond = condition(status, reason, message, SystemTime::now());
-        let body = json!({ "status": { "conditions": [cond] } });
+        let now = SystemTime::now();
+        let mut conds = vec![condition(status, reason, message, now)];
+        if status && reason == GRACEFUL_REASON {
+            conds.push(named_condition(
+                DRAIN_IN_PROGRESS,
+                true,
+                DRAIN_REASON,
+                message,
+                now,
+            ));
+        } else if !status {
+            for t in [DRAIN_IN_PROGRESS, DRAINED] {
+                conds.push(named_condition(t, false, reason, message, now));
+            }
+        }
+        self.patch_conditions(conds).await
+    }
+
+    /// The graceful path's end: `DrainInProgress` False, `Drained` True
+    /// when every pod it had to remove is gone (else False), reason
+    /// `NodeShutdown`.
+    pub async fn set_drained(&self, drained: bool, message: &str) -> Result<()> {
+        let now = SystemTime::now();
+        self.patch_conditions(vec![
+            named_condition(DRAIN_IN_PROGRESS, false, DRAIN_REASON, message, now),
+            named_condition(DRAINED, drained, DRAIN_REASON, message, now),
+        ])
+        .await
+    }
+
+    async fn patch_conditions(&self, conds: Vec<NodeCondition>) -> Result<()> {
+        let body = json!({ "status": { "conditions": conds } });
         let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
         retry("condition", || {
             self.nodes.patch_status(&self.node, &params, &patch)
@@ -420,9 +463,20 @@ pub fn tune(config: &mut kube::Config, usage: Use) {
 
 /// The agent's `ShutdownInProgress` condition, the one builder of it.
 pub fn condition(status: bool, reason: &str, message: &str, at: SystemTime) -> NodeCondition {
+    named_condition(CONDITION, status, reason, message, at)
+}
+
+/// One of the agent's conditions ([`AGENT_CONDITIONS`]).
+fn named_condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    at: SystemTime,
+) -> NodeCondition {
     let now = Time(Timestamp::try_from(at).unwrap_or_else(|_| Timestamp::now()));
     NodeCondition {
-        type_: CONDITION.into(),
+        type_: type_.into(),
         status: if status { "True" } else { "False" }.into(),
         reason: Some(reason.into()),
         message: Some(message.into()),

@@ -189,7 +189,7 @@ pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
     let own = nodes.patch(node, &dry, &Patch::Merge(&label)).await;
     refused(
         r,
-        "fence: own node",
+        "own node",
         own.map(drop),
         &format!("a label on its own Node {node}"),
     );
@@ -203,7 +203,7 @@ pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
         Err(e) => {
             r.push(
                 Status::Fail,
-                "fence: other node",
+                "other node",
                 format!("listing the Nodes: {e}"),
             );
             return;
@@ -212,7 +212,7 @@ pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
     let Some(other) = other else {
         r.push(
             Status::Info,
-            "fence: other node",
+            "other node",
             "the only Node in the cluster: no other to ask about",
         );
         return;
@@ -222,7 +222,7 @@ pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
     let theirs = nodes.patch(&other, &dry, &Patch::Merge(&note)).await;
     refused(
         r,
-        "fence: other node",
+        "other node",
         theirs.map(drop),
         &format!("an annotation on Node {other}"),
     );
