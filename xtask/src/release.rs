@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// The architectures the image is built for (arm64 waits on cross-building
-/// the eBPF loader's target; see docs/operator-guide.md, compatibility).
+/// the eBPF loader's target; see docs/testing.md, "Not tested yet").
 pub const ARCHES: &[&str] = &["amd64"];
 
 pub struct Dist {
