@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests and benchmarks.
 pub mod bus;
 pub mod controlplane;
+pub mod doccmd;
 pub mod nodesim;
 pub mod recovery;
 pub mod render;

@@ -35,7 +35,7 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "nodes",
         "status",
         "",
-        "the ShutdownInProgress condition",
+        "its conditions (ShutdownInProgress, DrainInProgress, Drained)",
     ),
     (
         "list",
