@@ -303,7 +303,8 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
     {
         println!("vm-test: [{}/{total}] real node, arm {arm}: {sc}", i + 1);
         // CI's scenario must win: the record before the node dies, the fence after.
-        let strict = arm == node::CI_ARM && node::CI.contains(&sc);
+        // The drill is judged by its own checks: the node stays up.
+        let strict = arm == node::CI_ARM && node::CI.contains(&sc) && sc != "drill";
         let o = node::run(
             &guest,
             &prep,

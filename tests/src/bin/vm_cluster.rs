@@ -294,7 +294,7 @@ fn node(n: &Node) -> Value {
 
 fn event(e: &Event) -> Value {
     json!({
-        "reason": e.reason, "type": e.type_,
+        "reason": e.reason, "type": e.type_, "action": e.action,
         "message": e.message,
         "object": format!("{}/{}", e.involved_object.kind.clone().unwrap_or_default(),
             e.involved_object.name.clone().unwrap_or_default()),

@@ -43,6 +43,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ("shutdown-h-1", "shutdown -h +1, waited out"),
     ("logind-poweroff", "busctl call ... login1.Manager PowerOff"),
     ("reboot-ff", "reboot -ff"),
+    (
+        "drill",
+        "the README's drill: shutdown -h +10, shutdown -c 15 s later",
+    ),
 ];
 
 pub const ARMS: &[&str] = &["lastgasp", "kubelet", "both"];
@@ -67,11 +71,12 @@ impl CgroupDriver {
 }
 
 /// `cargo xtask test`'s real-node scenarios: the agent as its DaemonSet's
-/// pod, the kubelet's graceful shutdown off, a forced power-off; and the
-/// same with the agent killed in systemd-shutdown's sweep (its courier must
-/// send the last word); one boot each.
+/// pod, the kubelet's graceful shutdown off, a forced power-off; the same
+/// with the agent killed in systemd-shutdown's sweep (its courier must send
+/// the last word); and the README's drill (scheduled, cancelled, nothing
+/// moved); one boot each.
 pub const CI_ARM: &str = "lastgasp";
-pub const CI: &[&str] = &["poweroff-force", "poweroff-force-agent-killed"];
+pub const CI: &[&str] = &["poweroff-force", "poweroff-force-agent-killed", "drill"];
 
 /// The guest's memory with the kubelet, containerd and four pods (the
 /// runner reports what is in use when the pods run: `mem_used_mib`).
@@ -440,6 +445,115 @@ fn run_inner(
     judge(&run, run2.as_ref(), &out, o)
 }
 
+/// The README's drill, as an operator would see it: the Node's
+/// `ShutdownInProgress` True with `ScheduledShutdown`, then False with
+/// `ShutdownCancelled`, an Event for each, and nothing moved, tainted or
+/// fenced before the runner's own end (`STILL-UP`).
+fn drill(
+    run: &Run,
+    lines: &[Value],
+    trig: SystemTime,
+    pods: &[(String, String)],
+    o: &mut NodeOutcome,
+) {
+    let Some(up) = run
+        .markers("STILL-UP")
+        .first()
+        .map(|l| secs_after_st(at(run, l.t), trig))
+    else {
+        o.problems
+            .push("the drill: the node did not stay up".into());
+        return;
+    };
+    let rel = |v: &Value| secs_after(v["t"].as_f64().unwrap_or(0.0), trig);
+    let during: Vec<&Value> = lines
+        .iter()
+        .filter(|l| rel(l) > 0.0 && rel(l) <= up)
+        .collect();
+    let reasons: Vec<String> = during
+        .iter()
+        .filter(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE)
+        .flat_map(|l| {
+            l["obj"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|c| c["type"] == "ShutdownInProgress")
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c["status"].as_str().unwrap_or("?"),
+                c["reason"].as_str().unwrap_or("?")
+            )
+        })
+        .fold(Vec::new(), |mut v, r| {
+            if v.last() != Some(&r) {
+                v.push(r);
+            }
+            v
+        });
+    let want = ["True/ScheduledShutdown", "False/ShutdownCancelled"];
+    if !reasons.ends_with(&want.map(String::from)) {
+        o.problems.push(format!(
+            "the drill: ShutdownInProgress went {reasons:?}, not {want:?}"
+        ));
+    }
+    let events: Vec<String> = during
+        .iter()
+        .filter(|l| l["kind"] == "Event" && l["obj"]["object"] == format!("Node/{NODE}").as_str())
+        .map(|l| {
+            let e = &l["obj"];
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            format!("{}/{}: {}", s("reason"), s("action"), s("message"))
+        })
+        .collect();
+    for what in ["ScheduledShutdown", "ShutdownCancelled"] {
+        if !events
+            .iter()
+            .any(|m| m.starts_with(&format!("NodeShutdown/{what}:")))
+        {
+            o.problems
+                .push(format!("the drill: no Event says {what}: {events:?}"));
+        }
+    }
+    let touched: Vec<String> = during
+        .iter()
+        .filter(|l| {
+            l["kind"] == "Pod" && pods.iter().any(|(_, uid)| l["obj"]["uid"] == uid.as_str())
+        })
+        .filter(|l| l["event"] == "delete" || l["obj"]["deleting"] == true)
+        .map(|l| l["obj"]["name"].as_str().unwrap_or("?").to_string())
+        .collect();
+    let marked = during.iter().any(|l| {
+        l["kind"] == "Node"
+            && l["obj"]["taints"].as_array().is_some_and(|t| {
+                t.iter().any(|t| {
+                    t.as_str().is_some_and(|t| {
+                        t.starts_with("lastgasp.dev/") || t.contains("out-of-service")
+                    })
+                })
+            })
+    });
+    if !touched.is_empty() || marked {
+        o.problems.push(format!(
+            "the drill moved something: pods {touched:?}, tainted: {marked}"
+        ));
+    }
+    o.events = format!(
+        "{}; the drill: ShutdownInProgress {}; Events: {}",
+        o.events,
+        reasons.join(" → "),
+        events.join(" | ")
+    );
+}
+
+fn secs_after_st(t: SystemTime, zero: SystemTime) -> f64 {
+    t.duration_since(zero)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 /// How the trigger ended the guest: the kernel's first last words after it
 /// (a reboot that came back ends again later, with the runner's power-off).
 fn kernel_end(run: &Run) -> Option<&super::qemu::Line> {
@@ -739,6 +853,9 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
     } else {
         evs.join("; ")
     };
+    if o.scenario == "drill" {
+        drill(run, &lines, trig, &pods, o);
+    }
     // Where the agent's container died, against its last write the API
     // server saw (a change to the Node or a pod deletion while it lived).
     if o.arm != "kubelet" {
