@@ -103,14 +103,20 @@ impl Writer {
                     proof,
                     reason: fenced_reason(&live),
                 };
-                self.mark(name, mark, &why).await;
-                self.event(name, EventType::Warning, "OutOfServiceTaintAdded", why)
-                    .await;
                 // The API server has the taint: the replacements cannot land
-                // on this node, and its volumes may detach.
-                Ok(Done::Fenced {
-                    recovered: self.recover(name).await,
-                })
+                // on this node, and its volumes may detach. The pods go
+                // beside the condition and the Event, not after them.
+                let (recovered, ..) = tokio::join!(
+                    self.recover(name),
+                    self.mark(name, mark, &why),
+                    self.event(
+                        name,
+                        EventType::Warning,
+                        "OutOfServiceTaintAdded",
+                        why.clone()
+                    ),
+                );
+                Ok(Done::Fenced { recovered })
             }
             Work::Untaint => {
                 // The cache said Ready on a new boot; a live read must agree.
