@@ -194,7 +194,7 @@ pub fn archive(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
 }
 
 /// The shared libraries `bin` loads, as `ldd` resolves them.
-fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
+pub fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
     let out = Command::new("ldd")
         .arg(bin)
         .output()

@@ -70,6 +70,10 @@ pub struct Args {
     /// systemd-shutdown's final kill.
     #[arg(long, value_enum, default_value_t = node::CgroupDriver::Systemd)]
     pub cgroup_driver: node::CgroupDriver,
+    /// The guest's Debian release (its kernel and systemd); each is built
+    /// once and cached.
+    #[arg(long, value_enum, default_value_t = image::Distro::Bookworm)]
+    pub distro: image::Distro,
 }
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
@@ -156,7 +160,7 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
         return Ok(());
     }
     // The image first: where debootstrap cannot build it (no mirror), skip.
-    if let Err(e) = image::ensure(root) {
+    if let Err(e) = image::ensure(root, image::Distro::Bookworm) {
         println!("SKIPPED VM scenarios: the guest image cannot be built here: {e:#}");
         return Ok(());
     }
@@ -235,7 +239,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
             .collect::<Result<_>>()?
     };
     let accel = qemu::Accel::choose();
-    let img = image::ensure(root)?;
+    let img = image::ensure(root, args.distro)?;
     let target = crate::target_dir(root);
     let Some(k8s) = crate::k8s::ensure(root)? else {
         bail!(
@@ -408,7 +412,7 @@ fn run_all(
     let started = Instant::now();
     let accel = qemu::Accel::choose();
     println!("vm-test: accelerator: {accel}");
-    let img = image::ensure(root)?;
+    let img = image::ensure(root, args.distro)?;
     println!(
         "vm-test: guest image {} (kernel {}, booting {})",
         img.dir.display(),

@@ -1,8 +1,10 @@
-//! The guest image: Debian (the host's release, so the agent's glibc
-//! matches) built by `tests/vm/image/build.sh` with debootstrap, cached under
-//! `~/.cache/lastgasp/vm/image-KEY`, where KEY hashes everything that shapes
-//! it: the script, the package list, the files copied in, the suite. Runs
-//! use qcow2 overlays, so the cached base image is never written.
+//! The guest image: Debian, bookworm by default (the host's release, so the
+//! agent's glibc matches) or another release (`--distro`: another kernel and
+//! systemd), built by `tests/vm/image/build.sh` with debootstrap, cached
+//! under `~/.cache/lastgasp/vm/image-[SUITE-]KEY`, where KEY hashes
+//! everything that shapes it: the script, the package list, the files
+//! copied in, the suite. One image per suite is kept. Runs use qcow2
+//! overlays, so the cached base image is never written.
 use std::{
     fs,
     io::Write,
@@ -15,13 +17,58 @@ use anyhow::{bail, Context, Result};
 
 use super::qemu::wait_timeout;
 
-/// Debian release of the guest: the host's (bookworm), for the agent's glibc.
-pub const SUITE: &str = "bookworm";
+/// The guest's Debian release: its kernel and systemd (`--distro`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Distro {
+    /// Debian 11: kernel 5.10, systemd 247.
+    Bullseye,
+    /// Debian 12 (the host's): kernel 6.1, systemd 252.
+    #[default]
+    Bookworm,
+    /// Debian 13: kernel 6.12, systemd 257.
+    Trixie,
+}
+
+impl Distro {
+    pub fn suite(self) -> &'static str {
+        match self {
+            Distro::Bullseye => "bullseye",
+            Distro::Bookworm => "bookworm",
+            Distro::Trixie => "trixie",
+        }
+    }
+
+    /// The host's glibc (bookworm's 2.36) is newer than the guest's: the
+    /// agent runs there with the host's loader and libraries beside it.
+    pub fn needs_host_libc(self) -> bool {
+        self == Distro::Bullseye
+    }
+
+    /// The cache directory's name: bookworm's keeps the name it always had.
+    fn dir_name(self, key: &str) -> String {
+        match self {
+            Distro::Bookworm => format!("image-{key}"),
+            d => format!("image-{}-{key}", d.suite()),
+        }
+    }
+
+    /// Whether a cache entry is an image of this distro (any key).
+    fn owns(self, name: &str) -> bool {
+        let Some(rest) = name.strip_prefix("image-") else {
+            return false;
+        };
+        match self {
+            Distro::Bookworm => !["bullseye-", "trixie-"].iter().any(|p| rest.starts_with(p)),
+            d => rest.starts_with(&format!("{}-", d.suite())),
+        }
+    }
+}
 const MIRROR: &str = "http://deb.debian.org/debian";
 /// A cold build is about 3 minutes on an idle 2-core machine.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 
 pub struct Image {
+    pub distro: Distro,
     pub dir: PathBuf,
     pub base: PathBuf,
     /// vmlinux (booted through PVH) when it could be extracted, else the bzImage.
@@ -34,31 +81,33 @@ pub struct Image {
     pub built_in: Option<Duration>,
 }
 
-pub fn ensure(root: &Path) -> Result<Image> {
+pub fn ensure(root: &Path, distro: Distro) -> Result<Image> {
+    let suite = distro.suite();
     let inputs = root.join("tests/vm/image");
-    let key = input_key(&inputs)?;
+    let key = input_key(&inputs, suite)?;
     let cache = super::cache_dir();
-    let dir = cache.join(format!("image-{key}"));
+    let dir = cache.join(distro.dir_name(&key));
     let mut built_in = None;
     if !dir.join("complete").exists() {
         fs::create_dir_all(&cache)?;
-        // Older images (other inputs) are dead weight: about 1 GB each.
+        // This distro's older images (other inputs) are dead weight: about
+        // 1 GB each. Other distros' are kept.
         for e in fs::read_dir(&cache)?.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("image-") && e.path() != dir {
+            if distro.owns(&name) && e.path() != dir {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
-        let tmp = cache.join(format!("image-{key}.tmp"));
+        let tmp = cache.join(format!("{}.tmp", distro.dir_name(&key)));
         let _ = fs::remove_dir_all(&tmp);
         let _ = fs::remove_dir_all(&dir);
         let mirror = std::env::var("LASTGASP_VM_MIRROR").unwrap_or_else(|_| MIRROR.into());
-        println!("vm-test: building the guest image ({SUITE}, key {key}); a few minutes, once");
+        println!("vm-test: building the guest image ({suite}, key {key}); a few minutes, once");
         let t = Instant::now();
         let mut cmd = Command::new("bash");
         cmd.arg(inputs.join("build.sh"))
             .arg(&tmp)
-            .arg(SUITE)
+            .arg(suite)
             .arg(&mirror)
             .stdin(Stdio::null());
         let mut child = cmd.spawn().context("starting tests/vm/image/build.sh")?;
@@ -79,7 +128,7 @@ pub fn ensure(root: &Path) -> Result<Image> {
         }
         fs::write(
             tmp.join("inputs"),
-            format!("suite {SUITE}\nmirror {mirror}\nkey {key}\n"),
+            format!("suite {suite}\nmirror {mirror}\nkey {key}\n"),
         )?;
         fs::rename(&tmp, &dir)?;
         fs::write(dir.join("complete"), "")?;
@@ -92,6 +141,7 @@ pub fn ensure(root: &Path) -> Result<Image> {
     let vmlinux = dir.join("vmlinux");
     let pvh = vmlinux.is_file() && std::env::var_os("LASTGASP_VM_BZIMAGE").is_none();
     Ok(Image {
+        distro,
         base: dir.join("base.img"),
         kernel: if pvh { vmlinux } else { dir.join("vmlinuz") },
         pvh,
@@ -108,11 +158,11 @@ pub fn ensure(root: &Path) -> Result<Image> {
 
 /// sha256 over the image's inputs (relative path and contents of every file
 /// under `tests/vm/image`, in order) and the suite; the first 16 hex digits.
-fn input_key(inputs: &Path) -> Result<String> {
+fn input_key(inputs: &Path, suite: &str) -> Result<String> {
     let mut files = Vec::new();
     walk(inputs, &mut files)?;
     files.sort();
-    let mut data = format!("suite={SUITE}\0").into_bytes();
+    let mut data = format!("suite={suite}\0").into_bytes();
     for f in files {
         let rel = f.strip_prefix(inputs).unwrap_or(&f);
         data.extend_from_slice(rel.to_string_lossy().as_bytes());

@@ -448,6 +448,9 @@ impl Guest<'_> {
         } else {
             copy_exec(self.agent, &inp.join("lastgasp"))?;
         }
+        if self.image.distro.needs_host_libc() {
+            with_host_libc(self.agent, &inp)?;
+        }
         copy_exec(&self.vm_dir.join("guest/runner.sh"), &inp.join("runner.sh"))?;
         fs::copy(
             self.vm_dir.join("guest/lastgasp.service"),
@@ -482,6 +485,38 @@ fn drive(file: &Path, format: &str, id: &str, cache: &str) -> String {
     format!(
         "file={},format={format},if=none,id={id},cache={cache}",
         file.display()
+    )
+}
+
+/// Where the guest's unit puts the host's loader and libraries
+/// (`tests/vm/guest/lastgasp.service`): on the root file system, which
+/// outlives the share until the final stage.
+const HOST_LIBC_DIR: &str = "/usr/local/lib/lastgasp";
+
+/// For a guest whose glibc is older than the host's: the host's loader and
+/// libraries in `in/lib/`, and the agent's copy in `in/` pointed at them
+/// (its ELF interpreter and rpath), so that it runs as itself (its comm,
+/// its /proc/self/exe) rather than under an explicit loader.
+fn with_host_libc(agent: &Path, inp: &Path) -> Result<()> {
+    crate::setup::ensure_debs(&[("patchelf", "patchelf")])?;
+    let lib = inp.join("lib");
+    fs::create_dir_all(&lib)?;
+    let mut interpreter = None;
+    for l in crate::image::libraries(agent)? {
+        let name = l.file_name().context("a library path has a name")?;
+        fs::copy(&l, lib.join(name)).with_context(|| format!("copying {}", l.display()))?;
+        if name.to_string_lossy().starts_with("ld-linux") {
+            interpreter = Some(name.to_string_lossy().into_owned());
+        }
+    }
+    let interpreter = interpreter.context("ldd named no ld-linux loader for the agent")?;
+    run_quiet(
+        Command::new("patchelf")
+            .arg("--set-interpreter")
+            .arg(format!("{HOST_LIBC_DIR}/{interpreter}"))
+            .arg("--set-rpath")
+            .arg(HOST_LIBC_DIR)
+            .arg(inp.join("lastgasp")),
     )
 }
 

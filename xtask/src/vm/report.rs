@@ -685,7 +685,7 @@ pub fn matrix(
         m,
         "Guest: Debian {} (image {}) with kernel {} and systemd {}, 2 vCPUs, 1 GiB; accelerator: {accel}. \
          Guest-side times are measured under {}: inflated, not comparable with host figures.",
-        super::image::SUITE,
+        img.distro.suite(),
         img.key,
         img.kernel_release,
         systemd,
