@@ -212,6 +212,21 @@ async fn announce_only_and_the_pods_a_drain_leaves() {
     let n: Node = s.double.get("", NODE).unwrap();
     assert_eq!(condition(&n).map(|c| c.1), Some("GracefulShutdown".into()));
     assert!(taint_keys(&n).contains(&TAINT_KEY.to_string()));
+    let types = |n: &Node| -> Vec<String> {
+        let conds = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        conds.into_iter().map(|c| c.type_).collect()
+    };
+    assert!(
+        !types(&n)
+            .iter()
+            .any(|t| t == "DrainInProgress" || t == "Drained"),
+        "announce only drains nothing, and says no drain: {:?}",
+        types(&n)
+    );
 
     let mut keep = opts(&s, buckets, Removal::Delete);
     keep.keep.daemonsets = true;
@@ -226,6 +241,22 @@ async fn announce_only_and_the_pods_a_drain_leaves() {
     assert_eq!(how("ds-pod").as_deref(), Some("skipped-daemonset"));
     assert_eq!(how("kept").as_deref(), Some("skipped-labels"));
     assert_eq!(how("web").as_deref(), Some("delete"));
+    let n: Node = s.double.get("", NODE).unwrap();
+    let drained = n.status.and_then(|s| s.conditions).unwrap_or_default();
+    let st = |t: &str| {
+        drained
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    assert_eq!(
+        st("DrainInProgress"),
+        Some(("False".into(), Some("NodeShutdown".into())))
+    );
+    assert_eq!(
+        st("Drained"),
+        Some(("True".into(), Some("NodeShutdown".into())))
+    );
     assert_eq!(
         deletions(&s.double)
             .into_iter()

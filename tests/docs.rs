@@ -103,8 +103,8 @@ use std::{
 };
 
 use lastgasp_tests::{
-    doccmd::{self, blocks, commands, doc_files, flag, DocCommand},
-    render::{chart_dir, helm, repo, split_yaml},
+    doccmd::{self, blocks, commands, doc_files, filled, flag, DocCommand},
+    render::{chart_dir, helm, helm_command, repo, split_yaml},
 };
 
 /// A heading's anchor as GitHub makes it: lowercase, punctuation but `-`
@@ -296,18 +296,14 @@ fn helm_renders(helm: &Path, w: &[String]) -> Result<(), String> {
         return Err(format!("{chart}: no chart there"));
     }
     let home = std::env::temp_dir().join(format!("lastgasp-docs-helm-{}", std::process::id()));
-    let mut cmd = Command::new(helm);
-    cmd.args(["template", &w[2]])
-        .arg(&dir)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"));
+    let mut cmd = helm_command(helm, &home);
+    cmd.args(["template", &w[2]]).arg(&dir);
     let mut i = 4;
     while i < w.len() {
         match w[i].as_str() {
             "--set" | "-f" | "--values" | "-n" | "--namespace" => {
                 let v = w.get(i + 1).ok_or("a flag without its value")?;
-                cmd.args([&w[i], &v.replace("REGISTRY", "registry.example")]);
+                cmd.args([&w[i], &filled(v)]);
                 i += 2;
             }
             "--version" => i += 2,

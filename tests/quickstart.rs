@@ -23,9 +23,9 @@ use kube::{
 };
 use lastgasp_tests::{
     controlplane::{self, ADMIN_TOKEN},
-    doccmd::{commands, DocCommand},
+    doccmd::{commands, filled, DocCommand},
     nodesim::{self, Sim},
-    render::{helm, repo},
+    render::{helm, helm_command, repo},
     support::{agent_bin, rt},
 };
 use serde_json::json;
@@ -113,17 +113,11 @@ fn the_readmes_five_minutes_install_and_check_on_the_real_control_plane() {
                     ran.push(shown);
                 }
                 ["helm", "install", ..] => {
-                    let args: Vec<String> = c.words[1..]
-                        .iter()
-                        .map(|a| a.replace("REGISTRY", "registry.example"))
-                        .collect();
-                    let out = Command::new(&helm)
+                    let args: Vec<String> = c.words[1..].iter().map(|a| filled(a)).collect();
+                    let out = helm_command(&helm, &home)
                         .current_dir(repo())
                         .args(&args)
                         .env("KUBECONFIG", &kubeconfig)
-                        .env("HELM_CACHE_HOME", home.join("cache"))
-                        .env("HELM_CONFIG_HOME", home.join("config"))
-                        .env("HELM_DATA_HOME", home.join("data"))
                         .output()
                         .unwrap();
                     assert!(

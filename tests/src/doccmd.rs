@@ -113,6 +113,12 @@ pub fn words(line: &str) -> Vec<String> {
     out
 }
 
+/// A documented word with its placeholders filled as the tests run it
+/// (`REGISTRY`: a registry name no node would pull from).
+pub fn filled(word: &str) -> String {
+    word.replace("REGISTRY", "registry.example")
+}
+
 /// README.md and every docs/*.md.
 pub fn doc_files() -> Vec<PathBuf> {
     let root = crate::render::repo();

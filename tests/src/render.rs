@@ -75,19 +75,25 @@ pub fn render_kustomize_dir(bin: &Path, dir: &Path) -> Vec<Value> {
     split_yaml(&run_tool(Command::new(bin).arg("build").arg(dir)))
 }
 
+/// helm with its config, cache and data under `home`: Helm wants writable
+/// directories, and the tests keep them out of $HOME.
+pub fn helm_command(bin: &Path, home: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    cmd
+}
+
 /// `helm template` with the chart's defaults, or with `--set` values.
 pub fn render_helm(bin: &Path, set: &[&str]) -> Vec<Value> {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let home = std::env::temp_dir().join(format!("lastgasp-helm-home-{}-{n}", std::process::id()));
-    let mut cmd = Command::new(bin);
+    let mut cmd = helm_command(bin, &home);
     cmd.args(["template", "lastgasp"])
         .arg(chart_dir())
-        .args(["--namespace", "lastgasp"])
-        // Helm wants writable config/cache dirs; keep them out of $HOME.
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"));
+        .args(["--namespace", "lastgasp"]);
     for s in set {
         cmd.args(["--set", s]);
     }

@@ -194,11 +194,7 @@ pub async fn run(
     let ((t, c), e) = tokio::join!(
         async {
             let t = nc.set_taint_and_record(true, Some(record)).await;
-            (
-                t,
-                nc.set_condition(true, super::GRACEFUL_REASON, &message)
-                    .await,
-            )
+            (t, nc.set_graceful(&message, opts.removal).await)
         },
         nc.event(
             EventType::Normal,
@@ -287,8 +283,14 @@ pub async fn run(
         report.terminated(),
         report.remaining()
     );
+    // Announce-only removes nothing: no drain to report.
     let (d, e) = tokio::join!(
-        nc.set_drained(report.remaining() == 0, &note),
+        async {
+            match opts.removal {
+                Removal::None => Ok(()),
+                _ => nc.set_drained(report.remaining() == 0, &note).await,
+            }
+        },
         nc.event(EventType::Normal, "Shutdown", note.clone())
     );
     for r in [d, e] {

@@ -43,7 +43,7 @@ pub const DRAIN_REASON: &str = "NodeShutdown";
 /// these and no other).
 pub const AGENT_CONDITIONS: [&str; 3] = [CONDITION, DRAIN_IN_PROGRESS, DRAINED];
 /// The `ShutdownInProgress` reason of the graceful path's start.
-pub const GRACEFUL_REASON: &str = "GracefulShutdown";
+const GRACEFUL_REASON: &str = "GracefulShutdown";
 /// The agent's own NoSchedule taint while a shutdown is under way.
 pub const TAINT_KEY: &str = "lastgasp.dev/shutting-down";
 /// Event reason, as the kubelet's shutdown manager uses.
@@ -131,13 +131,26 @@ impl NodeClient {
     }
 
     /// Sets the `ShutdownInProgress` condition (status subresource; the
-    /// strategic merge keeps the kubelet's conditions, merged by type), and
-    /// upstream's drain conditions with it: `DrainInProgress` True when the
-    /// graceful path starts; both False when the condition goes False.
+    /// strategic merge keeps the kubelet's conditions, merged by type); when
+    /// it goes False, upstream's drain conditions go False with it.
     pub async fn set_condition(&self, status: bool, reason: &str, message: &str) -> Result<()> {
         let now = SystemTime::now();
         let mut conds = vec![condition(status, reason, message, now)];
-        if status && reason == GRACEFUL_REASON {
+        if !status {
+            for t in [DRAIN_IN_PROGRESS, DRAINED] {
+                conds.push(named_condition(t, false, reason, message, now));
+            }
+        }
+        self.patch_conditions(conds).await
+    }
+
+    /// The graceful path's start: `ShutdownInProgress` True (reason
+    /// `GracefulShutdown`) and, when it removes pods (not announce-only),
+    /// `DrainInProgress` True, in one patch.
+    pub async fn set_graceful(&self, message: &str, removal: graceful::Removal) -> Result<()> {
+        let now = SystemTime::now();
+        let mut conds = vec![condition(true, GRACEFUL_REASON, message, now)];
+        if removal != graceful::Removal::None {
             conds.push(named_condition(
                 DRAIN_IN_PROGRESS,
                 true,
@@ -145,10 +158,6 @@ impl NodeClient {
                 message,
                 now,
             ));
-        } else if !status {
-            for t in [DRAIN_IN_PROGRESS, DRAINED] {
-                conds.push(named_condition(t, false, reason, message, now));
-            }
         }
         self.patch_conditions(conds).await
     }
