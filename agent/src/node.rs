@@ -151,3 +151,56 @@ pub fn ensure_tracefs() -> Result<PathBuf> {
     tracing::info!(path = %target.display(), "mounted tracefs");
     Ok(target.to_path_buf())
 }
+
+/// The kernel's release as (major, minor), from /proc/sys/kernel/osrelease.
+pub fn kernel_version() -> Option<(u32, u32)> {
+    parse_release(&fs::read_to_string("/proc/sys/kernel/osrelease").ok()?)
+}
+
+fn parse_release(rel: &str) -> Option<(u32, u32)> {
+    let mut parts = rel.trim().split(['.', '-', '+']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+#[cfg(test)]
+mod release_tests {
+    #[test]
+    fn releases_read_as_major_minor() {
+        use super::parse_release;
+        assert_eq!(parse_release("5.10.0-32-amd64\n"), Some((5, 10)));
+        assert_eq!(parse_release("6.12.117+deb13-amd64"), Some((6, 12)));
+        assert_eq!(parse_release("6.18.44-fc-v782"), Some((6, 18)));
+        assert!((5, 10) < (5, 11) && (6, 1) >= (5, 11));
+        assert_eq!(parse_release("garbage"), None);
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps and programs to the loader's
+/// RLIMIT_MEMLOCK (later ones to its memory cgroup). There the soft limit
+/// is raised to the hard one (no privilege needed); returns the soft limit
+/// in bytes when it is still not unlimited, `None` on a kernel that does not
+/// charge it or with no limit.
+pub fn bpf_memlock_limit() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    if kernel_version().is_none_or(|v| v >= (5, 11)) {
+        return None;
+    }
+    let (soft, hard) = getrlimit(Resource::RLIMIT_MEMLOCK).ok()?;
+    if soft < hard {
+        let _ = setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard);
+    }
+    let (soft, _) = getrlimit(Resource::RLIMIT_MEMLOCK).ok()?;
+    (soft != RLIM_INFINITY).then_some(soft)
+}
+
+/// What to do about [`bpf_memlock_limit`]'s limit.
+pub fn memlock_advice(limit: u64) -> String {
+    format!(
+        "this kernel (< 5.11) charges BPF maps to RLIMIT_MEMLOCK, {} KiB here: start the agent with \
+         LimitMEMLOCK=infinity (systemd) or `ulimit -l unlimited` (the container runtime's default for \
+         its containers), or grant CAP_SYS_RESOURCE",
+        limit / 1024
+    )
+}

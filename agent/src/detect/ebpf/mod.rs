@@ -127,6 +127,7 @@ impl EbpfDetector {
     pub fn load(node: NodePidNs) -> Result<Self> {
         crate::node::require_bpf_caps()?;
         crate::node::ensure_tracefs()?;
+        let memlock = crate::node::bpf_memlock_limit();
         let mut report = Vec::new();
 
         // aya 0.14's `EbpfLoader::new()` parses the kernel's BTF itself, with
@@ -172,7 +173,13 @@ impl EbpfDetector {
             .override_global("CRED_USER_NS_OFF", &o.cred_user_ns, true)
             .override_global("USER_NS_LEVEL_OFF", &o.user_ns_level, true)
             .load(EBPF_OBJ)
-            .context("loading the eBPF object")?;
+            .map_err(|e| match memlock {
+                Some(limit) => anyhow::Error::new(e).context(format!(
+                    "loading the eBPF object: {}",
+                    crate::node::memlock_advice(limit)
+                )),
+                None => anyhow::Error::new(e).context("loading the eBPF object"),
+            })?;
         let kernel_btf = match data {
             Ok(d) => {
                 Btf::parse(&d, Endianness::default()).map_err(|e| format!("no kernel BTF: {e}"))

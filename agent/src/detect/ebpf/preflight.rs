@@ -311,6 +311,9 @@ const CAPS: &[(u32, &str)] = &[
 
 /// The capabilities loading and attaching need.
 pub(crate) fn privileges(r: &mut Report, caps: Option<u64>, paranoid: Option<i32>) {
+    if let Some(limit) = node::bpf_memlock_limit() {
+        r.push(Status::Warn, "RLIMIT_MEMLOCK", node::memlock_advice(limit));
+    }
     let Some(caps) = caps else {
         r.push(
             Status::Fail,
