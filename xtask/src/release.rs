@@ -202,7 +202,11 @@ pub fn verify(dist: &Dist) -> Result<()> {
         dist.dir.display()
     );
 
-    let registry = Registry::start(&dist.dir.with_extension("registry"))?;
+    let registry = Registry::start(
+        &dist
+            .dir
+            .with_file_name(format!(".registry-{}", dist.version)),
+    )?;
     let host = registry.host.clone();
     let v = &dist.version;
     run(Command::new("skopeo")
