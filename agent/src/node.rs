@@ -164,19 +164,6 @@ fn parse_release(rel: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-#[cfg(test)]
-mod release_tests {
-    #[test]
-    fn releases_read_as_major_minor() {
-        use super::parse_release;
-        assert_eq!(parse_release("5.10.0-32-amd64\n"), Some((5, 10)));
-        assert_eq!(parse_release("6.12.117+deb13-amd64"), Some((6, 12)));
-        assert_eq!(parse_release("6.18.44-fc-v782"), Some((6, 18)));
-        assert!((5, 10) < (5, 11) && (6, 1) >= (5, 11));
-        assert_eq!(parse_release("garbage"), None);
-    }
-}
-
 /// Kernels before 5.11 charge BPF maps and programs to the loader's
 /// RLIMIT_MEMLOCK (later ones to its memory cgroup). There the soft limit
 /// is raised to the hard one (no privilege needed); returns the soft limit
@@ -203,4 +190,17 @@ pub fn memlock_advice(limit: u64) -> String {
          its containers), or grant CAP_SYS_RESOURCE",
         limit / 1024
     )
+}
+
+#[cfg(test)]
+mod release_tests {
+    #[test]
+    fn releases_read_as_major_minor() {
+        use super::parse_release;
+        assert_eq!(parse_release("5.10.0-32-amd64\n"), Some((5, 10)));
+        assert_eq!(parse_release("6.12.117+deb13-amd64"), Some((6, 12)));
+        assert_eq!(parse_release("6.18.44-fc-v782"), Some((6, 18)));
+        assert!((5, 10) < (5, 11) && (6, 1) >= (5, 11));
+        assert_eq!(parse_release("garbage"), None);
+    }
 }
