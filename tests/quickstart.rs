@@ -14,12 +14,11 @@ use std::{
 
 use k8s_openapi::api::{
     apps::v1::DaemonSet,
-    authentication::v1::TokenRequest,
-    core::v1::{ConfigMap, Namespace, Pod, ServiceAccount},
+    core::v1::{ConfigMap, Namespace, Pod},
 };
 use kube::{
     api::{ListParams, Patch, PatchParams, PostParams},
-    Api, ResourceExt,
+    Api,
 };
 use lastgasp_tests::{
     controlplane::{self, ADMIN_TOKEN},
@@ -194,16 +193,7 @@ async fn exec_check(
         .expect("a Running agent pod");
     let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
     let sa = spec.service_account_name.clone().unwrap();
-    let req: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600,
-        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.metadata.uid}}}))
-    .unwrap();
-    let token = Api::<ServiceAccount>::namespaced(admin.clone(), ns)
-        .create_token_request(&sa, &PostParams::default(), &req)
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.token)
-        .expect("a token");
+    let token = controlplane::pod_token(admin, ns, &sa, Some(&pod)).await;
     let kubeconfig = cp
         .write_kubeconfig("five-minutes-agent.kubeconfig", &token)
         .unwrap();

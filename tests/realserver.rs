@@ -11,8 +11,7 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    authentication::v1::TokenRequest,
-    core::v1::{Node, Pod, ServiceAccount},
+    core::v1::{Node, Pod},
     events::v1::Event,
 };
 use kube::{
@@ -35,7 +34,7 @@ use lastgasp::{
     signal::ShutdownSignal,
 };
 use lastgasp_tests::{
-    controlplane::{self, AuditEvent, ControlPlane},
+    controlplane::{self, pod_token, AuditEvent, ControlPlane},
     nodesim::{self, Sim},
     recovery,
     render::{helm, kustomize, kustomize_dir, render_helm, render_kustomize_dir},
@@ -101,23 +100,6 @@ async fn pod_of(client: &Client, selector: &str, ok: impl Fn(&str, &str) -> bool
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-}
-
-/// A token of `sa` bound to `pod`, as the kubelet projects it into the pod.
-async fn bound_token(client: &Client, sa: &str, pod: Option<&Pod>) -> String {
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    let mut spec = json!({"expirationSeconds": 3600});
-    if let Some(p) = pod {
-        spec["boundObjectRef"] =
-            json!({"apiVersion": "v1", "kind": "Pod", "name": p.name_any(), "uid": p.metadata.uid});
-    }
-    let req: TokenRequest = serde_json::from_value(json!({"spec": spec})).unwrap();
-    sas.create_token_request(sa, &PostParams::default(), &req)
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.token)
-        .expect("a token")
 }
 
 /// The (group, resource[/subresource], verb) triples the render grants `sa`.
@@ -335,7 +317,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
             println!("SKIPPED the Helm dry run: no helm");
         }
         let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
-        let token = bound_token(&admin, AGENT_SA, Some(&agent_pod)).await;
+        let token = pod_token(&admin, NS, AGENT_SA, Some(&agent_pod)).await;
         // The agent's own client settings: watches on one, requests on another.
         let agent = cp.agent_client(&token, Use::Requests);
         let agent_watch = cp.agent_client(&token, Use::Watch);
@@ -560,7 +542,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
             "may only report Events about its own Node",
         );
         // A token of the same ServiceAccount bound to no pod has no node claim.
-        let unbound = cp.agent_client(&bound_token(&admin, AGENT_SA, None).await, Use::Requests);
+        let unbound = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, None).await, Use::Requests);
         // Both the agent's policy and the evidence policy refuse it.
         denied_by(
             "a write with a token that has no node claim",
@@ -600,7 +582,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             n != names[0]
         })
         .await;
-        let token = bound_token(&admin, CONTROLLER_SA, Some(&ctl_pod)).await;
+        let token = pod_token(&admin, NS, CONTROLLER_SA, Some(&ctl_pod)).await;
         // As `lastgasp controller` builds its client.
         let client = cp.agent_client(&token, Use::Watch);
         let a = names[0];
@@ -619,7 +601,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         // it from anyone else).
         let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
         let agent = cp.agent_client(
-            &bound_token(&admin, AGENT_SA, Some(&agent_pod)).await,
+            &pod_token(&admin, NS, AGENT_SA, Some(&agent_pod)).await,
             Use::Requests,
         );
         let boot = sim.boot_id(a).unwrap();
@@ -771,12 +753,12 @@ fn only_a_nodes_own_agent_writes_its_evidence_and_the_controller_only_its_fence(
         ]);
         apply(&admin, other.as_array().unwrap(), false).await;
         evidence_enforced(&admin, a).await;
-        let patcher = cp.agent_client(&bound_token(&admin, "node-patcher", None).await, Use::Requests);
+        let patcher = cp.agent_client(&pod_token(&admin, NS, "node-patcher", None).await, Use::Requests);
         let pod_a = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
         let pod_b = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == b).await;
-        let agent_a = cp.agent_client(&bound_token(&admin, AGENT_SA, Some(&pod_a)).await, Use::Requests);
-        let agent_b = cp.agent_client(&bound_token(&admin, AGENT_SA, Some(&pod_b)).await, Use::Requests);
-        let controller = cp.agent_client(&bound_token(&admin, CONTROLLER_SA, None).await, Use::Requests);
+        let agent_a = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&pod_a)).await, Use::Requests);
+        let agent_b = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&pod_b)).await, Use::Requests);
+        let controller = cp.agent_client(&pod_token(&admin, NS, CONTROLLER_SA, None).await, Use::Requests);
 
         // A's own agent writes A's record (the record's own field manager).
         let boot = sim.boot_id(a).unwrap();

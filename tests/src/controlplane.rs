@@ -555,3 +555,28 @@ impl Drop for ControlPlane {
         }
     }
 }
+
+/// A token of `sa` in `ns` bound to `pod`, as the kubelet projects it into
+/// the pod (its node-name claim included); unbound without one.
+pub async fn pod_token(
+    client: &kube::Client,
+    ns: &str,
+    sa: &str,
+    pod: Option<&k8s_openapi::api::core::v1::Pod>,
+) -> String {
+    use k8s_openapi::api::{authentication::v1::TokenRequest, core::v1::ServiceAccount};
+    use kube::ResourceExt;
+    let sas: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), ns);
+    let mut spec = serde_json::json!({"expirationSeconds": 3600});
+    if let Some(p) = pod {
+        spec["boundObjectRef"] = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "name": p.name_any(), "uid": p.metadata.uid});
+    }
+    let req: TokenRequest = serde_json::from_value(serde_json::json!({"spec": spec})).unwrap();
+    sas.create_token_request(sa, &kube::api::PostParams::default(), &req)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token")
+}

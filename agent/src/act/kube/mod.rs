@@ -39,9 +39,6 @@ pub const CONDITION: &str = "ShutdownInProgress";
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 pub const DRAINED: &str = "Drained";
 pub const DRAIN_REASON: &str = "NodeShutdown";
-/// Every condition type the agent writes (its admission policy allows
-/// these and no other).
-pub const AGENT_CONDITIONS: [&str; 3] = [CONDITION, DRAIN_IN_PROGRESS, DRAINED];
 /// The `ShutdownInProgress` reason of the graceful path's start.
 const GRACEFUL_REASON: &str = "GracefulShutdown";
 /// The agent's own NoSchedule taint while a shutdown is under way.
@@ -475,7 +472,8 @@ pub fn condition(status: bool, reason: &str, message: &str, at: SystemTime) -> N
     named_condition(CONDITION, status, reason, message, at)
 }
 
-/// One of the agent's conditions ([`AGENT_CONDITIONS`]).
+/// One of the agent's conditions ([`CONDITION`], [`DRAIN_IN_PROGRESS`],
+/// [`DRAINED`]: its admission policy allows these and no other).
 fn named_condition(
     type_: &str,
     status: bool,

@@ -176,6 +176,8 @@ pub(crate) async fn preflight(r: &mut Report, client: &kube::Client, url: &str, 
 /// dry-run patches, which admission judges and nothing stores. A label on
 /// the agent's own Node, an annotation on another Node.
 pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
+    // A key nothing else uses, on a label and an annotation.
+    const PROBE: &str = "lastgasp.dev/check-probe";
     use k8s_openapi::api::core::v1::Node;
     use kube::api::{ListParams, Patch, PatchParams};
     let nodes: kube::Api<Node> = kube::Api::all(client.clone());
@@ -184,8 +186,7 @@ pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
         field_manager: Some("lastgasp-check".into()),
         ..Default::default()
     };
-    let label =
-        serde_json::json!({"metadata": {"labels": {"lastgasp.dev/check-probe": "refused"}}});
+    let label = serde_json::json!({"metadata": {"labels": {PROBE: "refused"}}});
     let own = nodes.patch(node, &dry, &Patch::Merge(&label)).await;
     refused(
         r,
@@ -217,8 +218,7 @@ pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
         );
         return;
     };
-    let note =
-        serde_json::json!({"metadata": {"annotations": {"lastgasp.dev/check-probe": "refused"}}});
+    let note = serde_json::json!({"metadata": {"annotations": {PROBE: "refused"}}});
     let theirs = nodes.patch(&other, &dry, &Patch::Merge(&note)).await;
     refused(
         r,
