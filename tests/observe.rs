@@ -337,6 +337,104 @@ async fn readiness_is_lost_with_the_bus_and_comes_back_with_it() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A node whose bus is not there when the agent starts (dbus-daemon late,
+/// or a security module refusing the pod's connection): the lost graceful
+/// path is loud at once (readiness, the metric, `check`), the agent keeps
+/// trying, and arms when the bus comes.
+#[tokio::test]
+async fn a_graceful_path_not_armed_at_start_is_loud_and_armed_when_the_bus_comes() {
+    if !can_load_ebpf("observe_graceful_path_not_armed")
+        || !have_dbus_daemon("observe_graceful_path_not_armed")
+    {
+        return;
+    }
+    let mut bus = TestBus::start("notarmed", &[], &[]);
+    bus.stop_bus();
+    let root = bus.root.to_str().unwrap().to_string();
+
+    let check = Command::new(agent_bin())
+        .args([
+            "check",
+            "--standalone",
+            "--only",
+            "dbus",
+            "--logind-root",
+            &root,
+        ])
+        .args(["--system-bus", &bus.address])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "check must fail:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("FAIL") && l.contains("system bus") && l.contains("NOT be armed")),
+        "{text}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("lastgasp-notarmed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let started = Instant::now();
+    let agent = start_run(
+        &dir,
+        &[
+            "--logind-root",
+            &root,
+            "--system-bus",
+            &bus.address,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let listen = agent.wait_log("the endpoint's address", |v| {
+        v["fields"]["listen"].is_string()
+    });
+    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let body = wait_ready(&addr, "unready, naming the graceful path", 10, |c, b| {
+        c == 503 && b.contains("logind: ") && b.contains("graceful path is NOT armed")
+    });
+    let metric_zero = loop {
+        let (_, m) = get(&addr, "/metrics").unwrap();
+        if m.lines().any(|l| l == "lastgasp_graceful_path_armed 0") {
+            break started.elapsed();
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{m}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "not armed: /readyz 503 and lastgasp_graceful_path_armed 0 within {metric_zero:?} of start: {}",
+        body.trim()
+    );
+    // Alive, detecting, and trying again without a log line per try.
+    assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+    std::thread::sleep(Duration::from_secs(3));
+    let warned = agent
+        .logs()
+        .iter()
+        .filter(|v| v["level"] == "WARN" && v["fields"]["part"] == "logind")
+        .count();
+    assert_eq!(warned, 1, "one WARN for the loss, not one per try");
+
+    bus.start_bus().await;
+    wait_ready(&addr, "ready once the bus is there", 20, |c, _| c == 200);
+    let ready = Instant::now();
+    loop {
+        let (_, m) = get(&addr, "/metrics").unwrap();
+        if m.lines().any(|l| l == "lastgasp_graceful_path_armed 1") {
+            break;
+        }
+        assert!(
+            ready.elapsed() < Duration::from_secs(5),
+            "not armed once ready:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bus.wait_event("the delay lock taken late", |e| e.is("inhibit"), 1)
+        .await;
+    drop(agent);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn a_bad_metrics_listen_fails_at_start_naming_the_flag() {
     for bad in ["localhost", "127.0.0.1", "1.2.3:99"] {
@@ -718,8 +816,8 @@ fn check_reports_this_node_truthfully() {
         line(what);
     }
     assert!(
-        line("system").trim_start().starts_with("WARN"),
-        "no bus is a warning: {report}"
+        line("system").trim_start().starts_with("FAIL") && line("system").contains("NOT be armed"),
+        "no bus is a FAIL naming the graceful path: {report}"
     );
     assert!(line("permissions").contains("--standalone: skipped"));
     let fails = report

@@ -62,11 +62,12 @@ impl DbusArgs {
     }
 }
 
-/// Starts the logind and systemd detectors as tasks sending on `tx`. A node
-/// without a system bus, logind or systemd runs on without them (the eBPF
-/// hooks still see every shutdown); a logind that cannot give the delay the
-/// grace period needs is an error. A connection lost later makes `health`
-/// unready until it is back.
+/// Starts the logind and systemd detectors as tasks sending on `tx`. One
+/// that cannot start (no system bus, no logind, a refused call) keeps trying
+/// in its task, and `health` is unready, naming why, until it is there: the
+/// eBPF hooks see every shutdown meanwhile, but nothing holds one for the
+/// pods. `--no-dbus` says the node has no such bus (then nothing is
+/// expected of it).
 pub(crate) async fn spawn_detectors(
     args: &DbusArgs,
     tx: mpsc::Sender<ShutdownSignal>,
@@ -75,44 +76,60 @@ pub(crate) async fn spawn_detectors(
     if args.no_dbus {
         return Ok(None);
     }
-    let handle = match LogindDetector::start(args.logind()).await {
+    let (det, handle) = match LogindDetector::start(args.logind()).await {
         Ok((det, handle)) => {
             tracing::info!(
                 inhibit_delay_max = ?det.inhibit_delay_max(),
                 "logind: delay lock taken"
             );
-            let (tx, health) = (tx.clone(), health.clone());
-            health.bus_started(logind::PART);
-            let det = det.report_to(health.clone());
-            tokio::spawn(async move {
-                if let Err(e) = det.run(tx).await {
-                    tracing::error!("logind detector stopped: {e:#}");
-                    health.lost(logind::PART, &format!("the detector stopped: {e:#}"));
-                }
-            });
-            Some(handle)
+            (det, handle)
         }
-        Err(e @ (StartError::NoBus(_) | StartError::NoLogind)) => {
-            tracing::warn!("logind detection off: {e}");
-            None
+        Err(e) => {
+            let (det, handle) = LogindDetector::pending(args.logind());
+            health.lost(logind::PART, &not_armed(&e));
+            (det, handle)
         }
-        Err(e) => return Err(e.into()),
     };
-    match SystemdDetector::start(args.systemd()).await {
+    health.bus_started(logind::PART);
+    let det = det.report_to(health.clone());
+    let (logind_tx, logind_health) = (tx.clone(), health.clone());
+    tokio::spawn(async move {
+        if let Err(e) = det.run(logind_tx).await {
+            tracing::error!("logind detector stopped: {e:#}");
+            logind_health.lost(logind::PART, &format!("the detector stopped: {e:#}"));
+        }
+    });
+    let det = match SystemdDetector::start(args.systemd()).await {
         Ok(det) => {
             tracing::info!("systemd: following shutdown jobs");
-            health.bus_started(systemd::PART);
-            let det = det.report_to(health.clone());
-            tokio::spawn(async move {
-                if let Err(e) = det.run(tx).await {
-                    tracing::error!("systemd detector stopped: {e:#}");
-                    health.lost(systemd::PART, &format!("the detector stopped: {e:#}"));
-                }
-            });
+            det
         }
-        Err(e) => tracing::warn!("systemd job detection off: {e:#}"),
-    }
-    Ok(handle)
+        Err(e) => {
+            health.lost(
+                systemd::PART,
+                &format!("{e:#}: systemd's shutdown jobs are not followed; trying again"),
+            );
+            SystemdDetector::pending(args.systemd())
+        }
+    };
+    health.bus_started(systemd::PART);
+    let det = det.report_to(health.clone());
+    tokio::spawn(async move {
+        if let Err(e) = det.run(tx).await {
+            tracing::error!("systemd detector stopped: {e:#}");
+            health.lost(systemd::PART, &format!("the detector stopped: {e:#}"));
+        }
+    });
+    Ok(Some(handle))
+}
+
+/// Why the graceful path is not armed, for readiness and `check`.
+fn not_armed(e: &StartError) -> String {
+    format!(
+        "{e}: the graceful path is NOT armed (no delay lock holds a shutdown for the pods; \
+         the eBPF hooks still see it and the last gasp is sent); trying again. \
+         A node without systemd runs the agent with --no-dbus"
+    )
 }
 
 /// The bus, logind and systemd, as `run` would find them.
@@ -128,11 +145,12 @@ pub(crate) async fn preflight(r: &mut Report, args: &DbusArgs) {
             c
         }
         Err(e) => {
-            // `run` goes on without it: the eBPF hooks still see every shutdown.
+            // `run` goes on without it (unready, trying again): the eBPF
+            // hooks still see every shutdown, but nothing holds one.
             r.push(
-                Status::Warn,
+                Status::Fail,
                 "system bus",
-                format!("cannot connect to {address}: {e}: no logind delay lock, no systemd jobs (eBPF hooks only)"),
+                format!("cannot connect to {address}: {e}: the graceful path would NOT be armed (no logind delay lock, no systemd jobs; eBPF hooks only). A node without systemd runs the agent with --no-dbus"),
             );
             return;
         }
@@ -161,9 +179,9 @@ pub(crate) async fn preflight(r: &mut Report, args: &DbusArgs) {
             logind::preflight::preflight(r, &host, &args.logind_root, args.inhibit_delay).await;
         }
         Ok(None) => r.push(
-            Status::Warn,
+            Status::Fail,
             "logind",
-            format!("nobody owns {LOGIND}: no delay lock can hold a shutdown (only the eBPF hooks will see it)"),
+            format!("nobody owns {LOGIND}: the graceful path would NOT be armed (no delay lock can hold a shutdown; only the eBPF hooks would see it). A node without logind runs the agent with --no-dbus"),
         ),
         Err(e) => r.push(Status::Fail, "logind", format!("asking the bus for {LOGIND}: {e}")),
     }

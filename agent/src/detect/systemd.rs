@@ -102,15 +102,24 @@ impl SystemdDetector {
         }
         let host = Host::new(&conn).await?;
         let streams = subscribe(&host).await?;
-        Ok(SystemdDetector {
+        let mut det = Self::pending(cfg);
+        det.conn = Some((conn, host));
+        det.streams = Some(streams);
+        Ok(det)
+    }
+
+    /// A detector that has not reached systemd: `run` connects and
+    /// subscribes when it can, trying every `reconnect_after`.
+    pub fn pending(cfg: SystemdConfig) -> Self {
+        SystemdDetector {
             cfg,
-            conn: Some((conn, host)),
-            streams: Some(streams),
+            conn: None,
+            streams: None,
             pending: HashMap::new(),
             prepared: None,
             window: Duration::ZERO,
             health: None,
-        })
+        }
     }
 
     /// Reports a lost bus connection to `health` while it lasts.
@@ -127,10 +136,11 @@ impl SystemdDetector {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     let why = format!("{e:#}; reconnecting every {:?}", self.cfg.reconnect_after);
-                    if let Some(h) = &self.health {
-                        h.lost(PART, &why);
+                    // `health` logs a loss once, not at every try.
+                    match &self.health {
+                        Some(h) => h.lost(PART, &why),
+                        None => tracing::warn!("systemd: {why}"),
                     }
-                    tracing::warn!("systemd: {why}");
                 }
             }
             self.conn = None;
@@ -148,6 +158,9 @@ impl SystemdDetector {
             Some(c) => c,
             None => {
                 let conn = bus::connect(self.cfg.bus.as_deref()).await?;
+                if bus::name_owner(&conn, SYSTEMD).await?.is_none() {
+                    bail!("systemd (org.freedesktop.systemd1) is not on the system bus");
+                }
                 let host = Host::new(&conn).await?;
                 (conn, host)
             }
@@ -345,12 +358,12 @@ pub async fn preflight(r: &mut Report, conn: &Connection, host: &Host) {
                     "Subscribe works: shutdown jobs that bypass logind are seen",
                 );
             }
-            Err(e) => r.push(Status::Warn, "systemd", format!("Subscribe failed: {e}")),
+            Err(e) => r.push(Status::Fail, "systemd", format!("Subscribe failed: {e}: the agent would stay unready")),
         },
         _ => r.push(
-            Status::Warn,
+            Status::Fail,
             "systemd",
-            format!("nobody owns {SYSTEMD}: shutdown jobs are seen by the eBPF hooks only"),
+            format!("nobody owns {SYSTEMD}: shutdown jobs would be seen by the eBPF hooks only and the agent would stay unready. A node without systemd runs the agent with --no-dbus"),
         ),
     }
 }

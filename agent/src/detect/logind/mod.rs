@@ -146,6 +146,8 @@ pub struct LogindDetector {
     /// Reports of other peers' PrepareForShutdown, rate-limited.
     forged: Forged,
     lock: Option<OwnedFd>,
+    /// InhibitDelayMaxSec raised as `cfg.want_delay` asks (or nothing asked).
+    configured: bool,
     delay_max: Duration,
     episode: Option<Episode>,
     /// The last ScheduledShutdown seen: (type, µs since the epoch).
@@ -188,15 +190,32 @@ impl LogindDetector {
         let lock = lock::take_lock(&link.host)
             .await
             .map_err(StartError::Lock)?;
+        let (mut det, handle) = Self::pending(cfg);
+        det.link = Some(link);
+        det.streams = Some(streams);
+        det.owner = owner;
+        det.configured = true;
+        det.lock = Some(lock);
+        det.delay_max = delay_max;
+        det.held.send_replace(true);
+        Ok((det, handle))
+    }
+
+    /// A detector that has not reached logind (no bus, no logind, a refused
+    /// call at the agent's start): `run` connects, raises the delay and
+    /// takes the lock when it can, trying every `reconnect_after`.
+    pub fn pending(cfg: LogindConfig) -> (Self, LogindHandle) {
         let (handle, release_rx, relock_rx, held) = LogindHandle::new();
+        held.send_replace(false);
         let det = LogindDetector {
             cfg,
-            link: Some(link),
-            owner,
-            streams: Some(streams),
+            link: None,
+            owner: None,
+            streams: None,
             forged: Forged::default(),
-            lock: Some(lock),
-            delay_max,
+            lock: None,
+            configured: false,
+            delay_max: Duration::ZERO,
             episode: None,
             scheduled: None,
             sessions: 0,
@@ -205,7 +224,7 @@ impl LogindDetector {
             held,
             health: None,
         };
-        Ok((det, handle))
+        (det, handle)
     }
 
     /// logind's InhibitDelayMaxUSec as last read.
@@ -227,11 +246,15 @@ impl LogindDetector {
                 Ok(Flow::Stop) => return Ok(()),
                 Err(e) => e,
             };
-            let why = format!("{err:#}; reconnecting every {:?}", self.cfg.reconnect_after);
-            if let Some(h) = &self.health {
-                h.lost(PART, &why);
+            let why = format!(
+                "{err:#}; the graceful path is NOT armed; reconnecting every {:?}",
+                self.cfg.reconnect_after
+            );
+            // `health` logs a loss once, not at every try.
+            match &self.health {
+                Some(h) => h.lost(PART, &why),
+                None => tracing::warn!("logind: {why}"),
             }
-            tracing::warn!("logind: {why}");
             self.link = None;
             self.streams = None;
             // The lock and a shutdown under way outlive the bus connection:
@@ -277,6 +300,15 @@ impl LogindDetector {
                 s
             }
         };
+        if self.owner.is_none() {
+            anyhow::bail!("{}", StartError::NoLogind);
+        }
+        if !self.configured {
+            if let Some(want) = self.cfg.want_delay {
+                config::ensure_inhibit_delay(&link.host, &self.cfg.logind_root, want).await?;
+            }
+            self.configured = true;
+        }
 
         match link.host.current_inhibit_delay().await {
             Ok(d) => self.delay_max = d.min(DELAY_CAP),
@@ -985,23 +1017,8 @@ mod tests {
     /// logind allows "infinity": the deadline arithmetic stays in range.
     #[tokio::test]
     async fn an_infinite_delay_limit_is_capped_not_overflowed() {
-        let (handle, release_rx, relock_rx, held) = LogindHandle::new();
-        let mut d = LogindDetector {
-            cfg: LogindConfig::default(),
-            link: None,
-            streams: None,
-            owner: None,
-            forged: Forged::default(),
-            lock: None,
-            delay_max: Duration::MAX,
-            episode: None,
-            scheduled: None,
-            sessions: 0,
-            release_rx,
-            relock_rx,
-            held,
-            health: None,
-        };
+        let (mut d, handle) = LogindDetector::pending(LogindConfig::default());
+        d.delay_max = Duration::MAX;
         drop(handle);
         let wall = SystemTime::now();
         let deadline = d.begin(Instant::now(), wall, Duration::MAX, true);
