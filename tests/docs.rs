@@ -400,6 +400,7 @@ fn judge(c: &DocCommand, ctx: &Ctx) -> Result<(), String> {
             match [
                 format!("lastgasp-{v}.oci.tar"),
                 format!("lastgasp-{v}-linux-amd64.oci.tar"),
+                format!("lastgasp-{v}-linux-arm64.oci.tar"),
             ]
             .contains(&name.to_string())
             {

@@ -25,10 +25,87 @@ pub fn ebpf_object(root: &Path) -> PathBuf {
 /// dependency builds instead of adding a second set (53 crates rebuilt).
 pub const BINS: [&str; 4] = ["--package", "lastgasp", "--package", "lastgasp-apidouble"];
 
+/// A CPU architecture the agent and its image are built for, by its
+/// Debian and OCI name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    /// This machine's (x86_64).
+    #[default]
+    Amd64,
+    /// aarch64, cross-compiled (Debian's gcc-aarch64-linux-gnu links it).
+    Arm64,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// Rust's target triple, `None` for this machine's own.
+    pub fn rust_target(self) -> Option<&'static str> {
+        match self {
+            Arch::Amd64 => None,
+            Arch::Arm64 => Some("aarch64-unknown-linux-gnu"),
+        }
+    }
+
+    /// The agent's binary as `build_for` leaves it.
+    pub fn agent_binary(self, root: &Path, release: bool) -> PathBuf {
+        let mut dir = target_dir(root);
+        if let Some(t) = self.rust_target() {
+            dir.push(t);
+        }
+        dir.join(if release { "release" } else { "debug" })
+            .join("lastgasp")
+    }
+}
+
+/// The agent alone for `arch` (the eBPF object is the same bytecode for
+/// every arch); this machine's arch is `build`.
+pub fn build_for(root: &Path, release: bool, arch: Arch) -> Result<PathBuf> {
+    let Some(triple) = arch.rust_target() else {
+        return build(root, release);
+    };
+    let tools = setup::ensure(root)?;
+    build_ebpf(root, &tools)?;
+    setup::ensure_cross(arch)?;
+    let mut cmd = cargo();
+    cmd.current_dir(root)
+        .args(["build", "--package", "lastgasp", "--target", triple])
+        .env("LASTGASP_EBPF_OBJ", ebpf_object(root));
+    for (var, val) in setup::cross_env(arch) {
+        cmd.env(var, val);
+    }
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd).with_context(|| format!("building the agent for {}", arch.name()))?;
+    Ok(arch.agent_binary(root, release))
+}
+
 /// Builds the eBPF object, then the agent around it (and the API double);
 /// returns the agent's binary.
 pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
     let tools = setup::ensure(root)?;
+    build_ebpf(root, &tools)?;
+    let mut cmd = cargo();
+    cmd.current_dir(root)
+        .arg("build")
+        .args(BINS)
+        .env("LASTGASP_EBPF_OBJ", ebpf_object(root));
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd).context("building the agent")?;
+    Ok(Arch::Amd64.agent_binary(root, release))
+}
+
+fn build_ebpf(root: &Path, tools: &setup::Tools) -> Result<()> {
     let mut cmd = Command::new("cargo");
     setup::clean_toolchain_env(&mut cmd);
     cmd.current_dir(root.join("agent-ebpf"))
@@ -45,22 +122,7 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
         .arg(target_dir(root).join("ebpf"))
         .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
         .env("PATH", tools.path_with_linker()?);
-    run(&mut cmd).context("building the eBPF object (agent-ebpf)")?;
-
-    let mut cmd = cargo();
-    cmd.current_dir(root)
-        .arg("build")
-        .args(BINS)
-        .env("LASTGASP_EBPF_OBJ", ebpf_object(root));
-    if release {
-        cmd.arg("--release");
-    }
-    run(&mut cmd).context("building the agent")?;
-    Ok(target_dir(root).join(if release {
-        "release/lastgasp"
-    } else {
-        "debug/lastgasp"
-    }))
+    run(&mut cmd).context("building the eBPF object (agent-ebpf)")
 }
 
 pub fn cargo() -> Command {

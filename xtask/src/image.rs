@@ -13,9 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
-use crate::setup;
+use crate::{build::Arch, setup};
 
 /// The DaemonSet's added capabilities (deploy/kustomize/agent-daemonset.yaml;
 /// tests/manifests.rs checks that list against the docs).
@@ -23,6 +23,9 @@ const CAPS: &str = "BPF,PERFMON,SYS_ADMIN,SYS_PTRACE";
 
 pub struct Image {
     pub tag: String,
+    pub arch: Arch,
+    /// Where `build` saved it (an OCI archive).
+    pub archive: PathBuf,
 }
 
 /// Podman set up for this machine: vfs storage (no overlay mounts needed),
@@ -36,13 +39,16 @@ fn podman(dir: &Path) -> Command {
     cmd
 }
 
-pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
+/// The image of `bin`, an agent built for `arch` (`build::build_for`).
+pub fn build(root: &Path, target: &Path, bin: &Path, arch: Arch) -> Result<Image> {
     setup::ensure_debs(&[
         ("podman", "podman"),
         ("runc", "runc"),
         ("strip", "binutils"),
     ])?;
+    setup::ensure_cross(arch)?;
     let dir = target.join("image");
+    let (tag, archive) = names(root, target, arch)?;
     let rootfs = dir.join("rootfs");
     let _ = fs::remove_dir_all(&rootfs);
     fs::create_dir_all(rootfs.join("usr/local/bin"))?;
@@ -68,7 +74,11 @@ pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
         dir.join("containers.conf"),
         "[containers]\ndefault_ulimits = []\n",
     )?;
-    let st = Command::new("strip")
+    let strip = match arch {
+        Arch::Amd64 => "strip",
+        Arch::Arm64 => "aarch64-linux-gnu-strip",
+    };
+    let st = Command::new(strip)
         .arg("-o")
         .arg(rootfs.join("usr/local/bin/lastgasp"))
         .arg(bin)
@@ -77,8 +87,8 @@ pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
     if !st.success() {
         bail!("strip {} failed", bin.display());
     }
-    for lib in libraries(bin)? {
-        let to = rootfs.join(lib.strip_prefix("/").unwrap_or(&lib));
+    for (lib, at) in libraries(bin, arch)? {
+        let to = rootfs.join(at.strip_prefix("/").unwrap_or(&at));
         fs::create_dir_all(to.parent().expect("a library path has a directory"))?;
         fs::copy(&lib, &to).with_context(|| format!("copying {}", lib.display()))?;
     }
@@ -87,15 +97,14 @@ pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
         "# Made by cargo xtask image: the agent and its glibc, nothing else.\n\
          FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/usr/local/bin/lastgasp\"]\n",
     )?;
-    let version = env_version(root)?;
-    let tag = format!("localhost/lastgasp:{version}");
     crate::run(
         podman(&dir)
-            .args(["build", "--quiet", "-t", &tag])
+            .args(["build", "--quiet", "--platform"])
+            .arg(format!("linux/{}", arch.name()))
+            .args(["-t", &tag])
             .arg(&dir),
     )
     .context("podman build")?;
-    let archive = dir.join(format!("lastgasp-{version}.oci.tar"));
     let _ = fs::remove_file(&archive);
     crate::run(
         podman(&dir)
@@ -105,15 +114,30 @@ pub fn build(root: &Path, target: &Path, bin: &Path) -> Result<Image> {
     )
     .context("podman save")?;
     println!("image: {tag}, saved as {}", archive.display());
-    Ok(Image { tag })
+    Ok(Image { tag, arch, archive })
+}
+
+/// The tag and the archive of the image for `arch`: this machine's arch
+/// keeps the plain version tag.
+fn names(root: &Path, target: &Path, arch: Arch) -> Result<(String, PathBuf)> {
+    let version = env_version(root)?;
+    let suffix = match arch {
+        Arch::Amd64 => String::new(),
+        a => format!("-{}", a.name()),
+    };
+    Ok((
+        format!("localhost/lastgasp:{version}{suffix}"),
+        target.join(format!("image/lastgasp-{version}{suffix}.oci.tar")),
+    ))
 }
 
 /// The image `build` made, saved as a multi-arch OCI index (an
 /// `oci-archive`): a podman manifest list holding each arch's image
 /// (`release::ARCHES`), pushed with its images.
-pub fn save_index(target: &Path, image: &Image, to: &Path) -> Result<()> {
+pub fn save_index(target: &Path, images: &[Image], to: &Path) -> Result<()> {
     let dir = target.join("image");
-    let list = format!("{}-index", image.tag);
+    let first = images.first().context("no image for the index")?;
+    let list = format!("{}-index", first.tag);
     let _ = podman(&dir)
         .args(["manifest", "rm", &list])
         .stdout(Stdio::null())
@@ -121,13 +145,15 @@ pub fn save_index(target: &Path, image: &Image, to: &Path) -> Result<()> {
         .status();
     crate::run(podman(&dir).args(["manifest", "create", &list]))
         .context("podman manifest create")?;
-    crate::run(podman(&dir).args([
-        "manifest",
-        "add",
-        &list,
-        &format!("containers-storage:{}", image.tag),
-    ]))
-    .context("podman manifest add")?;
+    for image in images {
+        crate::run(podman(&dir).args([
+            "manifest",
+            "add",
+            &list,
+            &format!("containers-storage:{}", image.tag),
+        ]))
+        .with_context(|| format!("podman manifest add ({})", image.arch.name()))?;
+    }
     let _ = fs::remove_file(to);
     crate::run(
         podman(&dir)
@@ -184,26 +210,65 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
     Ok((archive, tag))
 }
 
-/// Where `build` saved the agent's image, and its tag.
+/// Where `build` saved the agent's image for this machine's arch, and its tag.
 pub fn archive(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
-    let version = env_version(root)?;
-    Ok((
-        target.join(format!("image/lastgasp-{version}.oci.tar")),
-        format!("localhost/lastgasp:{version}"),
-    ))
+    let (tag, archive) = names(root, target, Arch::Amd64)?;
+    Ok((archive, tag))
 }
 
-/// The shared libraries `bin` loads, as `ldd` resolves them.
-pub fn libraries(bin: &Path) -> Result<Vec<PathBuf>> {
+/// The shared libraries `bin` loads, each with where it goes in the image:
+/// for this machine's arch as `ldd` resolves them; for arm64 the `NEEDED`
+/// entries and the loader (`readelf`), from Debian's cross glibc, placed
+/// where an arm64 Debian keeps them.
+pub fn libraries(bin: &Path, arch: Arch) -> Result<Vec<(PathBuf, PathBuf)>> {
+    if arch == Arch::Arm64 {
+        let out = Command::new("aarch64-linux-gnu-readelf")
+            .args(["-d", "-l"])
+            .arg(bin)
+            .output()
+            .context("running aarch64-linux-gnu-readelf")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut libs = Vec::new();
+        for l in text.lines() {
+            if let Some(name) = l
+                .split_once("Shared library: [")
+                .and_then(|(_, r)| r.strip_suffix(']'))
+            {
+                libs.push((
+                    Path::new(setup::CROSS_LIBS).join(name),
+                    Path::new("/lib/aarch64-linux-gnu").join(name),
+                ));
+            }
+            if let Some(interp) = l
+                .split_once("[Requesting program interpreter: ")
+                .and_then(|(_, r)| r.strip_suffix(']'))
+            {
+                let name = Path::new(interp)
+                    .file_name()
+                    .context("an interpreter path")?;
+                libs.push((
+                    Path::new(setup::CROSS_LIBS).join(name),
+                    PathBuf::from(interp),
+                ));
+            }
+        }
+        if libs.len() < 2 {
+            bail!(
+                "readelf named no libraries and loader for {}:\n{text}",
+                bin.display()
+            );
+        }
+        return Ok(libs);
+    }
     let out = Command::new("ldd")
         .arg(bin)
         .output()
         .context("running ldd")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let libs: Vec<PathBuf> = text
+    let libs: Vec<(PathBuf, PathBuf)> = text
         .lines()
         .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
-        .map(PathBuf::from)
+        .map(|p| (PathBuf::from(p), PathBuf::from(p)))
         .collect();
     if libs.is_empty() {
         bail!("ldd named no library for {}:\n{text}", bin.display());
@@ -217,6 +282,40 @@ pub fn env_version(root: &Path) -> Result<String> {
         .find_map(|l| l.strip_prefix("version = \""))
         .map(|v| v.trim_end_matches('"').to_string())
         .context("no version in agent/Cargo.toml")
+}
+
+/// This machine's arch: `check_arms`. Another arch cannot load eBPF under
+/// emulation (qemu's user mode has no bpf(2)): its image must start, its
+/// loader and libraries resolve, under qemu-user (`vm-test --arch` arms
+/// it in a guest of that arch).
+pub fn check(target: &Path, image: &Image) -> Result<()> {
+    if image.arch == Arch::Amd64 {
+        return check_arms(target, image);
+    }
+    setup::ensure_arm64_emulation()?;
+    let dir = target.join("image");
+    let out = podman(&dir)
+        .args(["run", "--rm", "--platform"])
+        .arg(format!("linux/{}", image.arch.name()))
+        .args([&image.tag, "--version"])
+        .output()
+        .context("podman run --version")?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && said.starts_with("lastgasp "),
+        "the {} image {} did not start under emulation: {}{}",
+        image.arch.name(),
+        image.tag,
+        said,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!(
+        "image: {} starts ({}, under qemu-user): {}",
+        image.tag,
+        image.arch.name(),
+        said.trim()
+    );
+    Ok(())
 }
 
 /// Runs the image as the DaemonSet runs the agent and waits for it to arm.

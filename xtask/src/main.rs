@@ -50,8 +50,12 @@ enum Cmd {
     /// Real shutdowns in a QEMU guest: the scenario matrix and the last-gasp race.
     VmTest(vm::Args),
     /// Build the DaemonSet's image from the release binary (podman, FROM
-    /// scratch) and check that it arms in a container.
-    Image,
+    /// scratch) and check that it arms in a container (another arch's:
+    /// that it starts, under qemu-user).
+    Image {
+        #[arg(long, value_enum, default_value_t)]
+        arch: build::Arch,
+    },
     /// The release artefacts in target/dist/VERSION: image archives and a
     /// multi-arch OCI index, the chart package, an SBOM, notes, SHA256SUMS.
     Release {
@@ -85,10 +89,10 @@ fn main() -> Result<()> {
             run(&mut cmd)
         }
         Cmd::Test { args } => test::test(&root, &args),
-        Cmd::Image => {
-            let bin = build(&root, true)?;
-            let img = image::build(&root, &target_dir(&root), &bin)?;
-            image::check_arms(&target_dir(&root), &img)
+        Cmd::Image { arch } => {
+            let bin = build::build_for(&root, true, arch)?;
+            let img = image::build(&root, &target_dir(&root), &bin, arch)?;
+            image::check(&target_dir(&root), &img)
         }
         Cmd::VmTest(args) => vm::vm_test(&root, args, |release| build(&root, release)),
         Cmd::Release { verify } => {

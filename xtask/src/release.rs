@@ -18,13 +18,9 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
-    build::{build, run, target_dir},
+    build::{build_for, run, target_dir, Arch},
     image, setup,
 };
-
-/// The architectures the image is built for (arm64 waits on cross-building
-/// the eBPF loader's target; see docs/testing.md, "Not tested yet").
-pub const ARCHES: &[&str] = &["amd64"];
 
 pub struct Dist {
     pub dir: PathBuf,
@@ -48,10 +44,14 @@ pub fn release(root: &Path) -> Result<Dist> {
     let tools = setup::ensure_manifest_tools()?;
     let sbom_tool = setup::ensure_cyclonedx()?;
 
-    let bin = build(root, true)?;
     let target = target_dir(root);
-    let img = image::build(root, &target, &bin)?;
-    image::check_arms(&target, &img)?;
+    let mut images = Vec::new();
+    for arch in Arch::ALL {
+        let bin = build_for(root, true, arch)?;
+        let img = image::build(root, &target, &bin, arch)?;
+        image::check(&target, &img)?;
+        images.push(img);
+    }
 
     let dist = Dist {
         dir: target.join("dist").join(&version),
@@ -60,12 +60,14 @@ pub fn release(root: &Path) -> Result<Dist> {
     let _ = fs::remove_dir_all(&dist.dir);
     fs::create_dir_all(&dist.dir)?;
     let v = &dist.version;
-    let (archive, _) = image::archive(root, &target)?;
-    fs::copy(
-        &archive,
-        dist.dir.join(format!("lastgasp-{v}-linux-amd64.oci.tar")),
-    )?;
-    image::save_index(&target, &img, &dist.index())?;
+    for img in &images {
+        fs::copy(
+            &img.archive,
+            dist.dir
+                .join(format!("lastgasp-{v}-linux-{}.oci.tar", img.arch.name())),
+        )?;
+    }
+    image::save_index(&target, &images, &dist.index())?;
     run(Command::new(&tools.helm)
         .args(["package", "--version", v, "--app-version", v, "-d"])
         .arg(&dist.dir)
@@ -238,7 +240,10 @@ pub fn verify(dist: &Dist) -> Result<()> {
         })
         .collect();
     arches.sort();
-    let mut want: Vec<String> = ARCHES.iter().map(|a| format!("linux/{a}")).collect();
+    let mut want: Vec<String> = Arch::ALL
+        .iter()
+        .map(|a| format!("linux/{}", a.name()))
+        .collect();
     want.sort();
     ensure!(
         arches == want,

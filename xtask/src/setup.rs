@@ -11,7 +11,9 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::build::Arch;
 
 /// The nightly the eBPF crate is built with (rustc 1.97, LLVM 22). Machines
 /// of this kind ship it preinstalled as `nightly`; elsewhere it is installed.
@@ -250,6 +252,96 @@ pub fn ensure_debs(wanted: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
+/// What cross-building the agent for `arch` needs: Rust's standard library
+/// for the target (rustup), and Debian's cross gcc, binutils and glibc (the
+/// linker, `strip` and `readelf` for the image, the C of `ring`).
+pub fn ensure_cross(arch: Arch) -> Result<()> {
+    let Some(triple) = arch.rust_target() else {
+        return Ok(());
+    };
+    let has_target = || {
+        output(rustup().args(["target", "list", "--installed"]))
+            .is_ok_and(|t| t.lines().any(|l| l.trim() == triple))
+    };
+    if !has_target() {
+        eprintln!("xtask: adding Rust's {triple} standard library (rustup target add)");
+        output(rustup().args(["target", "add", triple])).with_context(|| {
+            format!(
+                "cross-building for {} needs it; by hand: rustup target add {triple}",
+                arch.name()
+            )
+        })?;
+        ensure!(
+            has_target(),
+            "rustup target add {triple} did not install it"
+        );
+    }
+    ensure_debs(&[
+        ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
+        ("aarch64-linux-gnu-strip", "binutils-aarch64-linux-gnu"),
+        ("aarch64-linux-gnu-readelf", "binutils-aarch64-linux-gnu"),
+        (CROSS_CRT, "libc6-dev-arm64-cross"),
+    ])
+}
+
+/// A file only Debian's arm64 cross glibc (development part) ships.
+const CROSS_CRT: &str = "/usr/aarch64-linux-gnu/lib/crt1.o";
+/// Where that glibc's shared libraries are.
+pub const CROSS_LIBS: &str = "/usr/aarch64-linux-gnu/lib";
+
+/// cargo's and cc's variables for cross-building to `arch`.
+pub fn cross_env(arch: Arch) -> Vec<(&'static str, &'static str)> {
+    match arch {
+        Arch::Amd64 => Vec::new(),
+        Arch::Arm64 => vec![
+            (
+                "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+                "aarch64-linux-gnu-gcc",
+            ),
+            ("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc"),
+            ("AR_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-ar"),
+        ],
+    }
+}
+
+/// Running arm64 programs here: qemu's user-mode emulator registered with
+/// the kernel's binfmt_misc (the `F` flag: it works inside a chroot and a
+/// container too), for debootstrap's arm64 guest and `podman run` of the
+/// arm64 image. binfmt_misc is the host kernel's: registering it is a
+/// change to this machine, said before it is made.
+pub fn ensure_arm64_emulation() -> Result<()> {
+    ensure_debs(&[("qemu-aarch64-static", "qemu-user-static")])?;
+    let dir = Path::new("/proc/sys/fs/binfmt_misc");
+    if !dir.join("register").exists() {
+        let st = Command::new("mount")
+            .args(["-t", "binfmt_misc", "binfmt_misc"])
+            .arg(dir)
+            .status()?;
+        ensure!(
+            st.success(),
+            "mounting binfmt_misc at {} failed",
+            dir.display()
+        );
+    }
+    let entry = dir.join("qemu-aarch64");
+    if !entry.exists() {
+        let conf = fs::read_to_string("/usr/lib/binfmt.d/qemu-aarch64.conf")
+            .context("qemu-user-static ships /usr/lib/binfmt.d/qemu-aarch64.conf")?;
+        eprintln!("xtask: registering qemu-aarch64 with binfmt_misc (this machine's kernel): arm64 programs run emulated");
+        fs::write(dir.join("register"), conf.trim())
+            .context("registering qemu-aarch64 with binfmt_misc")?;
+    }
+    let state = fs::read_to_string(&entry)?;
+    ensure!(
+        state.starts_with("enabled")
+            && state
+                .lines()
+                .any(|l| l.starts_with("flags:") && l.contains('F')),
+        "binfmt_misc's qemu-aarch64 entry is not enabled with the F flag:\n{state}"
+    );
+    Ok(())
+}
+
 /// The packages `apt-get install pkg` would remove (a dry run).
 fn apt_removes(pkg: &str) -> Vec<String> {
     let Ok(out) = Command::new("apt-get")
@@ -266,15 +358,20 @@ fn apt_removes(pkg: &str) -> Vec<String> {
         .collect()
 }
 
-/// `pkg` is installed and ships a file named `cmd` in a bin directory.
+/// `pkg` is installed and ships a file named `cmd` in a bin directory (or,
+/// for a path, that file).
 fn from_package(cmd: &str, pkg: &str) -> bool {
     let Ok(out) = Command::new("dpkg").args(["-L", pkg]).output() else {
         return false;
     };
     out.status.success()
-        && String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .any(|l| l.ends_with(&format!("bin/{cmd}")))
+        && String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+            if cmd.contains('/') {
+                l == cmd
+            } else {
+                l.ends_with(&format!("bin/{cmd}"))
+            }
+        })
 }
 
 #[allow(dead_code)]

@@ -74,6 +74,11 @@ pub struct Args {
     /// once and cached.
     #[arg(long, value_enum, default_value_t = image::Distro::Bookworm)]
     pub distro: image::Distro,
+    /// The guest's CPU: arm64 is a `qemu-system-aarch64` guest under TCG
+    /// (the agent cross-built), its image built once with debootstrap under
+    /// qemu-user. Not with --node.
+    #[arg(long, value_enum, default_value_t)]
+    pub arch: crate::build::Arch,
 }
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
@@ -112,6 +117,11 @@ pub fn vm_test(
         return Ok(());
     }
     if args.node {
+        if args.arch != crate::build::Arch::Amd64 {
+            bail!(
+                "--node runs an amd64 guest only (the real node's Kubernetes binaries are amd64)"
+            );
+        }
         if let Err(e) = preflight() {
             bail!("the VM tests cannot run here: {e:#}");
         }
@@ -141,8 +151,17 @@ pub fn vm_test(
     if let Err(e) = preflight() {
         bail!("the VM tests cannot run here: {e:#}");
     }
+    if args.arch == crate::build::Arch::Arm64 {
+        if args.distro.needs_host_libc() {
+            bail!("an arm64 guest runs bookworm or trixie (bullseye's glibc is older than the cross-built agent's)");
+        }
+        setup::ensure_debs(&[("qemu-system-aarch64", "qemu-system-arm")])?;
+    }
     // The binary is taken from the target dir (CARGO_TARGET_DIR honoured).
-    build_agent(!args.debug)?;
+    match args.arch {
+        crate::build::Arch::Amd64 => build_agent(!args.debug)?,
+        a => crate::build::build_for(root, !args.debug, a)?,
+    };
     let profile = if args.debug { "debug" } else { "release" };
     run_all(root, &selected, race, &args, profile)
 }
@@ -160,7 +179,7 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
         return Ok(());
     }
     // The image first: where debootstrap cannot build it (no mirror), skip.
-    if let Err(e) = image::ensure(root, image::Distro::Bookworm) {
+    if let Err(e) = image::ensure(root, image::Distro::Bookworm, crate::build::Arch::Amd64) {
         println!("SKIPPED VM scenarios: the guest image cannot be built here: {e:#}");
         return Ok(());
     }
@@ -239,7 +258,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
             .collect::<Result<_>>()?
     };
     let accel = qemu::Accel::choose();
-    let img = image::ensure(root, args.distro)?;
+    let img = image::ensure(root, args.distro, crate::build::Arch::Amd64)?;
     let target = crate::target_dir(root);
     let Some(k8s) = crate::k8s::ensure(root)? else {
         bail!(
@@ -252,7 +271,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
     // before), else built now from the agent of this run.
     let agent_image = crate::image::archive(root, &target)?;
     if !args.debug || !agent_image.0.is_file() {
-        crate::image::build(root, &target, agent)?;
+        crate::image::build(root, &target, agent, crate::build::Arch::Amd64)?;
     }
     let sleeper = crate::image::sleeper(root, &target)?;
     crate::build::run(
@@ -410,9 +429,9 @@ fn run_all(
     profile: &str,
 ) -> Result<()> {
     let started = Instant::now();
-    let accel = qemu::Accel::choose();
+    let accel = qemu::Accel::choose_for(args.arch);
     println!("vm-test: accelerator: {accel}");
-    let img = image::ensure(root, args.distro)?;
+    let img = image::ensure(root, args.distro, args.arch)?;
     println!(
         "vm-test: guest image {} (kernel {}, booting {})",
         img.dir.display(),
@@ -423,7 +442,7 @@ fn run_all(
             "the bzImage"
         }
     );
-    let agent = agent_binary(root, profile)?;
+    let agent = agent_binary(root, profile, args.arch)?;
     println!("vm-test: agent {}", agent.display());
     let out = crate::target_dir(root).join("vm");
     enough_disk(&out)?;
@@ -514,8 +533,8 @@ fn run_all(
 }
 
 /// The agent the xtask just built (`CARGO_TARGET_DIR` honoured).
-fn agent_binary(root: &Path, profile: &str) -> Result<PathBuf> {
-    let bin = crate::target_dir(root).join(profile).join("lastgasp");
+fn agent_binary(root: &Path, profile: &str, arch: crate::build::Arch) -> Result<PathBuf> {
+    let bin = arch.agent_binary(root, profile == "release");
     if !bin.is_file() {
         bail!(
             "no agent binary at {}: run `cargo xtask build`",

@@ -99,6 +99,11 @@ fi
 [ -f "$IN/node.env" ] || {
 mkdir -p /run/systemd/system
 cp "$IN/lastgasp.service" /run/systemd/system/lastgasp.service
+# A scenario may set the agent's environment (AGENT_ENV="VAR=value ...").
+if [ -n "${AGENT_ENV:-}" ]; then
+    mkdir -p /run/systemd/system/lastgasp.service.d
+    printf '[Service]\nEnvironment=%s\n' "$AGENT_ENV" > /run/systemd/system/lastgasp.service.d/scenario.conf
+fi
 systemctl daemon-reload
 agent_diag() {
     { systemctl status --no-pager -l lastgasp.service; journalctl -b --no-pager -n 60 -u lastgasp.service; } \

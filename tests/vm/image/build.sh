@@ -2,7 +2,10 @@
 # Builds the lastgasp VM guest: a Debian (bookworm) root file system made with
 # debootstrap, a small initrd and the kernel, ready for `cargo xtask vm-test`.
 #
-#   build.sh OUTDIR SUITE MIRROR
+#   build.sh OUTDIR SUITE MIRROR [ARCH]
+#
+# ARCH is amd64 (default) or arm64; arm64 runs its package scripts under
+# qemu-user (binfmt_misc, registered by xtask).
 #
 # Writes OUTDIR/{base.img,vmlinux,vmlinuz,initrd.img,kernel-release,packages.lst}.
 # xtask keys the cache on a hash of this script, packages.txt, rootfs/ and the
@@ -14,14 +17,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=$1
 suite=$2
 mirror=$3
+arch=${4:-amd64}
 
 root=$out/rootfs
 rm -rf "$root"
 mkdir -p "$out"
 
-pkgs=$(grep -v '^\s*#' "$here/packages.txt" | xargs | tr ' ' ,)
-echo "vm-image: debootstrap $suite (minbase + $pkgs)"
-debootstrap --variant=minbase --include="$pkgs" "$suite" "$root" "$mirror" > "$out/debootstrap.log" 2>&1 || {
+pkgs=$(grep -v '^\s*#' "$here/packages.txt" | sed "s/^linux-image-amd64\$/linux-image-$arch/" | xargs | tr ' ' ,)
+echo "vm-image: debootstrap $suite $arch (minbase + $pkgs)"
+debootstrap --arch="$arch" --variant=minbase --include="$pkgs" "$suite" "$root" "$mirror" > "$out/debootstrap.log" 2>&1 || {
     tail -30 "$out/debootstrap.log"
     echo "vm-image: debootstrap failed (full log: $out/debootstrap.log)" >&2
     exit 1
@@ -42,6 +46,15 @@ for u in serial-getty@ttyS0.service serial-getty@ttyS1.service getty@tty1.servic
     systemd-pstore.service; do
     ln -sf /dev/null "$root/etc/systemd/system/$u"
 done
+if [ "$arch" = arm64 ]; then
+    # `virt` has one UART (the console, ttyAMA0): the agent's stdout goes to
+    # a virtio console, hvc0; neither gets a getty.
+    for u in serial-getty@ttyAMA0.service serial-getty@hvc0.service; do
+        ln -sf /dev/null "$root/etc/systemd/system/$u"
+    done
+    mkdir -p "$root/etc/systemd/system/lastgasp.service.d"
+    printf '[Service]\nStandardOutput=file:/dev/hvc0\n' > "$root/etc/systemd/system/lastgasp.service.d/arm64.conf"
+fi
 # kexec-tools must not hijack reboots: the kexec scenario loads its kernel itself.
 echo 'LOAD_KEXEC=false' > "$root/etc/default/kexec"
 chroot "$root" systemctl enable lastgasp-vm.service >/dev/null 2>&1
@@ -82,8 +95,10 @@ extract() {
     return 1
 }
 rm -f "$out/vmlinux"
-extract '\x28\xb5\x2f\xfd' 'zstd -dcq' || extract '\xfd\x37\x7a\x58\x5a\x00' 'xz -dcq --single-stream' \
-    || extract '\x1f\x8b\x08' 'gzip -dcq' || echo "vm-image: no uncompressed vmlinux; the bzImage will be booted"
+if [ "$arch" = amd64 ]; then
+    extract '\x28\xb5\x2f\xfd' 'zstd -dcq' || extract '\xfd\x37\x7a\x58\x5a\x00' 'xz -dcq --single-stream' \
+        || extract '\x1f\x8b\x08' 'gzip -dcq' || echo "vm-image: no uncompressed vmlinux; the bzImage will be booted"
+fi
 rm -f "$out/vmlinux.tmp"
 
 chroot "$root" dpkg-query -W -f '${Package} ${Version}\n' > "$out/packages.lst"

@@ -16,6 +16,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::qemu::wait_timeout;
+use crate::build::Arch;
 
 /// The guest's Debian release: its kernel and systemd (`--distro`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -44,21 +45,31 @@ impl Distro {
         self == Distro::Bullseye
     }
 
-    /// The cache directory's name: bookworm's keeps the name it always had.
-    fn dir_name(self, key: &str) -> String {
-        match self {
-            Distro::Bookworm => format!("image-{key}"),
-            d => format!("image-{}-{key}", d.suite()),
+    /// The cache directory's name: amd64 bookworm's keeps the name it
+    /// always had; another arch's is prefixed by it.
+    fn dir_name(self, arch: Arch, key: &str) -> String {
+        let arch = match arch {
+            Arch::Amd64 => String::new(),
+            a => format!("{}-", a.name()),
+        };
+        match (self, arch.is_empty()) {
+            (Distro::Bookworm, true) => format!("image-{key}"),
+            (d, _) => format!("image-{arch}{}-{key}", d.suite()),
         }
     }
 
-    /// Whether a cache entry is an image of this distro (any key).
-    fn owns(self, name: &str) -> bool {
+    /// Whether a cache entry is an image of this distro and arch (any key).
+    fn owns(self, arch: Arch, name: &str) -> bool {
         let Some(rest) = name.strip_prefix("image-") else {
             return false;
         };
+        if arch != Arch::Amd64 {
+            return rest.starts_with(&format!("{}-{}-", arch.name(), self.suite()));
+        }
         match self {
-            Distro::Bookworm => !["bullseye-", "trixie-"].iter().any(|p| rest.starts_with(p)),
+            Distro::Bookworm => !["bullseye-", "trixie-", "arm64-"]
+                .iter()
+                .any(|p| rest.starts_with(p)),
             d => rest.starts_with(&format!("{}-", d.suite())),
         }
     }
@@ -69,6 +80,7 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 
 pub struct Image {
     pub distro: Distro,
+    pub arch: Arch,
     pub dir: PathBuf,
     pub base: PathBuf,
     /// vmlinux (booted through PVH) when it could be extracted, else the bzImage.
@@ -81,12 +93,16 @@ pub struct Image {
     pub built_in: Option<Duration>,
 }
 
-pub fn ensure(root: &Path, distro: Distro) -> Result<Image> {
+pub fn ensure(root: &Path, distro: Distro, arch: Arch) -> Result<Image> {
     let suite = distro.suite();
     let inputs = root.join("tests/vm/image");
-    let key = input_key(&inputs, suite)?;
+    // amd64's keys are what they were before arm64.
+    let key = match arch {
+        Arch::Amd64 => input_key(&inputs, suite)?,
+        a => input_key(&inputs, &format!("{suite}/{}", a.name()))?,
+    };
     let cache = super::cache_dir();
-    let dir = cache.join(distro.dir_name(&key));
+    let dir = cache.join(distro.dir_name(arch, &key));
     let mut built_in = None;
     if !dir.join("complete").exists() {
         fs::create_dir_all(&cache)?;
@@ -94,21 +110,29 @@ pub fn ensure(root: &Path, distro: Distro) -> Result<Image> {
         // 1 GB each. Other distros' are kept.
         for e in fs::read_dir(&cache)?.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if distro.owns(&name) && e.path() != dir {
+            if distro.owns(arch, &name) && e.path() != dir {
                 let _ = fs::remove_dir_all(e.path());
             }
         }
-        let tmp = cache.join(format!("{}.tmp", distro.dir_name(&key)));
+        let tmp = cache.join(format!("{}.tmp", distro.dir_name(arch, &key)));
+        if arch == Arch::Arm64 {
+            // debootstrap's second stage and the chroot steps run arm64 programs.
+            crate::setup::ensure_arm64_emulation()?;
+        }
         let _ = fs::remove_dir_all(&tmp);
         let _ = fs::remove_dir_all(&dir);
         let mirror = std::env::var("LASTGASP_VM_MIRROR").unwrap_or_else(|_| MIRROR.into());
-        println!("vm-test: building the guest image ({suite}, key {key}); a few minutes, once");
+        println!(
+            "vm-test: building the guest image ({suite}, {}, key {key}); a few minutes, once",
+            arch.name()
+        );
         let t = Instant::now();
         let mut cmd = Command::new("bash");
         cmd.arg(inputs.join("build.sh"))
             .arg(&tmp)
             .arg(suite)
             .arg(&mirror)
+            .arg(arch.name())
             .stdin(Stdio::null());
         let mut child = cmd.spawn().context("starting tests/vm/image/build.sh")?;
         match wait_timeout(&mut child, BUILD_TIMEOUT)? {
@@ -128,7 +152,10 @@ pub fn ensure(root: &Path, distro: Distro) -> Result<Image> {
         }
         fs::write(
             tmp.join("inputs"),
-            format!("suite {suite}\nmirror {mirror}\nkey {key}\n"),
+            format!(
+                "suite {suite}\narch {}\nmirror {mirror}\nkey {key}\n",
+                arch.name()
+            ),
         )?;
         fs::rename(&tmp, &dir)?;
         fs::write(dir.join("complete"), "")?;
@@ -142,6 +169,7 @@ pub fn ensure(root: &Path, distro: Distro) -> Result<Image> {
     let pvh = vmlinux.is_file() && std::env::var_os("LASTGASP_VM_BZIMAGE").is_none();
     Ok(Image {
         distro,
+        arch,
         base: dir.join("base.img"),
         kernel: if pvh { vmlinux } else { dir.join("vmlinuz") },
         pvh,
@@ -195,4 +223,36 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each (distro, arch) cleans only its own older images: an amd64
+    /// bookworm rebuild must not delete the arm64 or other releases' images.
+    #[test]
+    fn each_image_owns_only_its_distro_and_arch() {
+        let names = [
+            Distro::Bookworm.dir_name(Arch::Amd64, "k1"),
+            Distro::Trixie.dir_name(Arch::Amd64, "k2"),
+            Distro::Bullseye.dir_name(Arch::Amd64, "k3"),
+            Distro::Bookworm.dir_name(Arch::Arm64, "k4"),
+            Distro::Trixie.dir_name(Arch::Arm64, "k5"),
+        ];
+        assert_eq!(names[0], "image-k1", "amd64 bookworm keeps its old name");
+        assert_eq!(names[3], "image-arm64-bookworm-k4");
+        let cells = [
+            (Distro::Bookworm, Arch::Amd64),
+            (Distro::Trixie, Arch::Amd64),
+            (Distro::Bullseye, Arch::Amd64),
+            (Distro::Bookworm, Arch::Arm64),
+            (Distro::Trixie, Arch::Arm64),
+        ];
+        for (i, (d, a)) in cells.iter().enumerate() {
+            for (j, n) in names.iter().enumerate() {
+                assert_eq!(d.owns(*a, n), i == j, "{d:?}/{a:?} owns {n}?");
+            }
+        }
+    }
 }

@@ -23,6 +23,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::image::Image;
+use crate::build::Arch;
 
 pub enum Accel {
     Tcg(String),
@@ -63,6 +64,14 @@ impl Accel {
         }
     }
 
+    /// A guest of another arch runs under TCG, whatever /dev/kvm is.
+    pub fn choose_for(arch: Arch) -> Accel {
+        match arch {
+            Arch::Amd64 => Accel::choose(),
+            a => Accel::Tcg(format!("an {} guest on this x86_64 host", a.name())),
+        }
+    }
+
     pub fn is_tcg(&self) -> bool {
         matches!(self, Accel::Tcg(_))
     }
@@ -74,6 +83,14 @@ impl fmt::Display for Accel {
             Accel::Tcg(why) => write!(f, "TCG (software emulation: {why})"),
             Accel::Kvm => write!(f, "KVM"),
         }
+    }
+}
+
+/// The qemu that runs a guest of `arch`.
+pub fn qemu_system(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Amd64 => "qemu-system-x86_64",
+        Arch::Arm64 => "qemu-system-aarch64",
     }
 }
 
@@ -213,51 +230,70 @@ impl Guest<'_> {
         }
 
         let (qmp_sock, agent_sock) = (dir.join("qmp.sock"), dir.join("agent.sock"));
-        let mut cmd = Command::new("qemu-system-x86_64");
+        let arch = self.image.arch;
+        let mut cmd = Command::new(qemu_system(arch));
         cmd.args(["-name", &format!("lastgasp-{}", spec.scenario)])
-            .args(["-nodefaults", "-no-user-config", "-display", "none"])
-            .args(["-machine", "pc"])
-            .args(match self.accel {
-                Accel::Tcg(_) => ["-accel", "tcg,thread=multi"],
-                Accel::Kvm => ["-accel", "kvm"],
-            })
-            .args(["-smp", "2", "-m", &spec.mem_mib.to_string()])
-            // The guest's clock starts from the host's UTC (whole seconds);
-            // cluster mode relates the two to the ms (vm/cluster.rs).
-            .args(["-rtc", "base=utc"])
-            .arg("-kernel")
-            .arg(&self.image.kernel)
-            .arg("-initrd")
-            .arg(&self.image.initrd)
-            .args([
-                "-append",
-                // loglevel 6: notices too ("kexec_core: Starting new kernel").
-                // printk.devkmsg=on: the agent's and runner's lines in /dev/kmsg
-                // are not rate-limited. SYSTEMD_COLORS=0 goes to PID 1's environment.
-                "root=/dev/vda rw console=ttyS0,115200 loglevel=6 printk.devkmsg=on \
+            .args(["-nodefaults", "-no-user-config", "-display", "none"]);
+        match arch {
+            Arch::Amd64 => cmd.args(["-machine", "pc"]),
+            // pauth-impdef: TCG's pointer authentication, the cheap way.
+            Arch::Arm64 => cmd.args(["-machine", "virt", "-cpu", "max,pauth-impdef=on"]),
+        };
+        cmd.args(match self.accel {
+            Accel::Tcg(_) => ["-accel", "tcg,thread=multi"],
+            Accel::Kvm => ["-accel", "kvm"],
+        })
+        .args(["-smp", "2", "-m", &spec.mem_mib.to_string()])
+        // The guest's clock starts from the host's UTC (whole seconds);
+        // cluster mode relates the two to the ms (vm/cluster.rs).
+        .args(["-rtc", "base=utc"])
+        .arg("-kernel")
+        .arg(&self.image.kernel)
+        .arg("-initrd")
+        .arg(&self.image.initrd)
+        .arg("-append")
+        // loglevel 6: notices too ("kexec_core: Starting new kernel").
+        // printk.devkmsg=on: the agent's and runner's lines in /dev/kmsg
+        // are not rate-limited. SYSTEMD_COLORS=0 goes to PID 1's environment.
+        .arg(format!(
+            "root=/dev/vda rw console={},115200 loglevel=6 printk.devkmsg=on \
                  systemd.show_status=true SYSTEMD_COLORS=0 mitigations=off panic=-1",
-            ])
-            .arg("-drive")
-            .arg(drive(&overlay, "qcow2", "root", "unsafe"))
-            .args(["-device", "virtio-blk-pci,drive=root"])
-            // The audit disk honours the guest's flushes: its fsync is real.
-            .arg("-drive")
-            .arg(drive(&audit_img, "raw", "audit", "writeback"))
-            .args(["-device", "virtio-blk-pci,drive=audit"])
-            .arg("-fsdev")
-            .arg(format!(
-                "local,id=share,path={},security_model=passthrough",
-                share.display()
-            ))
-            .args(["-device", "virtio-9p-pci,fsdev=share,mount_tag=lastgasp"])
-            .args(["-serial", "stdio"])
-            .arg("-chardev")
-            .arg(format!(
-                "socket,id=agent,path={},server=on,wait=off",
-                agent_sock.display()
-            ))
-            .args(["-serial", "chardev:agent"])
-            .arg("-qmp")
+            match arch {
+                Arch::Amd64 => "ttyS0",
+                Arch::Arm64 => "ttyAMA0",
+            }
+        ))
+        .arg("-drive")
+        .arg(drive(&overlay, "qcow2", "root", "unsafe"))
+        .args(["-device", "virtio-blk-pci,drive=root"])
+        // The audit disk honours the guest's flushes: its fsync is real.
+        .arg("-drive")
+        .arg(drive(&audit_img, "raw", "audit", "writeback"))
+        .args(["-device", "virtio-blk-pci,drive=audit"])
+        .arg("-fsdev")
+        .arg(format!(
+            "local,id=share,path={},security_model=passthrough",
+            share.display()
+        ))
+        .args(["-device", "virtio-9p-pci,fsdev=share,mount_tag=lastgasp"])
+        .args(["-serial", "stdio"])
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            agent_sock.display()
+        ));
+        match arch {
+            Arch::Amd64 => cmd.args(["-serial", "chardev:agent"]),
+            // `virt` has one UART: the agent's channel is a virtio console,
+            // hvc0 (the image's drop-in points the agent's stdout there).
+            Arch::Arm64 => cmd.args([
+                "-device",
+                "virtio-serial-pci",
+                "-device",
+                "virtconsole,chardev=agent",
+            ]),
+        };
+        cmd.arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp_sock.display()));
         match &spec.nic {
             Some(nic) => cmd.args(["-nic", nic]),
@@ -273,7 +309,9 @@ impl Guest<'_> {
 
         let start = Instant::now();
         let start_wall = SystemTime::now();
-        let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", qemu_system(arch)))?;
         let console = Arc::new(Mutex::new(Vec::<Line>::new()));
         let con_thread = {
             let stdout = child.stdout.take().unwrap();
@@ -502,7 +540,7 @@ fn with_host_libc(agent: &Path, inp: &Path) -> Result<()> {
     let lib = inp.join("lib");
     fs::create_dir_all(&lib)?;
     let mut interpreter = None;
-    for l in crate::image::libraries(agent)? {
+    for (l, _) in crate::image::libraries(agent, crate::build::Arch::Amd64)? {
         let name = l.file_name().context("a library path has a name")?;
         fs::copy(&l, lib.join(name)).with_context(|| format!("copying {}", l.display()))?;
         if name.to_string_lossy().starts_with("ld-linux") {

@@ -367,6 +367,22 @@ pub static SCENARIOS: &[Scenario] = &[
         next_boot: false,
     },
     Scenario {
+        name: "kexec-file-no-dbus",
+        trigger: "kexec -s -l ...; kexec -e (agent --no-dbus)",
+        end: End::Kexec,
+        first: Some(w(EXEC, "unknown", false, "none").by("kexec")),
+        // reboot(2) KEXEC jumps to the new kernel at once: its record is
+        // reported when it got out, and judged by the next boot's history.
+        then: &[],
+        decide: Some("audit-only"),
+        decide_then: &[],
+        container_only: false,
+        cluster_only: false,
+        quiet: false,
+        drains: false,
+        next_boot: false,
+    },
+    Scenario {
         name: "kexec",
         trigger: "kexec -l ...; systemctl kexec",
         end: End::Kexec,
