@@ -436,10 +436,10 @@ fn run_all(
         "vm-test: guest image {} (kernel {}, booting {})",
         img.dir.display(),
         img.kernel_release,
-        if img.pvh {
-            "vmlinux via PVH"
-        } else {
-            "the bzImage"
+        match (img.pvh, img.arch) {
+            (true, _) => "vmlinux via PVH",
+            (false, crate::build::Arch::Amd64) => "the bzImage",
+            (false, _) => "its kernel image",
         }
     );
     let agent = agent_binary(root, profile, args.arch)?;

@@ -3,10 +3,19 @@
 # then `kexec -e`, which calls reboot(2) LINUX_REBOOT_CMD_KEXEC itself. No
 # logind, no systemd job: only the kernel hooks can see it.
 SCENARIO="kexec -s -l; kexec -e (agent --no-dbus)"
-AGENT_ENV="LASTGASP_NO_DBUS=1"
+AGENT_ENV="LASTGASP_NO_DBUS=true"
 trigger() {
-    local k
+    local k img
     k=$(uname -r)
-    kexec -s -l "/boot/vmlinuz-$k" --initrd="/boot/initrd.img-$k" --reuse-cmdline || return 1
+    img=/boot/vmlinuz-$k
+    # arm64's kexec_file_load takes only an uncompressed Image.
+    if gzip -t "$img" 2>/dev/null; then
+        zcat "$img" > /run/kexec-Image && img=/run/kexec-Image
+    fi
+    if ! kexec -s -l "$img" --initrd="/boot/initrd.img-$k" --reuse-cmdline; then
+        # Debian's arm64 kernel has no CONFIG_KEXEC_FILE: kexec_load(2) then.
+        echo "kexec_file_load refused: loading with kexec_load instead"
+        kexec -l "/boot/vmlinuz-$k" --initrd="/boot/initrd.img-$k" --reuse-cmdline || return 1
+    fi
     kexec -e
 }

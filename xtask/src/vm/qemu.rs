@@ -475,7 +475,11 @@ impl Guest<'_> {
         fs::create_dir_all(&inp)?;
         fs::create_dir_all(&out)?;
         // Stripped if possible: a third of the size through 9p, and of what the guest pages in.
-        let stripped = Command::new("strip")
+        let strip = match self.image.arch {
+            Arch::Amd64 => "strip",
+            Arch::Arm64 => "aarch64-linux-gnu-strip",
+        };
+        let stripped = Command::new(strip)
             .arg("-o")
             .arg(inp.join("lastgasp"))
             .arg(self.agent)
