@@ -210,9 +210,9 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
     Ok((archive, tag))
 }
 
-/// Where `build` saved the agent's image for this machine's arch, and its tag.
-pub fn archive(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
-    let (tag, archive) = names(root, target, Arch::Amd64)?;
+/// Where `build` saves the agent's image for `arch`, and its tag.
+pub fn archive(root: &Path, target: &Path, arch: Arch) -> Result<(PathBuf, String)> {
+    let (tag, archive) = names(root, target, arch)?;
     Ok((archive, tag))
 }
 

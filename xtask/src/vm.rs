@@ -269,7 +269,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
     let tools = setup::ensure_manifest_tools()?;
     // The agent's image: `cargo xtask image`'s archive (CI built it just
     // before), else built now from the agent of this run.
-    let agent_image = crate::image::archive(root, &target)?;
+    let agent_image = crate::image::archive(root, &target, crate::build::Arch::Amd64)?;
     if !args.debug || !agent_image.0.is_file() {
         crate::image::build(root, &target, agent, crate::build::Arch::Amd64)?;
     }
@@ -316,6 +316,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
         agent,
         vm_dir: root.join("tests/vm"),
         keep_disks: args.keep_disks,
+        image_archive: None,
     };
     let mut outcomes = Vec::new();
     let total = arms.len() * scenarios.len();
@@ -456,12 +457,14 @@ fn run_all(
     } else {
         None
     };
+    let (archive, _) = crate::image::archive(root, &crate::target_dir(root), args.arch)?;
     let guest = qemu::Guest {
         image: &img,
         accel: &accel,
         agent: &agent,
         vm_dir: root.join("tests/vm"),
         keep_disks: args.keep_disks,
+        image_archive: archive.is_file().then_some(archive),
     };
 
     let mut outcomes = Vec::new();

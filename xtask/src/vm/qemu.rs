@@ -117,6 +117,8 @@ pub struct Guest<'a> {
     /// `tests/vm` of the workspace.
     pub vm_dir: PathBuf,
     pub keep_disks: bool,
+    /// The agent's image for the guest's arch (`cargo xtask image`), if built.
+    pub image_archive: Option<PathBuf>,
 }
 
 pub struct Spec<'a> {

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::Value;
 
 use super::{
@@ -443,6 +443,20 @@ pub static SCENARIOS: &[Scenario] = &[
         next_boot: false,
     },
     Scenario {
+        name: "image-arms",
+        trigger: "the release image of the guest's arch under containerd (no shutdown)",
+        end: End::StaysUp,
+        first: None,
+        then: &[],
+        decide: None,
+        decide_then: &[],
+        container_only: false,
+        cluster_only: false,
+        quiet: true,
+        drains: false,
+        next_boot: false,
+    },
+    Scenario {
         name: "graceful-pods",
         trigger: "systemctl poweroff, pods in 4 priority classes",
         end: End::PowerOff,
@@ -812,6 +826,18 @@ fn run_inner(
     if let Some(c) = cluster.as_deref_mut() {
         c.prepare(&mut spec)?;
     }
+    if sc.name == "image-arms" {
+        let arch = guest.image.arch;
+        let archive = guest.image_archive.clone().with_context(|| {
+            format!(
+                "image-arms needs the {} image: run `cargo xtask image --arch {}` first",
+                arch.name(),
+                arch.name()
+            )
+        })?;
+        spec.extra_in
+            .push(("image.oci.tar".into(), fs::read(&archive)?));
+    }
     let run = guest.boot(&spec)?;
     let reqs = match cluster.as_deref() {
         Some(c) => {
@@ -1180,6 +1206,17 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
         ));
     }
 
+    if sc.name == "image-arms" {
+        match run.markers("IMAGE-ARMED").first() {
+            Some(l) => o.notes.push(format!(
+                "image armed: {}",
+                l.text
+                    .split_once("IMAGE-ARMED ")
+                    .map_or(l.text.as_str(), |(_, r)| r)
+            )),
+            None => p.push("no IMAGE-ARMED: the image did not arm in the guest".into()),
+        }
+    }
     if sc.name == "privileges" {
         let text = fs::read_to_string(run.out.join("privileges.txt")).unwrap_or_default();
         o.notes = text
