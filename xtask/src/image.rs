@@ -133,7 +133,7 @@ fn names(root: &Path, target: &Path, arch: Arch) -> Result<(String, PathBuf)> {
 
 /// The image `build` made, saved as a multi-arch OCI index (an
 /// `oci-archive`): a podman manifest list holding each arch's image
-/// (`release::ARCHES`), pushed with its images.
+/// (`Arch::ALL` in a release), pushed with its images.
 pub fn save_index(target: &Path, images: &[Image], to: &Path) -> Result<()> {
     let dir = target.join("image");
     let first = images.first().context("no image for the index")?;
@@ -284,10 +284,9 @@ pub fn env_version(root: &Path) -> Result<String> {
         .context("no version in agent/Cargo.toml")
 }
 
-/// This machine's arch: `check_arms`. Another arch cannot load eBPF under
-/// emulation (qemu's user mode has no bpf(2)): its image must start, its
-/// loader and libraries resolve, under qemu-user (`vm-test --arch` arms
-/// it in a guest of that arch).
+/// This machine's arch: `check_arms`. Another arch's image is only started
+/// here, under qemu-user: its loader and libraries must resolve. Arming it
+/// is a guest of that arch's job (`vm-test --arch arm64 image-arms`).
 pub fn check(target: &Path, image: &Image) -> Result<()> {
     if image.arch == Arch::Amd64 {
         return check_arms(target, image);

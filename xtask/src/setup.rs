@@ -220,7 +220,13 @@ pub fn ensure_debs(wanted: &[(&str, &str)]) -> Result<()> {
             }
             updated = true;
         }
+        let mut done: Vec<&str> = Vec::new();
         for (cmd, pkg) in missing {
+            // Two commands of one package: installed once.
+            if done.contains(&pkg) {
+                continue;
+            }
+            done.push(pkg);
             let removes = apt_removes(pkg);
             if removes.is_empty() {
                 eprintln!("xtask: installing Debian package {pkg} (for {cmd})");

@@ -79,6 +79,11 @@ pub struct Args {
     /// qemu-user. Not with --node.
     #[arg(long, value_enum, default_value_t)]
     pub arch: crate::build::Arch,
+    /// With --node: AppArmor on in the guest (every other run boots with
+    /// apparmor=0), the agent's container under containerd's default
+    /// profile or, as docs/security.md advises, unconfined.
+    #[arg(long, value_enum)]
+    pub apparmor: Option<node::AppArmor>,
 }
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
@@ -115,6 +120,9 @@ pub fn vm_test(
             println!("  {n:<16} {t}");
         }
         return Ok(());
+    }
+    if args.apparmor.is_some() && !args.node {
+        bail!("--apparmor is for the real node (--node)");
     }
     if args.node {
         if args.arch != crate::build::Arch::Amd64 {
@@ -299,6 +307,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
         agent_image,
         sleeper,
         &k8s.bin_dir.join("kubelet"),
+        args.apparmor,
     )?;
     let out = target.join("vm");
     enough_disk(&out)?;

@@ -45,17 +45,22 @@ struct Args {
     node: String,
     objects: PathBuf,
     agent: bool,
+    /// The agent's container with `appArmorProfile: {type: Unconfined}`,
+    /// as docs/security.md advises where the actor's exe matters.
+    apparmor_unconfined: bool,
 }
 
 fn args() -> Result<Args> {
     let mut a = std::env::args().skip(1);
     let (mut out, mut node, mut objects, mut agent) = (None, None, None, false);
+    let mut apparmor_unconfined = false;
     while let Some(x) = a.next() {
         match x.as_str() {
             "--out" => out = a.next().map(PathBuf::from),
             "--node" => node = a.next(),
             "--objects" => objects = a.next().map(PathBuf::from),
             "--agent" => agent = true,
+            "--apparmor-unconfined" => apparmor_unconfined = true,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -64,6 +69,7 @@ fn args() -> Result<Args> {
         node: node.context("--node NAME")?,
         objects: objects.context("--objects FILE")?,
         agent,
+        apparmor_unconfined,
     })
 }
 
@@ -104,6 +110,13 @@ fn main() -> Result<()> {
                 Some("Deployment") | Some("PodDisruptionBudget") => false,
                 Some("DaemonSet") => args.agent,
                 _ => true,
+            })
+            .map(|mut o| {
+                if args.apparmor_unconfined && o["kind"] == "DaemonSet" {
+                    o["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+                        ["appArmorProfile"] = json!({"type": "Unconfined"});
+                }
+                o
             })
             .collect();
         apply(&admin, &objs, false).await?;

@@ -208,6 +208,13 @@ clock_probes() {
 }
 [ -f "$IN/lastgasp.env" ] && clock_probes
 
+# A real node with AppArmor on (`vm-test --node --apparmor`): the agent's
+# confinement, as the kernel has it.
+if [ -f "$IN/node.env" ] && grep -q Y /sys/module/apparmor/parameters/enabled 2>/dev/null; then
+    apid=$(pgrep -f '^/usr/local/bin/lastgasp ' | head -1)
+    label=$(cat "/proc/$apid/attr/apparmor/current" 2>/dev/null || cat "/proc/$apid/attr/current" 2>/dev/null)
+    say "LSM apparmor=Y agent=${label// /_}"
+fi
 say "TRIGGER $SCENARIO"
 trigger > "$OUT/trigger.out" 2>&1
 rc=$?

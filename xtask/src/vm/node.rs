@@ -61,6 +61,17 @@ pub enum CgroupDriver {
     Cgroupfs,
 }
 
+/// AppArmor on the real node (`--apparmor`): containerd confines the
+/// agent's container with its default profile, or the DaemonSet asks for
+/// none (docs/security.md's advice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AppArmor {
+    /// containerd's `cri-containerd.apparmor.d` on the agent's container.
+    Default,
+    /// The agent's container with `appArmorProfile: {type: Unconfined}`.
+    Unconfined,
+}
+
 impl CgroupDriver {
     fn name(self) -> &'static str {
         match self {
@@ -107,6 +118,7 @@ const WRITER: &str = "slow";
 /// What every run needs, built once.
 pub struct Prepared {
     helper: PathBuf,
+    apparmor: Option<AppArmor>,
     env: Vec<(String, PathBuf)>,
     files: Vec<(String, Vec<u8>)>,
     objects: PathBuf,
@@ -124,6 +136,7 @@ pub fn prepare(
     agent_image: (PathBuf, String),
     sleeper: (PathBuf, String),
     kubelet: &Path,
+    apparmor: Option<AppArmor>,
 ) -> Result<Prepared> {
     // qemu's guestfwd runs socat to reach the control plane on loopback.
     crate::setup::ensure_debs(&[("socat", "socat")])?;
@@ -159,6 +172,7 @@ pub fn prepare(
     ));
     Ok(Prepared {
         helper,
+        apparmor,
         env,
         files,
         objects: node_dir.join("objects.json"),
@@ -171,6 +185,7 @@ pub struct NodeOutcome {
     /// CI's: the record must be on the Node before it dies, and the node
     /// fenced after.
     pub strict: bool,
+    pub apparmor: Option<AppArmor>,
     pub arm: &'static str,
     pub scenario: &'static str,
     pub driver: CgroupDriver,
@@ -227,6 +242,9 @@ impl Cluster {
             .stderr(fs::File::create(dir.join("cluster.log"))?);
         if agent {
             cmd.arg("--agent");
+        }
+        if p.apparmor == Some(AppArmor::Unconfined) {
+            cmd.arg("--apparmor-unconfined");
         }
         for (k, v) in &p.env {
             cmd.env(k, v);
@@ -347,6 +365,7 @@ pub fn run(
         .unwrap_or("?");
     let mut o = NodeOutcome {
         strict,
+        apparmor: p.apparmor,
         arm,
         scenario,
         driver,
@@ -402,6 +421,7 @@ fn run_inner(
         disks_from: None,
         keep_overlay: next_boot,
         mem_mib: MEM_MIB,
+        apparmor: o.apparmor.is_some(),
         arm_timeout: Duration::from_secs(600),
     };
     let run = guest.boot(&spec);
@@ -577,6 +597,51 @@ fn secs_after(t: f64, zero: SystemTime) -> f64 {
     t - z
 }
 
+/// `--apparmor`: AppArmor was on, the agent confined as `mode` says, and
+/// what the profile refused (docs/security.md: ptrace-read of processes
+/// outside it, so the actor's `exe` is lost; none unconfined).
+fn apparmor(run: &Run, mode: AppArmor, o: &mut NodeOutcome) {
+    let label = run.markers("LSM ").first().and_then(|l| {
+        l.text
+            .split_once("agent=")
+            .map(|(_, a)| a.trim().to_string())
+    });
+    let denied = run
+        .console
+        .iter()
+        .filter(|l| {
+            l.text.contains("apparmor=\"DENIED\"")
+                && l.text.contains("profile=\"cri-containerd.apparmor.d\"")
+        })
+        .count();
+    o.guest = format!(
+        "{}; AppArmor: agent {}, {denied} denial(s) of its profile",
+        o.guest,
+        label.as_deref().unwrap_or("?")
+    );
+    let Some(label) = label else {
+        o.problems
+            .push("AppArmor was not on in the guest (no LSM marker)".into());
+        return;
+    };
+    match mode {
+        AppArmor::Default if !label.starts_with("cri-containerd.apparmor.d") => o.problems.push(
+            format!("the agent ran as {label}, not under containerd's profile"),
+        ),
+        AppArmor::Default if denied == 0 => o.problems.push(
+            "no denial of containerd's profile: the documented ptrace-read refusal did not happen"
+                .into(),
+        ),
+        AppArmor::Unconfined if label != "unconfined" => o
+            .problems
+            .push(format!("the agent ran as {label}, not unconfined")),
+        AppArmor::Unconfined if denied > 0 => o.problems.push(format!(
+            "{denied} denial(s) although the agent is unconfined"
+        )),
+        _ => {}
+    }
+}
+
 /// Reads the run's markers and the API server's record into the columns.
 fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Result<()> {
     let fail = run.markers("FAIL");
@@ -591,6 +656,9 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             .filter(|w| w.starts_with("mem_used_mib=") || w.starts_with("tasks="))
             .collect::<Vec<_>>()
             .join(" ");
+    }
+    if let Some(mode) = o.apparmor {
+        apparmor(run, mode, o);
     }
     let Some(trig) = run.markers("TRIGGER").first().map(|l| at(run, l.t)) else {
         let registered = fs::read_to_string(out.join("cluster.jsonl"))

@@ -143,6 +143,9 @@ pub struct Spec<'a> {
     pub keep_overlay: bool,
     /// The guest's memory.
     pub mem_mib: u32,
+    /// The kernel's AppArmor on (`vm-test --node --apparmor`); off
+    /// (`apparmor=0`) otherwise.
+    pub apparmor: bool,
     /// From the runner's BOOT marker to ARMED (or FAIL).
     pub arm_timeout: Duration,
 }
@@ -259,11 +262,12 @@ impl Guest<'_> {
         // are not rate-limited. SYSTEMD_COLORS=0 goes to PID 1's environment.
         .arg(format!(
             "root=/dev/vda rw console={},115200 loglevel=6 printk.devkmsg=on \
-                 systemd.show_status=true SYSTEMD_COLORS=0 mitigations=off panic=-1",
+                 systemd.show_status=true SYSTEMD_COLORS=0 mitigations=off panic=-1{}",
             match arch {
                 Arch::Amd64 => "ttyS0",
                 Arch::Arm64 => "ttyAMA0",
-            }
+            },
+            if spec.apparmor { "" } else { " apparmor=0" }
         ))
         .arg("-drive")
         .arg(drive(&overlay, "qcow2", "root", "unsafe"))
@@ -403,9 +407,17 @@ impl Guest<'_> {
                     }
                 )))
             } else if !booted && now > spec.boot_timeout {
+                // Nothing of the scenario ran either: retried like a hang
+                // after the boot (seen under TCG: RCU stalls and soft
+                // lockups in early user space).
                 Some(Some(format!(
-                    "the guest did not come up within {} s",
-                    spec.boot_timeout.as_secs()
+                    "{HUNG_BEFORE_TRIGGER}: the guest did not come up within {} s{}",
+                    spec.boot_timeout.as_secs(),
+                    if lockup {
+                        " (the guest kernel reported soft lockups)"
+                    } else {
+                        ""
+                    }
                 )))
             } else if now > spec.timeout {
                 Some(Some(format!(

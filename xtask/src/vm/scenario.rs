@@ -821,6 +821,7 @@ fn run_inner(
         disks_from: None,
         keep_overlay: sc.next_boot,
         mem_mib: super::qemu::MEM_MIB,
+        apparmor: false,
         arm_timeout: super::qemu::ARM_TIMEOUT,
     };
     if let Some(c) = cluster.as_deref_mut() {
@@ -930,6 +931,7 @@ fn next_boot(
         disks_from: Some(dir.to_path_buf()),
         keep_overlay: false,
         mem_mib: super::qemu::MEM_MIB,
+        apparmor: false,
         arm_timeout: super::qemu::ARM_TIMEOUT,
     };
     if let Some(c) = cluster.as_deref() {
