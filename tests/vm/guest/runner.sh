@@ -211,7 +211,7 @@ clock_probes() {
 # A real node with AppArmor on (`vm-test --node --apparmor`): the agent's
 # confinement, as the kernel has it.
 if [ -f "$IN/node.env" ] && grep -q Y /sys/module/apparmor/parameters/enabled 2>/dev/null; then
-    apid=$(pgrep -f '^/usr/local/bin/lastgasp ' | head -1)
+    apid=$(pgrep -f '^(@lastgasp|/usr/local/bin/lastgasp) .*run' | head -1)
     label=$(cat "/proc/$apid/attr/apparmor/current" 2>/dev/null || cat "/proc/$apid/attr/current" 2>/dev/null)
     say "LSM apparmor=Y agent=${label// /_}"
 fi
