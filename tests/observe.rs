@@ -284,6 +284,28 @@ fn wait_ready(addr: &str, what: &str, secs: u64, pred: impl Fn(u16, &str) -> boo
     }
 }
 
+/// `start_run` on `bus` (its address and its fake's logind root), serving
+/// on a free loopback port; returns the agent and that address.
+fn start_on_bus(dir: &std::path::Path, bus: &TestBus) -> (Running, String) {
+    let root = bus.root.to_str().unwrap();
+    let agent = start_run(
+        dir,
+        &[
+            "--logind-root",
+            root,
+            "--system-bus",
+            &bus.address,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let listen = agent.wait_log("the endpoint's address", |v| {
+        v["fields"]["listen"].is_string()
+    });
+    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    (agent, addr)
+}
+
 /// A node whose system bus goes away: the agent it had connected to logind
 /// and systemd says so on /readyz until both are back (a real dbus-daemon,
 /// killed and started again on the same socket).
@@ -295,22 +317,7 @@ async fn readiness_is_lost_with_the_bus_and_comes_back_with_it() {
     let mut bus = TestBus::start("readyz", &[], &[]);
     let dir = std::env::temp_dir().join(format!("lastgasp-readyz-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let root = bus.root.to_str().unwrap().to_string();
-    let agent = start_run(
-        &dir,
-        &[
-            "--logind-root",
-            &root,
-            "--system-bus",
-            &bus.address,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-    );
-    let listen = agent.wait_log("the endpoint's address", |v| {
-        v["fields"]["listen"].is_string()
-    });
-    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let (agent, addr) = start_on_bus(&dir, &bus);
     agent.wait_log("systemd detector started", |v| {
         v["fields"]["message"] == "systemd: following shutdown jobs"
     });
@@ -375,21 +382,7 @@ async fn a_graceful_path_not_armed_at_start_is_loud_and_armed_when_the_bus_comes
     let dir = std::env::temp_dir().join(format!("lastgasp-notarmed-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let started = Instant::now();
-    let agent = start_run(
-        &dir,
-        &[
-            "--logind-root",
-            &root,
-            "--system-bus",
-            &bus.address,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-    );
-    let listen = agent.wait_log("the endpoint's address", |v| {
-        v["fields"]["listen"].is_string()
-    });
-    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let (agent, addr) = start_on_bus(&dir, &bus);
     let body = wait_ready(&addr, "unready, naming the graceful path", 10, |c, b| {
         c == 503 && b.contains("logind: ") && b.contains("graceful path is NOT armed")
     });

@@ -95,8 +95,9 @@ node_up() {
         finish fail
     fi
     local agent kubelet containerd
-    # As `@lastgasp run` (spared by systemd-shutdown's final kill), or by its path.
-    agent=$(pgrep -f '^(@lastgasp|/usr/local/bin/lastgasp) .*run' | head -1)
+    # As `@lastgasp run` (spared by systemd-shutdown's final kill), or by its
+    # path: runner.sh's AGENT_PATTERN.
+    agent=$(pgrep -f "$AGENT_PATTERN" | head -1)
     kubelet=$(pgrep -x kubelet | head -1)
     containerd=$(pgrep -x containerd | head -1)
     cat /var/log/pods/lastgasp_lastgasp-agent-*/agent/*.log > "$OUT/agent-pod-boot$boot.log" 2>/dev/null

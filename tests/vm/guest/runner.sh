@@ -12,6 +12,9 @@ set -u
 IN=/mnt/lastgasp/in
 OUT=/mnt/lastgasp/out
 AUDIT=/var/lib/lastgasp
+# The agent's process in a pod: it names itself @lastgasp (systemd's mark
+# for what outlives the final kill).
+AGENT_PATTERN='^(@lastgasp|/usr/local/bin/lastgasp) .*run'
 
 now() { date +%s%N; }
 say() {
@@ -30,8 +33,8 @@ finish() {
     # then the agent's container, which writes its last records on SIGTERM.
     if [ -f "$IN/node.env" ]; then
         systemctl stop lastgasp-vm-watch.service kubelet.service 2>/dev/null
-        pkill -TERM -f '^/usr/local/bin/lastgasp ' 2>/dev/null
-        for _ in $(seq 1 50); do pgrep -f '^/usr/local/bin/lastgasp ' > /dev/null || break; sleep 0.1; done
+        pkill -TERM -f "$AGENT_PATTERN" 2>/dev/null
+        for _ in $(seq 1 50); do pgrep -f "$AGENT_PATTERN" > /dev/null || break; sleep 0.1; done
     fi
     umount "$AUDIT" 2>/dev/null
     sync
@@ -211,7 +214,7 @@ clock_probes() {
 # A real node with AppArmor on (`vm-test --node --apparmor`): the agent's
 # confinement, as the kernel has it.
 if [ -f "$IN/node.env" ] && grep -q Y /sys/module/apparmor/parameters/enabled 2>/dev/null; then
-    apid=$(pgrep -f '^(@lastgasp|/usr/local/bin/lastgasp) .*run' | head -1)
+    apid=$(pgrep -f "$AGENT_PATTERN" | head -1)
     label=$(cat "/proc/$apid/attr/apparmor/current" 2>/dev/null || cat "/proc/$apid/attr/current" 2>/dev/null)
     say "LSM apparmor=Y agent=${label// /_}"
 fi
