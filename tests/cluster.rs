@@ -952,7 +952,7 @@ mod agent_flow {
         s.nc.set_taint(true).await.unwrap();
         s.double
             .modify::<Node, _>("", NODE, |n| {
-                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into()
+                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
             })
             .unwrap();
         drop(agent);
@@ -991,7 +991,7 @@ mod agent_flow {
         // Ready again: our taint goes, the record is marked back.
         s.double
             .modify::<Node, _>("", NODE, |n| {
-                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into()
+                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "True".into();
             })
             .unwrap();
         let mut cleared = false;

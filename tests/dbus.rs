@@ -355,7 +355,7 @@ async fn malformed_prepare_for_shutdown_is_logged_and_ignored() {
                     .await
                 }
             }
-            .unwrap()
+            .unwrap();
         }
     };
     emit("none").await;
@@ -500,9 +500,8 @@ async fn a_later_dropin_wins_and_the_error_names_both_values_and_the_file() {
     );
     let mut c = cfg(&bus);
     c.want_delay = Some(Duration::from_secs(30));
-    let err = match LogindDetector::start(c).await {
-        Ok(_) => panic!("a later drop-in caps the delay: start must fail"),
-        Err(e) => e,
+    let Err(err) = LogindDetector::start(c).await else {
+        panic!("a later drop-in caps the delay: start must fail")
     };
     let StartError::Delay(DelayError::TooLow {
         have, want, winner, ..

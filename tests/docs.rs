@@ -479,7 +479,7 @@ fn every_command_in_the_docs_is_one_the_tools_accept() {
     let bad = |words: &[&str]| DocCommand {
         file: "x".into(),
         line: 1,
-        words: words.iter().map(|s| s.to_string()).collect(),
+        words: words.iter().map(std::string::ToString::to_string).collect(),
     };
     for b in [
         bad(&[

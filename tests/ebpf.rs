@@ -51,7 +51,7 @@ async fn start_report_arms_every_tracepoint_and_names_refused_hooks() {
         match &r.state {
             HookState::Armed => println!("{f}: armed ({})", r.attach),
             HookState::Unavailable(why) => {
-                assert!(why.contains("fentry") && why.contains("kprobe"), "{why}")
+                assert!(why.contains("fentry") && why.contains("kprobe"), "{why}");
             }
             HookState::Degraded(why) => panic!("{f} degraded: {why}"),
         }
@@ -189,8 +189,8 @@ async fn a_child_namespace_playing_the_node_powers_off_by_signal() {
         let init = node.init_pid;
         let mut det = load(NodePidNs::from_path(&node.pidns_path()).unwrap());
         // Not a shutdown signal: must not be reported.
-        unsafe { libc::kill(init as i32, libc::SIGUSR1) };
-        unsafe { libc::kill(init as i32, sig) };
+        send_signal(init, libc::SIGUSR1);
+        send_signal(init, sig);
         let s = det.wait_for(name, |s| s.source == Source::SignalPid1).await;
         assert_eq!(
             (s.kind, s.forced, s.scope),
@@ -232,7 +232,7 @@ async fn an_unprivileged_reboot_is_refused_and_its_return_reported() {
     let node = PidNsChild::spawn(&["nobody-init"]);
     let init = node.init_pid;
     let mut det = load(NodePidNs::from_path(&node.pidns_path()).unwrap());
-    unsafe { libc::kill(init as i32, libc::SIGUSR1) };
+    send_signal(init, libc::SIGUSR1);
     let s = det
         .wait_for("the unprivileged reboot(2)", |s| {
             s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.pid == init)
@@ -288,7 +288,7 @@ async fn a_caller_that_cannot_reboot_undoes_nothing() {
             s.source == Source::Exec && s.actor.as_ref().is_some_and(|a| a.comm == "systemctl")
         })
         .await;
-    unsafe { libc::kill(init as i32, libc::SIGUSR1) };
+    send_signal(init, libc::SIGUSR1);
     let entry = det
         .wait_for("the unprivileged reboot(2)", |s| {
             s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.pid == init)
@@ -432,9 +432,9 @@ async fn signals_to_other_processes_are_not_reported() {
     let node = PidNsChild::spawn(&["fake-init"]);
     let mut det = load(NodePidNs::from_path(&node.pidns_path()).unwrap());
     let mut bystander = Command::new("sleep").arg("30").spawn().unwrap();
-    unsafe { libc::kill(bystander.id() as i32, libc::SIGRTMIN() + 4) };
+    send_signal(bystander.id(), libc::SIGRTMIN() + 4);
     bystander.wait().unwrap();
-    unsafe { libc::kill(node.init_pid as i32, libc::SIGRTMIN() + 4) };
+    send_signal(node.init_pid, libc::SIGRTMIN() + 4);
     let first = det.wait_for("any", |_| true).await;
     assert_eq!(first.source, Source::SignalPid1);
     assert_eq!(first.actor.unwrap().pid, std::process::id());

@@ -1,4 +1,4 @@
-//! The agent's modules form layers: no module reaches, through its
+//! Every crate's modules form layers: no module reaches, through its
 //! siblings, back into itself. Read from the sources: `use` trees and
 //! `crate::`/`super::` paths, outside `#[cfg(test)]` modules.
 use std::{
@@ -137,21 +137,19 @@ fn references(module: &str, text: &str) -> Vec<Vec<String>> {
                 }
                 _ => return None,
             };
-            base.extend(segs.iter().map(|s| s.to_string()));
+            base.extend(segs.iter().map(std::string::ToString::to_string));
             Some(base)
         })
         .collect()
 }
 
-#[test]
-fn no_module_reaches_back_into_itself_through_its_siblings() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/src");
-    let mods = modules(&src);
-    // Edges between siblings: a reference from X to Y is an edge between the
-    // children of their deepest common ancestor that lead to each.
+/// Edges between sibling modules of one crate: a reference from X to Y is
+/// an edge between the children of their deepest common ancestor that lead
+/// to each.
+fn sibling_edges(mods: &BTreeMap<String, PathBuf>) -> BTreeMap<String, BTreeSet<String>> {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (m, file) in &mods {
-        if m == "main" || m.is_empty() {
+    for (m, file) in mods {
+        if m.is_empty() {
             continue;
         }
         let text = non_test(&std::fs::read_to_string(file).unwrap());
@@ -175,52 +173,78 @@ fn no_module_reaches_back_into_itself_through_its_siblings() {
             edges.entry(a).or_default().insert(b);
         }
     }
-    // Any cycle, by depth-first search.
+    edges
+}
+
+/// The cycles a depth-first search meets (each back edge once), as
+/// `a -> b -> a`.
+fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     fn visit(
         n: &str,
         edges: &BTreeMap<String, BTreeSet<String>>,
-        state: &mut BTreeMap<String, u8>,
+        done: &mut BTreeSet<String>,
         stack: &mut Vec<String>,
-    ) -> Option<Vec<String>> {
-        state.insert(n.to_string(), 1);
+        found: &mut Vec<String>,
+    ) {
         stack.push(n.to_string());
         for m in edges.get(n).into_iter().flatten() {
-            match state.get(m.as_str()) {
-                Some(1) => {
-                    let i = stack.iter().position(|s| s == m).unwrap();
-                    let mut cycle = stack[i..].to_vec();
-                    cycle.push(m.clone());
-                    return Some(cycle);
-                }
-                Some(_) => {}
-                None => {
-                    if let Some(c) = visit(m, edges, state, stack) {
-                        return Some(c);
-                    }
-                }
+            if let Some(i) = stack.iter().position(|s| s == m) {
+                let mut cycle = stack[i..].to_vec();
+                cycle.push(m.clone());
+                found.push(cycle.join(" -> "));
+            } else if !done.contains(m) {
+                visit(m, edges, done, stack, found);
             }
         }
         stack.pop();
-        state.insert(n.to_string(), 2);
-        None
+        done.insert(n.to_string());
     }
-    let mut state = BTreeMap::new();
-    let mut cycles = Vec::new();
+    let mut done = BTreeSet::new();
+    let mut found = Vec::new();
     for n in edges.keys() {
-        if !state.contains_key(n.as_str()) {
-            if let Some(c) = visit(n, &edges, &mut state, &mut Vec::new()) {
-                cycles.push(c.join(" -> "));
-            }
+        if !done.contains(n) {
+            visit(n, edges, &mut done, &mut Vec::new(), &mut found);
         }
     }
+    found
+}
+
+/// Every crate of the repository, by its source directory, with a module
+/// each must have (so a reader that found nothing fails). `tests/src/bin`
+/// holds crates of their own, one file each.
+const CRATES: &[(&str, &str)] = &[
+    ("agent/src", "detect::logind"),
+    ("agent-ebpf/src", "reboot"),
+    ("apidouble/src", "store"),
+    ("common/src", ""),
+    ("tests/src", "controlplane"),
+    ("xtask/src", "vm::scenario"),
+];
+
+#[test]
+fn no_module_reaches_back_into_itself_through_its_siblings() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut circles = Vec::new();
+    for (dir, must) in CRATES {
+        let mut mods = modules(&root.join(dir));
+        mods.retain(|m, _| m != "bin" && !m.starts_with("bin::"));
+        assert!(
+            mods.contains_key(*must),
+            "{dir}: the reader did not find module `{must}` in {:?}",
+            mods.keys()
+        );
+        let edges = sibling_edges(&mods);
+        assert!(
+            mods.len() < 3 || !edges.is_empty(),
+            "{dir}: the reader found no reference between {} modules",
+            mods.len()
+        );
+        circles.extend(cycles(&edges).into_iter().map(|c| format!("{dir}: {c}")));
+    }
     assert!(
-        mods.contains_key("detect::logind") && edges.len() > 10,
-        "the reader found too little: {edges:?}"
-    );
-    assert!(
-        cycles.is_empty(),
+        circles.is_empty(),
         "modules import in a circle:\n{}",
-        cycles.join("\n")
+        circles.join("\n")
     );
 }
 
@@ -238,4 +262,10 @@ fn the_reader_expands_use_trees_and_relative_paths() {
         refs.contains(&vec!["q".to_string(), "r".into()]),
         "{refs:?}"
     );
+    let edges: BTreeMap<String, BTreeSet<String>> =
+        [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
+            .into_iter()
+            .map(|(from, to)| (from.to_string(), BTreeSet::from([to.to_string()])))
+            .collect();
+    assert_eq!(cycles(&edges), ["a -> b -> c -> a"]);
 }

@@ -1875,13 +1875,13 @@ fn the_admission_policy_keeps_the_agent_to_its_own_marks() {
         &main,
         &changed(&|n| {
             n["spec"]["taints"].as_array_mut().unwrap().push(json!(
-                {"key": "lastgasp.dev/shutting-down", "value": "true", "effect": "NoSchedule"}))
+                {"key": "lastgasp.dev/shutting-down", "value": "true", "effect": "NoSchedule"}));
         }),
     );
     allowed(
         &main,
         &changed(&|n| {
-            n["metadata"]["annotations"]["lastgasp.dev/last-shutdown"] = json!("{\"back\":true}")
+            n["metadata"]["annotations"]["lastgasp.dev/last-shutdown"] = json!("{\"back\":true}");
         }),
     );
     allowed(&main, &old);
@@ -2018,7 +2018,11 @@ fn flow_control_is_on_by_default_and_off_by_a_switch() {
         .iter()
         .map(|r| (r.api_groups.clone(), r.resources.clone(), r.verbs.clone()))
         .collect();
-    let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let v = |x: &[&str]| {
+        x.iter()
+            .map(std::string::ToString::to_string)
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
         writes,
         [

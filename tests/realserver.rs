@@ -286,7 +286,7 @@ fn denied<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>, why: &str) 
 fn denied_by<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>, whys: &[&str]) {
     match r {
         Err(kube::Error::Api(s)) if s.code == 403 && whys.iter().any(|w| s.message.contains(w)) => {
-            println!("denied, as it must be: {what}: {}", s.message)
+            println!("denied, as it must be: {what}: {}", s.message);
         }
         other => panic!("{what}: expected 403 with one of {whys:?}, got {other:?}"),
     }

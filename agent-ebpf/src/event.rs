@@ -130,10 +130,17 @@ pub fn fill_actor(ev: &mut RawEvent, source: u32) {
     if parent_off != 0 {
         unsafe {
             let task = bpf_get_current_task() as *const u8;
-            if let Ok(parent) = bpf_probe_read_kernel(task.add(parent_off as usize) as *const *const u8) {
-                ev.ppid = bpf_probe_read_kernel(parent.add(global(&TASK_TGID_OFF) as usize) as *const u32).unwrap_or(0);
-                ev.parent_comm = bpf_probe_read_kernel(parent.add(global(&TASK_COMM_OFF) as usize) as *const [u8; 16])
-                    .unwrap_or([0; 16]);
+            if let Ok(parent) =
+                bpf_probe_read_kernel(task.add(parent_off as usize) as *const *const u8)
+            {
+                ev.ppid = bpf_probe_read_kernel(
+                    parent.add(global(&TASK_TGID_OFF) as usize) as *const u32
+                )
+                .unwrap_or(0);
+                ev.parent_comm = bpf_probe_read_kernel(
+                    parent.add(global(&TASK_COMM_OFF) as usize) as *const [u8; 16]
+                )
+                .unwrap_or([0; 16]);
             }
         }
     }
@@ -179,14 +186,12 @@ fn read_creds() -> Option<(u32, u32)> {
         let euid =
             bpf_probe_read_kernel(cred.add(global(&CRED_EUID_OFF) as usize) as *const u32).ok()?;
         // kernel_cap_t: `u64 val` (6.3+) or `u32 cap[2]`: the same 8 bytes.
-        let caps = bpf_probe_read_kernel(
-            cred.add(global(&CRED_CAP_EFFECTIVE_OFF) as usize) as *const u64,
-        )
-        .ok()?;
-        let user_ns = bpf_probe_read_kernel(
-            cred.add(global(&CRED_USER_NS_OFF) as usize) as *const *const u8,
-        )
-        .ok()?;
+        let caps =
+            bpf_probe_read_kernel(cred.add(global(&CRED_CAP_EFFECTIVE_OFF) as usize) as *const u64)
+                .ok()?;
+        let user_ns =
+            bpf_probe_read_kernel(cred.add(global(&CRED_USER_NS_OFF) as usize) as *const *const u8)
+                .ok()?;
         let level =
             bpf_probe_read_kernel(user_ns.add(global(&USER_NS_LEVEL_OFF) as usize) as *const u32)
                 .ok()?;
@@ -251,12 +256,22 @@ pub fn emit(ev: &RawEvent) {
             count_drop(DROP_CAPABLE_FULL);
         }
     } else if ev.flags & FLAG_NODE_PIDNS != 0 {
-        if !token(BUCKET_NODE, ev.boot_ns, global(&NODE_PER_SEC), global(&NODE_BURST)) {
+        if !token(
+            BUCKET_NODE,
+            ev.boot_ns,
+            global(&NODE_PER_SEC),
+            global(&NODE_BURST),
+        ) {
             count_drop(DROP_NODE_RATE);
         } else if EVENTS_NODE.output::<RawEvent>(ev, 0).is_err() {
             count_drop(DROP_NODE_FULL);
         }
-    } else if !token(BUCKET_CONTAINER, ev.boot_ns, global(&CONTAINER_PER_SEC), global(&CONTAINER_BURST)) {
+    } else if !token(
+        BUCKET_CONTAINER,
+        ev.boot_ns,
+        global(&CONTAINER_PER_SEC),
+        global(&CONTAINER_BURST),
+    ) {
         count_drop(DROP_CONTAINER_RATE);
     } else if EVENTS_CONTAINER.output::<RawEvent>(ev, 0).is_err() {
         count_drop(DROP_CONTAINER_FULL);

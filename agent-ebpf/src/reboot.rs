@@ -27,7 +27,7 @@ fn try_sys_enter_reboot(ctx: &TracePointContext) -> Result<(), i32> {
         ev.a[i] = unsafe { ctx.read_at::<u64>(SYSCALL_ARG0 + 8 * i)? };
     }
     let args = [ev.a[0], ev.a[1], ev.a[2]];
-    let _ = REBOOT_CALLS.insert(&bpf_get_current_pid_tgid(), &args, 0);
+    let _ = REBOOT_CALLS.insert(bpf_get_current_pid_tgid(), args, 0);
     emit(ev);
     Ok(())
 }

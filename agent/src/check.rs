@@ -82,7 +82,7 @@ pub async fn check_node(args: &CheckArgs) -> Report {
         r.section("config");
         r.push(Status::Fail, "file", format!("{e:#}"));
     }
-    let config = config.and_then(|c| c.ok());
+    let config = config.and_then(std::result::Result::ok);
     if let Some(c) = &config {
         r.section("config");
         match c.kubelet_graceful_shutdown() {

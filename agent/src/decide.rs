@@ -560,7 +560,7 @@ impl Decider {
                         Action::Join
                     }
                 }
-                Some(Path::Graceful) | Some(Path::Scheduled) => {
+                Some(Path::Graceful | Path::Scheduled) => {
                     let ep = self.current.as_mut().unwrap();
                     confirm(ep, s, authority);
                     prove(ep, s);
@@ -606,7 +606,7 @@ impl Decider {
                 confirm(self.current.as_mut().unwrap(), s, authority);
                 Action::Join
             }
-            Some(Path::Scheduled) | Some(Path::Pending) | None => {
+            Some(Path::Scheduled | Path::Pending) | None => {
                 self.open_or_confirm(s, Path::Graceful, authority);
                 let ep = self.current.as_mut().unwrap();
                 ep.protected = protected;

@@ -40,23 +40,35 @@ impl Health {
     }
 
     pub fn not_ready(&self, why: &str) {
-        *self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        *self
+            .not_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.to_string());
     }
 
     pub fn ready(&self) {
-        *self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self
+            .not_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     /// `part` stopped working (not ready until `regained`); logged once per loss.
     pub fn lost(&self, part: &'static str, why: &str) {
-        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if lost.insert(part, why.to_string()).is_none() {
             tracing::warn!(part, why, "not ready: {part} lost");
         }
     }
 
     pub fn regained(&self, part: &'static str) {
-        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if lost.remove(part).is_some() {
             tracing::info!(part, "{part} back");
         }
@@ -66,16 +78,19 @@ impl Health {
     pub fn bus_started(&self, part: &'static str) {
         self.buses
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(part);
     }
 
     /// Whether logind or systemd can be reached now (a started part not lost).
     pub fn bus_reachable(&self) -> bool {
-        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        let lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.buses
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .any(|p| !lost.contains_key(p))
     }
@@ -83,19 +98,29 @@ impl Health {
     /// Whether the graceful path is armed: `part` (logind) started and
     /// neither it nor any of its parts (`part` and the `part …` lock) is lost.
     pub fn armed(&self, part: &str) -> bool {
-        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        let lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.buses
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains(part)
             && !lost.keys().any(|p| p.split(' ').next() == Some(part))
     }
 
     pub fn readiness(&self) -> Result<(), String> {
-        if let Some(why) = &*self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(why) = &*self
+            .not_ready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
             return Err(why.clone());
         }
-        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        let lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if lost.is_empty() {
             return Ok(());
         }

@@ -324,7 +324,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!probe.is_finished(), "the probe that asked stays");
         assert!(
-            silent[..4].iter().all(|t| t.is_finished()),
+            silent[..4].iter().all(tokio::task::JoinHandle::is_finished),
             "the oldest silent ones went"
         );
         assert_eq!(

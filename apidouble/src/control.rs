@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
 use crate::faults::FaultSpec;
-use crate::server::{error_response, Body};
+use crate::response::{error_response, Body};
 use crate::status::ApiError;
 use crate::Shared;
 

@@ -2,7 +2,6 @@
 //! terminating pods after their termination time (capped by the grace period)
 //! or, for "hanging" pods, kills them when the grace period runs out.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,36 +9,9 @@ use serde_json::{json, Value};
 
 use crate::ops::{self, DeleteOpts};
 use crate::resources::lookup;
-use crate::store::State;
+use crate::store::{KubeletState, State};
 use crate::util::{get, is_deleting, name_of, now_time, ns_of, s, uid_of};
 use crate::Shared;
-
-#[derive(Debug, Clone, Default)]
-pub struct PodKnobs {
-    pub termination: Option<Duration>,
-    pub hang: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct KubeletState {
-    pub auto_finish: bool,
-    pub auto_start: bool,
-    pub default_termination: Duration,
-    pub pods: HashMap<(String, String), PodKnobs>,
-    pub nodes_down: HashSet<String>,
-}
-
-impl Default for KubeletState {
-    fn default() -> Self {
-        Self {
-            auto_finish: true,
-            auto_start: true,
-            default_termination: Duration::from_millis(50),
-            pods: HashMap::new(),
-            nodes_down: HashSet::new(),
-        }
-    }
-}
 
 /// Knobs of the simulated kubelet (one for all nodes), from [`crate::ApiDouble::kubelet`].
 #[derive(Clone)]
@@ -65,7 +37,7 @@ impl Kubelet {
             k.pods
                 .entry((ns.into(), name.into()))
                 .or_default()
-                .termination = Some(d)
+                .termination = Some(d);
         });
     }
 

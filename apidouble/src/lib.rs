@@ -19,6 +19,7 @@ mod patch;
 mod pdb;
 mod reqlog;
 mod resources;
+mod response;
 mod selectors;
 mod server;
 mod status;
@@ -74,7 +75,7 @@ pub(crate) struct Shared {
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Shared {
@@ -351,7 +352,7 @@ impl ApiDouble {
     /// Forget the watch history, as an etcd compaction does: a watch or exact list
     /// from any older resourceVersion now gets 410 Gone (`Expired`).
     pub fn compact(&self) {
-        self.shared.write(|st| st.compact());
+        self.shared.write(store::State::compact);
     }
 
     /// How many events the history keeps (default 10000).

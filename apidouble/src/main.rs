@@ -31,7 +31,7 @@ async fn main() -> anyhow::Result<()> {
                     .next()
                     .unwrap_or_else(|| usage())
                     .parse()
-                    .context("--listen")?
+                    .context("--listen")?;
             }
             "--objects" => objects = Some(args.next().unwrap_or_else(|| usage())),
             "-h" | "--help" => usage(),

@@ -958,7 +958,7 @@ pub fn patch(
             if !patch_doc.is_object() {
                 return Err(ApiError::bad_request("merge patch must be a JSON object"));
             }
-            patch::merge_patch(&mut view, &patch_doc)
+            patch::merge_patch(&mut view, &patch_doc);
         }
         PatchType::Strategic => patch::strategic_merge_patch(def, &mut view, &patch_doc)?,
         PatchType::Json => patch::json_patch(&mut view, &patch_doc)?,

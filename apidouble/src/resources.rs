@@ -426,7 +426,7 @@ impl ResourceDef {
         }
         match (self.storage, path) {
             ("pods", "status.conditions") => ListRule::MergeByKey("type"),
-            ("pods", "status.podIPs") | ("pods", "status.hostIPs") => ListRule::MergeByKey("ip"),
+            ("pods", "status.podIPs" | "status.hostIPs") => ListRule::MergeByKey("ip"),
             ("pods", "status.resourceClaimStatuses") => ListRule::MergeByKey("name"),
             ("nodes", "status.conditions") => ListRule::MergeByKey("type"),
             ("nodes", "status.addresses") => ListRule::MergeByKey("type"),

@@ -2,13 +2,12 @@
 //! log, routing and the REST handlers.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
@@ -18,13 +17,12 @@ use crate::faults::FaultKind;
 use crate::ops::{self, DeleteOpts, Deleted, Sub};
 use crate::patch::PatchType;
 use crate::resources::{lookup, ResourceDef};
+use crate::response::{error_response, full, json_response, text_response, Body};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, ApiResult, FieldErr};
 use crate::util::{name_of, uid_of};
 use crate::watch::{self, Filter, WatchParams};
 use crate::{discovery, reqlog::RequestRecord, Shared};
-
-pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Returned by the service to make hyper close the connection without a response.
 #[derive(Debug)]
@@ -54,37 +52,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         });
         while conns.try_join_next().is_some() {}
     }
-}
-
-fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into()).boxed_unsync()
-}
-
-fn json_response(code: u16, v: &Value) -> Response<Body> {
-    let mut body = serde_json::to_vec(v).unwrap_or_default();
-    body.push(b'\n');
-    Response::builder()
-        .status(code)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(full(body))
-        .expect("response")
-}
-
-pub fn error_response(e: &ApiError) -> Response<Body> {
-    let mut r = json_response(e.code, &e.to_status());
-    if let Some(ra) = e.retry_after {
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, ra.to_string().parse().expect("header"));
-    }
-    r
-}
-
-fn text_response(code: u16, t: &str) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(full(t.to_string()))
-        .expect("response")
 }
 
 type Query = HashMap<String, String>;
@@ -211,7 +178,10 @@ fn as_partial_metadata(accept: Option<&str>) -> bool {
 
 async fn partial_metadata(resp: Response<Body>) -> Response<Body> {
     let (parts, body) = resp.into_parts();
-    let Ok(bytes) = body.collect().await.map(|b| b.to_bytes());
+    let Ok(bytes) = body
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes);
     let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
         return Response::from_parts(parts, full(bytes.to_vec()));
     };
@@ -812,7 +782,7 @@ async fn start_watch(
         None => Duration::from_secs(1800),
     };
     let (from_rv, initial) = match (rv.as_deref(), send_initial) {
-        (None, Some(false)) | (Some("0"), Some(false)) => (None, false),
+        (None | Some("0"), Some(false)) => (None, false),
         (None | Some("0"), _) => (None, true),
         (Some(r), Some(true)) => {
             let n = parse_rv(r)?;

@@ -2,13 +2,12 @@
 //! objects by (namespace, name) in key order, and a bounded event history that
 //! serves watches and exact-resourceVersion lists.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::kubelet::KubeletState;
 use crate::util::{meta_mut, name_of, ns_of};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,5 +218,34 @@ impl State {
 impl Default for State {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// What the simulated kubelet (`crate::kubelet`) is set to do, kept with the
+/// objects it acts on.
+#[derive(Debug, Clone, Default)]
+pub struct PodKnobs {
+    pub termination: Option<Duration>,
+    pub hang: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct KubeletState {
+    pub auto_finish: bool,
+    pub auto_start: bool,
+    pub default_termination: Duration,
+    pub pods: HashMap<(String, String), PodKnobs>,
+    pub nodes_down: HashSet<String>,
+}
+
+impl Default for KubeletState {
+    fn default() -> Self {
+        Self {
+            auto_finish: true,
+            auto_start: true,
+            default_termination: Duration::from_millis(50),
+            pods: HashMap::new(),
+            nodes_down: HashSet::new(),
+        }
     }
 }

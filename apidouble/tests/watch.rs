@@ -174,7 +174,7 @@ async fn kube_runtime_watcher_relists_after_410() {
         match ev.expect("stream") {
             Ok(watcher::Event::Init) => seen.push("Init".to_string()),
             Ok(watcher::Event::InitApply(n)) => {
-                seen.push(format!("InitApply {}", n.metadata.name.unwrap()))
+                seen.push(format!("InitApply {}", n.metadata.name.unwrap()));
             }
             Ok(watcher::Event::InitDone) => {
                 seen.push("InitDone".into());

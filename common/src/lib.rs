@@ -170,12 +170,13 @@ impl RawEvent {
     };
 
     /// Reads a record from ring-buffer bytes; `None` if it is too short.
+    #[allow(unsafe_code)] // the loader's read of the kernel's record
     pub fn from_bytes(bytes: &[u8]) -> Option<RawEvent> {
         if bytes.len() < core::mem::size_of::<RawEvent>() {
             return None;
         }
         // SAFETY: RawEvent is plain old data and the length was checked.
-        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const RawEvent) })
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<RawEvent>()) })
     }
 }
 

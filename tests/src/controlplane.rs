@@ -148,7 +148,11 @@ fn leaf(
     sans: &[&str],
     usage: ExtendedKeyUsagePurpose,
 ) -> Result<(String, String)> {
-    let mut p = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    let mut p = CertificateParams::new(
+        sans.iter()
+            .map(std::string::ToString::to_string)
+            .collect::<Vec<_>>(),
+    )?;
     p.distinguished_name.push(DnType::CommonName, cn);
     p.extended_key_usages = vec![usage];
     p.use_authority_key_identifier_extension = true;
@@ -369,6 +373,7 @@ impl ControlPlane {
     /// Starts `name`, its output in `<dir>/<name>.log`; it dies with the test process.
     fn spawn(&self, name: &str, cmd: &mut Command) -> Result<()> {
         let log = fs::File::create(self.dir.join(format!("{name}.log")))?;
+        #[allow(unsafe_code)] // pre_exec: one async-signal-safe prctl
         unsafe {
             cmd.pre_exec(|| {
                 nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)

@@ -387,3 +387,12 @@ pub fn put_lease(
         double.create_value(lease).unwrap();
     }
 }
+
+/// kill(2): `sig` to `pid` (real-time signals included, which nix's
+/// `Signal` does not name).
+#[allow(unsafe_code)] // plain FFI; no safe wrapper takes a real-time signal
+pub fn send_signal(pid: impl TryInto<i32>, sig: i32) {
+    let pid = pid.try_into().ok().expect("a pid fits an i32");
+    // SAFETY: kill(2) takes plain integers.
+    unsafe { libc::kill(pid, sig) };
+}

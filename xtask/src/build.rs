@@ -7,6 +7,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+use crate::arch::Arch;
 use crate::setup;
 
 /// `CARGO_TARGET_DIR` when set, else `target/` of the workspace.
@@ -24,46 +25,6 @@ pub fn ebpf_object(root: &Path) -> PathBuf {
 /// resolution, so the API double (VM cluster mode) shares the agent's
 /// dependency builds instead of adding a second set (53 crates rebuilt).
 pub const BINS: [&str; 4] = ["--package", "lastgasp", "--package", "lastgasp-apidouble"];
-
-/// A CPU architecture the agent and its image are built for, by its
-/// Debian and OCI name.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Arch {
-    /// This machine's (x86_64).
-    #[default]
-    Amd64,
-    /// aarch64, cross-compiled (Debian's gcc-aarch64-linux-gnu links it).
-    Arm64,
-}
-
-impl Arch {
-    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Amd64 => "amd64",
-            Arch::Arm64 => "arm64",
-        }
-    }
-
-    /// Rust's target triple, `None` for this machine's own.
-    pub fn rust_target(self) -> Option<&'static str> {
-        match self {
-            Arch::Amd64 => None,
-            Arch::Arm64 => Some("aarch64-unknown-linux-gnu"),
-        }
-    }
-
-    /// The agent's binary as `build_for` leaves it.
-    pub fn agent_binary(self, root: &Path, release: bool) -> PathBuf {
-        let mut dir = target_dir(root);
-        if let Some(t) = self.rust_target() {
-            dir.push(t);
-        }
-        dir.join(if release { "release" } else { "debug" })
-            .join("lastgasp")
-    }
-}
 
 /// The agent alone for `arch` (the eBPF object is the same bytecode for
 /// every arch); this machine's arch is `build`.
@@ -85,7 +46,7 @@ pub fn build_for(root: &Path, release: bool, arch: Arch) -> Result<PathBuf> {
         cmd.arg("--release");
     }
     run(&mut cmd).with_context(|| format!("building the agent for {}", arch.name()))?;
-    Ok(arch.agent_binary(root, release))
+    Ok(arch.agent_binary(&target_dir(root), release))
 }
 
 /// Builds the eBPF object, then the agent around it (and the API double);
@@ -102,7 +63,7 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
         cmd.arg("--release");
     }
     run(&mut cmd).context("building the agent")?;
-    Ok(Arch::Amd64.agent_binary(root, release))
+    Ok(Arch::Amd64.agent_binary(&target_dir(root), release))
 }
 
 fn build_ebpf(root: &Path, tools: &setup::Tools) -> Result<()> {

@@ -80,7 +80,7 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
                 runs = it
                     .next()
                     .and_then(|n| n.parse().ok())
-                    .context("--runs N: a number of executions per target")?
+                    .context("--runs N: a number of executions per target")?;
             }
             t if TARGETS.contains(&t) => targets.push(t.to_string()),
             other => bail!(
@@ -90,7 +90,10 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
         }
     }
     if targets.is_empty() {
-        targets = TARGETS.iter().map(|t| t.to_string()).collect();
+        targets = TARGETS
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect();
     }
     // The agent's build script embeds the eBPF object: build it first.
     build(root, true)?;
@@ -162,5 +165,7 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
 }
 
 fn count(dir: &Path) -> usize {
-    fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+    fs::read_dir(dir)
+        .map(std::iter::Iterator::count)
+        .unwrap_or(0)
 }

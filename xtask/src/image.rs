@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::{build::Arch, setup};
+use crate::{arch::Arch, setup};
 
 /// The DaemonSet's added capabilities (deploy/kustomize/agent-daemonset.yaml;
 /// tests/manifests.rs checks that list against the docs).

@@ -1,10 +1,12 @@
 //! `cargo xtask`: sets up the toolchain on a fresh machine (idempotently,
 //! cached), builds the eBPF object and the agent, runs, tests and benchmarks.
+mod arch;
 mod bench;
 mod build;
 mod fuzz;
 mod image;
 mod k8s;
+mod lint;
 mod release;
 mod setup;
 mod test;
@@ -41,7 +43,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run every test.
+    /// The style gate: rustfmt's check and clippy (warnings denied) on every
+    /// crate, the eBPF crate included. `test` runs it first.
+    Lint,
+    /// Run every test (after `lint`).
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -54,7 +59,7 @@ enum Cmd {
     /// that it starts, under qemu-user).
     Image {
         #[arg(long, value_enum, default_value_t)]
-        arch: build::Arch,
+        arch: arch::Arch,
     },
     /// The release artefacts in target/dist/VERSION: image archives and a
     /// multi-arch OCI index, the chart package, an SBOM, notes, SHA256SUMS.
@@ -103,6 +108,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Bench { args } => bench::bench(&root, &args),
+        Cmd::Lint => lint::lint(&root),
     }
 }
 

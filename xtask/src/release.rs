@@ -18,7 +18,8 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
-    build::{build_for, run, target_dir, Arch},
+    arch::Arch,
+    build::{build_for, run, target_dir},
     image, setup,
 };
 

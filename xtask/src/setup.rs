@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::build::Arch;
+use crate::arch::Arch;
 
 /// The nightly the eBPF crate is built with (rustc 1.97, LLVM 22). Machines
 /// of this kind ship it preinstalled as `nightly`; elsewhere it is installed.
@@ -96,11 +96,17 @@ pub fn ensure(_root: &Path) -> Result<Tools> {
     let nightly = nightly()?;
     let installed =
         output(rustup().args(["component", "list", "--installed", "--toolchain", &nightly]))?;
-    if !installed.lines().any(|l| l.starts_with("rust-src")) {
-        eprintln!("xtask: adding rust-src to {nightly}");
-        output(rustup().args(["component", "add", "rust-src", "--toolchain", &nightly])).with_context(|| {
-            format!("the eBPF build needs rust-src; install it with: rustup component add rust-src --toolchain {nightly}")
-        })?;
+    // rust-src for `-Z build-std=core`; clippy for `cargo xtask lint`.
+    for component in ["rust-src", "clippy"] {
+        if !installed.lines().any(|l| l.starts_with(component)) {
+            eprintln!("xtask: adding {component} to {nightly}");
+            output(rustup().args(["component", "add", component, "--toolchain", &nightly]))
+                .with_context(|| {
+                    format!(
+                        "install it with: rustup component add {component} --toolchain {nightly}"
+                    )
+                })?;
+        }
     }
 
     // bpf-linker must use the nightly's LLVM major version.

@@ -1,4 +1,4 @@
-//! `cargo xtask test`: every suite, then the release (the DaemonSet's image
+//! `cargo xtask test`: the lint gate, every suite, then the release (the DaemonSet's image
 //! among it) and the VM subset (or SKIPPED with the reason).
 use std::path::Path;
 
@@ -6,10 +6,11 @@ use anyhow::Result;
 
 use crate::{
     build::{build, cargo, ebpf_object, run},
-    k8s, release, setup, vm,
+    k8s, lint, release, setup, vm,
 };
 
 pub fn test(root: &Path, args: &[String]) -> Result<()> {
+    lint::lint(root)?;
     // The D-Bus tests run a private dbus-daemon and use dbus-send.
     setup::ensure_debs(&[("dbus-daemon", "dbus-daemon"), ("dbus-send", "dbus-bin")])?;
     // The alerts' unit tests (tests/monitoring.rs) run promtool.

@@ -12,6 +12,7 @@
 //! - `cluster`: the API double and the guest's route to it (off until they
 //!   exist).
 mod cluster;
+mod evidence;
 mod image;
 mod node;
 mod qemu;
@@ -21,8 +22,9 @@ mod scenario;
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::Command,
-    time::Instant,
+    process::{Child, Command, ExitStatus},
+    thread,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -78,7 +80,7 @@ pub struct Args {
     /// (the agent cross-built), its image built once with debootstrap under
     /// qemu-user. Not with --node.
     #[arg(long, value_enum, default_value_t)]
-    pub arch: crate::build::Arch,
+    pub arch: crate::arch::Arch,
     /// With --node: AppArmor on in the guest (every other run boots with
     /// apparmor=0), the agent's container under containerd's default
     /// profile or, as docs/security.md advises, unconfined.
@@ -125,7 +127,7 @@ pub fn vm_test(
         bail!("--apparmor is for the real node (--node)");
     }
     if args.node {
-        if args.arch != crate::build::Arch::Amd64 {
+        if args.arch != crate::arch::Arch::Amd64 {
             bail!(
                 "--node runs an amd64 guest only (the real node's Kubernetes binaries are amd64)"
             );
@@ -159,7 +161,7 @@ pub fn vm_test(
     if let Err(e) = preflight() {
         bail!("the VM tests cannot run here: {e:#}");
     }
-    if args.arch == crate::build::Arch::Arm64 {
+    if args.arch == crate::arch::Arch::Arm64 {
         if args.distro.needs_host_libc() {
             bail!("an arm64 guest runs bookworm or trixie (bullseye's glibc is older than the cross-built agent's)");
         }
@@ -167,7 +169,7 @@ pub fn vm_test(
     }
     // The binary is taken from the target dir (CARGO_TARGET_DIR honoured).
     match args.arch {
-        crate::build::Arch::Amd64 => build_agent(!args.debug)?,
+        crate::arch::Arch::Amd64 => build_agent(!args.debug)?,
         a => crate::build::build_for(root, !args.debug, a)?,
     };
     let profile = if args.debug { "debug" } else { "release" };
@@ -187,11 +189,16 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
         return Ok(());
     }
     // The image first: where debootstrap cannot build it (no mirror), skip.
-    if let Err(e) = image::ensure(root, image::Distro::Bookworm, crate::build::Arch::Amd64) {
+    if let Err(e) = image::ensure(root, image::Distro::Bookworm, crate::arch::Arch::Amd64) {
         println!("SKIPPED VM scenarios: the guest image cannot be built here: {e:#}");
         return Ok(());
     }
-    let selected = scenario::select(&CI_SUBSET.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    let selected = scenario::select(
+        &CI_SUBSET
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect::<Vec<_>>(),
+    )?;
     let agent = build_agent()?;
     if let Err(e) = enough_disk(&crate::target_dir(root).join("vm")) {
         println!("SKIPPED VM scenarios: {e:#}");
@@ -215,7 +222,10 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
         let args = Args {
             node: true,
             arm: vec![arm.into()],
-            scenarios: node::CI.iter().map(|s| s.to_string()).collect(),
+            scenarios: node::CI
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             one_boot: true,
             debug: true,
             ..Args::default()
@@ -266,7 +276,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
             .collect::<Result<_>>()?
     };
     let accel = qemu::Accel::choose();
-    let img = image::ensure(root, args.distro, crate::build::Arch::Amd64)?;
+    let img = image::ensure(root, args.distro, crate::arch::Arch::Amd64)?;
     let target = crate::target_dir(root);
     let Some(k8s) = crate::k8s::ensure(root)? else {
         bail!(
@@ -277,9 +287,9 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
     let tools = setup::ensure_manifest_tools()?;
     // The agent's image: `cargo xtask image`'s archive (CI built it just
     // before), else built now from the agent of this run.
-    let agent_image = crate::image::archive(root, &target, crate::build::Arch::Amd64)?;
+    let agent_image = crate::image::archive(root, &target, crate::arch::Arch::Amd64)?;
     if !args.debug || !agent_image.0.is_file() {
-        crate::image::build(root, &target, agent, crate::build::Arch::Amd64)?;
+        crate::image::build(root, &target, agent, crate::arch::Arch::Amd64)?;
     }
     let sleeper = crate::image::sleeper(root, &target)?;
     crate::build::run(
@@ -411,6 +421,20 @@ fn enough_disk(dir: &Path) -> Result<()> {
 }
 
 /// Bytes available (as `df` shows them) on the filesystem holding `path`.
+/// The child's exit status, or `None` once `timeout` has passed.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(Some(st));
+        }
+        if t.elapsed() > timeout {
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn free_space(path: &Path) -> Option<u64> {
     let s = nix::sys::statvfs::statvfs(path).ok()?;
     Some(s.blocks_available() as u64 * s.fragment_size() as u64)
@@ -448,7 +472,7 @@ fn run_all(
         img.kernel_release,
         match (img.pvh, img.arch) {
             (true, _) => "vmlinux via PVH",
-            (false, crate::build::Arch::Amd64) => "the bzImage",
+            (false, crate::arch::Arch::Amd64) => "the bzImage",
             (false, _) => "its kernel image",
         }
     );
@@ -545,8 +569,8 @@ fn run_all(
 }
 
 /// The agent the xtask just built (`CARGO_TARGET_DIR` honoured).
-fn agent_binary(root: &Path, profile: &str, arch: crate::build::Arch) -> Result<PathBuf> {
-    let bin = arch.agent_binary(root, profile == "release");
+fn agent_binary(root: &Path, profile: &str, arch: crate::arch::Arch) -> Result<PathBuf> {
+    let bin = arch.agent_binary(&crate::target_dir(root), profile == "release");
     if !bin.is_file() {
         bail!(
             "no agent binary at {}: run `cargo xtask build`",

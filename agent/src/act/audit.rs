@@ -289,7 +289,7 @@ impl AuditLog {
         let before = self.before_beside_sync.clone();
         Ok(move || {
             if let Some(f) = before {
-                f()
+                f();
             }
             file.sync_data().context("fsync of the audit log")
         })

@@ -421,7 +421,7 @@ impl Agent {
         match &d.action {
             Action::Graceful { .. } => {
                 if let Some(s) = s {
-                    self.start_graceful(s, ep)
+                    self.start_graceful(s, ep);
                 }
             }
             Action::Immediate { escalated } => {
@@ -833,7 +833,7 @@ impl Agent {
                         let late = Outcome::DeliveredLate {
                             boot_id: prev.clone(),
                         };
-                        write_outcome(&audit, &metrics, ep.id, late).await
+                        write_outcome(&audit, &metrics, ep.id, late).await;
                     }
                     Ok(false) => tracing::warn!(
                         "the previous boot's record was not delivered: the node already carries this boot's"

@@ -431,6 +431,7 @@ fn host_reachable(args: &DbusArgs, health: &Arc<Health>) -> Arc<dyn Fn() -> bool
 /// can to the kernel (the agent idles for days after a burst at start).
 fn release_freed_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[allow(unsafe_code)] // FFI into glibc, which has no safe wrapper
     // SAFETY: malloc_trim only releases free memory of the allocator.
     unsafe {
         libc::malloc_trim(0);

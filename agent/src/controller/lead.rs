@@ -73,7 +73,7 @@ impl Leadership {
         let deadline = self.cfg.lease_duration * 2 / 3;
         self.renewed
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .is_some_and(|t| t.elapsed() < deadline)
     }
 
@@ -82,7 +82,10 @@ impl Leadership {
     pub(super) async fn renew(&self, now: SystemTime) -> Result<Term> {
         let started = Instant::now();
         let term = self.try_lead(now).await;
-        let mut renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut renewed = self
+            .renewed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &term {
             // Counted from before the request: a slow answer shortens the term.
             Ok(Term { leading: true, .. }) => *renewed = Some(started),
@@ -138,12 +141,11 @@ impl Leadership {
                     .map(|t| t.0.to_string())
                     .unwrap_or_default();
                 let expired = holder.is_empty()
-                    || self.seen.lock().unwrap_or_else(|p| p.into_inner()).expired(
-                        &holder,
-                        &renew,
-                        dur,
-                        Instant::now(),
-                    );
+                    || self
+                        .seen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .expired(&holder, &renew, dur, Instant::now());
                 if !mine && !expired {
                     return Ok(Term {
                         leading: false,

@@ -29,7 +29,7 @@ pub async fn pause(client: Client, namespace: &str, name: &str) -> Result<()> {
             .insert(PAUSE_ANNOTATION.into(), "true".into());
         match leases.replace(name, &PostParams::default(), &lease).await {
             Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(kube::Error::Api(s)) if s.code == 409 => {} // changed meanwhile: again
             Err(e) => return Err(e.into()),
         }
     }

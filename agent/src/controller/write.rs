@@ -386,7 +386,7 @@ pub(super) fn tolerates_out_of_service(pod: &Pod) -> bool {
                     None | Some("") => exists,
                     Some(k) => k == OUT_OF_SERVICE_KEY,
                 };
-                let effect = matches!(t.effect.as_deref(), None | Some("") | Some("NoExecute"));
+                let effect = matches!(t.effect.as_deref(), None | Some("" | "NoExecute"));
                 let value = exists || t.value.as_deref().unwrap_or("") == OUT_OF_SERVICE_VALUE;
                 key && effect && value
             })

@@ -57,7 +57,7 @@ impl HostProbe {
                 "systemd has shutdown jobs: {}",
                 jobs.join(", ")
             ))),
-            (Ok(false), Ok(_)) | (Ok(false), Err(_)) | (Err(_), Ok(_)) => Ok(None),
+            (Ok(false) | Err(_), Ok(_)) | (Ok(false), Err(_)) => Ok(None),
             (Err(l), Err(s)) => Err(anyhow::anyhow!(
                 "neither logind ({l}) nor systemd ({s}) answered"
             )),

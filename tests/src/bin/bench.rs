@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: measures lastgasp on the real kernel and prints a
 //! table. Each figure comes from this one run; nothing is asserted here.
+#![allow(unsafe_code)] // reboot(2) with bad magic and kill(2) by raw syscalls
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
@@ -218,7 +219,7 @@ fn flood(rows: &mut Vec<Row>, execs: usize) -> Result<()> {
         .collect();
     let (mut checks, mut unhealthy) = (0, 0);
     let mut fired = None;
-    while !loops.iter().all(|l| l.is_finished()) {
+    while !loops.iter().all(std::thread::JoinHandle::is_finished) {
         checks += 1;
         if health() != 200 {
             unhealthy += 1;
@@ -286,7 +287,7 @@ fn flood(rows: &mut Vec<Row>, execs: usize) -> Result<()> {
     });
     rows.push(Row {
         what: "flood: /healthz during it".into(),
-        figure: format!("{} of {checks} polls not 200", unhealthy),
+        figure: format!("{unhealthy} of {checks} polls not 200"),
         target: format!("0 ({})", verdict(unhealthy == 0)),
     });
     rows.push(Row {
@@ -911,7 +912,11 @@ fn recovery((baseline, runs): (usize, usize)) -> Result<()> {
             fenced.push(f);
         }
         let fmt = |v: &[Option<Duration>]| -> String {
-            let mut got: Vec<f64> = v.iter().flatten().map(|d| d.as_secs_f64()).collect();
+            let mut got: Vec<f64> = v
+                .iter()
+                .flatten()
+                .map(std::time::Duration::as_secs_f64)
+                .collect();
             got.sort_by(f64::total_cmp);
             let missing = v.len() - got.len();
             if got.is_empty() {

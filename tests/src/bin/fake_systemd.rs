@@ -125,12 +125,9 @@ async fn main() {
     };
     let mut connections = 0;
     loop {
-        let (conn, stream) = match connect(&bus).await {
-            Ok(c) => c,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+        let Ok((conn, stream)) = connect(&bus).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
         };
         connections += 1;
         fake.event(&format!(
@@ -326,9 +323,18 @@ impl Fake {
         if m.message_type() != MsgType::MethodCall {
             return;
         }
-        let iface = h.interface().map(|i| i.to_string()).unwrap_or_default();
-        let member = h.member().map(|i| i.to_string()).unwrap_or_default();
-        let sender = h.sender().map(|s| s.to_string()).unwrap_or_default();
+        let iface = h
+            .interface()
+            .map(std::string::ToString::to_string)
+            .unwrap_or_default();
+        let member = h
+            .member()
+            .map(std::string::ToString::to_string)
+            .unwrap_or_default();
+        let sender = h
+            .sender()
+            .map(std::string::ToString::to_string)
+            .unwrap_or_default();
         let r = match (iface.as_str(), member.as_str()) {
             (LOGIND_IFACE, "Inhibit") => self.inhibit(conn, &m, &sender).await,
             (LOGIND_IFACE, "ListInhibitors") => {

@@ -4,6 +4,7 @@
 //! Here it only ever runs as PID 1 of a PID namespace this process created,
 //! after checking in code that getpid() == 1 and that the namespace is neither
 //! the parent's nor the initial one. Then it only ends that namespace.
+#![allow(unsafe_code)] // reboot(2), fork and signal set-up by raw syscalls, in a process of its own
 use std::{
     os::unix::fs::MetadataExt,
     process::exit,
@@ -147,7 +148,7 @@ fn bad_magic_reboot(cmd: libc::c_long) -> Option<i32> {
 /// One process per CPU, pinned to it, as uid/gid 65534 (no capabilities),
 /// calling reboot(2) as fast as it can for `secs`; prints the calls made.
 fn unprivileged_flood(secs: std::time::Duration) -> ! {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mut children = Vec::new();
     for cpu in 0..cpus {
         let (r, w) = nix::unistd::pipe().expect("pipe");

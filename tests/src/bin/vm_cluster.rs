@@ -107,7 +107,7 @@ fn main() -> Result<()> {
             .into_iter()
             .filter(|o| match o["kind"].as_str() {
                 // The controller runs here, not on the node that dies.
-                Some("Deployment") | Some("PodDisruptionBudget") => false,
+                Some("Deployment" | "PodDisruptionBudget") => false,
                 Some("DaemonSet") => args.agent,
                 _ => true,
             })
@@ -223,7 +223,7 @@ where
         Box::pin(watcher(api, watcher::Config::default()));
     while let Some(ev) = stream.next().await {
         let (what, obj) = match ev {
-            Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => ("apply", o),
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => ("apply", o),
             Ok(watcher::Event::Delete(o)) => ("delete", o),
             Ok(_) => continue,
             Err(e) => {
@@ -237,7 +237,9 @@ where
             .unwrap_or_default()
             .as_secs_f64();
         let line = json!({"t": t, "kind": K::kind(&()), "event": what, "obj": view(&obj)});
-        let mut f = log.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
             eprintln!("vm-cluster: writing the record: {e}");
         }

@@ -39,7 +39,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::{qemu::Run, qemu::Spec, report::parse_rfc3339_ns};
+use super::{evidence::parse_rfc3339_ns, qemu::Run, qemu::Spec};
 use crate::setup;
 
 /// Where the guest finds the API server.
@@ -740,7 +740,13 @@ mod tests {
         ];
         for (r, want, announces) in cases {
             let got = What::of(&r);
-            assert_eq!(got.as_ref().map(|w| w.to_string()).as_deref(), want, "{r}");
+            assert_eq!(
+                got.as_ref()
+                    .map(std::string::ToString::to_string)
+                    .as_deref(),
+                want,
+                "{r}"
+            );
             assert_eq!(got.is_some_and(|w| w.announces()), announces, "{r}");
         }
     }

@@ -15,8 +15,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::qemu::wait_timeout;
-use crate::build::Arch;
+use super::wait_timeout;
+use crate::arch::Arch;
 
 /// The guest's Debian release: its kernel and systemd (`--distro`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

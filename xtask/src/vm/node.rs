@@ -264,18 +264,15 @@ impl Cluster {
                 }
             }
         });
-        let port = match rx.recv_timeout(Duration::from_secs(180)) {
-            Ok(Some(p)) => p,
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let log = fs::read_to_string(dir.join("cluster.log")).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(20).collect();
-                bail!(
-                    "the control plane for the real node did not come up:\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
-            }
+        let Ok(Some(port)) = rx.recv_timeout(Duration::from_secs(180)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = fs::read_to_string(dir.join("cluster.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            bail!(
+                "the control plane for the real node did not come up:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         };
         Ok(Cluster { child, port, out })
     }

@@ -22,8 +22,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::image::Image;
-use crate::build::Arch;
+use super::{image::Image, wait_timeout};
+use crate::arch::Arch;
 
 pub enum Accel {
     Tcg(String),
@@ -558,7 +558,7 @@ fn with_host_libc(agent: &Path, inp: &Path) -> Result<()> {
     let lib = inp.join("lib");
     fs::create_dir_all(&lib)?;
     let mut interpreter = None;
-    for (l, _) in crate::image::libraries(agent, crate::build::Arch::Amd64)? {
+    for (l, _) in crate::image::libraries(agent, crate::arch::Arch::Amd64)? {
         let name = l.file_name().context("a library path has a name")?;
         fs::copy(&l, lib.join(name)).with_context(|| format!("copying {}", l.display()))?;
         if name.to_string_lossy().starts_with("ld-linux") {
@@ -605,19 +605,6 @@ fn write_in(inp: &Path, name: &str, data: &[u8]) -> Result<()> {
         fs::set_permissions(&to, fs::Permissions::from_mode(0o755))?;
     }
     Ok(())
-}
-
-pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
-    let t = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait()? {
-            return Ok(Some(st));
-        }
-        if t.elapsed() > timeout {
-            return Ok(None);
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// qemu creates its sockets before the guest starts; give it a few seconds.

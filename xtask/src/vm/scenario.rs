@@ -15,9 +15,9 @@ use serde_json::Value;
 
 use super::{
     cluster::{Cluster, Got, What},
+    evidence::{self, Det},
     image::Distro,
     qemu::{Exit, Guest, Run, Spec, HUNG_BEFORE_TRIGGER},
-    report::{self, Det},
 };
 
 /// How the guest must end.
@@ -113,6 +113,7 @@ impl fmt::Display for Want {
     }
 }
 
+#[derive(Clone)]
 pub struct Scenario {
     /// Also the file `tests/vm/scenarios/NAME.sh`.
     pub name: &'static str,
@@ -692,7 +693,7 @@ impl Outcome {
                     .unwrap_or_else(|| "none".into()),
                 self.dets
                     .iter()
-                    .map(|d| d.short())
+                    .map(super::evidence::Det::short)
                     .collect::<Vec<_>>()
                     .join(" -> "),
                 if self.problems.is_empty() {
@@ -723,7 +724,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluster>) -> Outcome {
     match for_systemd(sc, guest.image.distro) {
-        Ok(sc) => run_as(guest, sc, dir, cluster, false),
+        Ok(sc) => run_as(guest, &sc, dir, cluster, false),
         Err(why) => {
             let mut o = Outcome::new(sc);
             o.status = Status::Skipped(why.into());
@@ -732,19 +733,30 @@ pub fn run(guest: &Guest, sc: &Scenario, dir: &Path, cluster: Option<&mut Cluste
     }
 }
 
-/// systemd 257 made `block` inhibitors bind root too (`block-weak` is the
-/// old `block`): what a scenario under root's own lock must show depends on
-/// the guest's systemd.
-fn for_systemd(sc: &Scenario, d: Distro) -> Result<&Scenario, &'static str> {
+/// What a scenario must show on the guest's systemd. 257 made `block`
+/// inhibitors bind root too (`block-weak` is the old `block`). 247's logind
+/// names no kind in PrepareForShutdown (`unknown`: the episode takes it from
+/// the exec and systemd's job), and after SIGRTMIN+4 its bus stops before
+/// systemd's job signal reaches the agent (systemd-shutdown's exec still
+/// ends the episode as a power-off).
+fn for_systemd(sc: &Scenario, d: Distro) -> Result<Scenario, &'static str> {
+    let then = |then: &'static [Want]| Ok(Scenario { then, ..sc.clone() });
     match (sc.name, d) {
-        ("block-root-poweroff", Distro::Trixie) => Ok(&BLOCK_ROOT_257),
-        ("block-weak-root-poweroff", Distro::Trixie) => Ok(sc),
+        ("block-root-poweroff", Distro::Trixie) => Ok(BLOCK_ROOT_257.clone()),
+        ("block-weak-root-poweroff", Distro::Trixie) => Ok(sc.clone()),
         ("block-weak-root-poweroff", _) => {
             Err("block-weak inhibitors are systemd 257's (--distro trixie)")
         }
-        _ => Ok(sc),
+        ("poweroff" | "graceful-pods" | "block-root-poweroff", Distro::Bullseye) => {
+            then(POWEROFF_247)
+        }
+        ("sigrtmin4", Distro::Bullseye) => then(SIGRTMIN4_247),
+        _ => Ok(sc.clone()),
     }
 }
+
+const POWEROFF_247: &[Want] = &[logind("unknown"), job("poweroff"), pid1_final("poweroff")];
+const SIGRTMIN4_247: &[Want] = &[pid1_final("poweroff")];
 
 /// `block-root-poweroff` on systemd 257: logind refuses; nothing may drain.
 static BLOCK_ROOT_257: Scenario = Scenario {
@@ -891,7 +903,7 @@ fn next_boot(
     cluster: Option<&mut Cluster>,
     o: &mut Outcome,
 ) -> Result<()> {
-    let tl = report::Timeline::read(&run.out);
+    let tl = evidence::Timeline::read(&run.out);
     let deferred =
         "the announcement must reach the double before the guest died or after the next boot";
     if o.end_seen != End::PowerOff.to_string() || tl.boots.len() != 1 || tl.trigger_ns().is_none() {
@@ -911,7 +923,12 @@ fn next_boot(
             o.problems
                 .push(format!("{lost}, and there was no next boot"));
         }
-        if cluster.is_some() && !o.cluster.as_ref().is_some_and(|g| g.announced()) {
+        if cluster.is_some()
+            && !o
+                .cluster
+                .as_ref()
+                .is_some_and(super::cluster::Got::announced)
+        {
             o.problems.push(format!(
                 "nothing announcing the shutdown reached the API double before the guest died, \
                  and there was no next boot ({deferred})"
@@ -939,14 +956,14 @@ fn next_boot(
     }
     println!("vm-test:   the guest powered off: switching it on again (same disks)");
     let run2 = guest.boot(&spec)?;
-    let tl2 = report::Timeline::read(&run2.out);
+    let tl2 = evidence::Timeline::read(&run2.out);
     let fails1 = tl.fails();
     for f in tl2.fails().into_iter().filter(|f| !fails1.contains(f)) {
         o.problems.push(format!("the next boot's runner: {f}"));
     }
     let ended = tl2.ended("after-boot-2");
     let boot2_s = run2.markers("BOOT").first().map(|l| l.t.as_secs_f64());
-    let (n, summary) = report::next_boot_report(&run2.out, &boot1, &o.dets);
+    let (n, summary) = evidence::next_boot_report(&run2.out, &boot1, &o.dets);
     o.next_boot = format!(
         "harness switched it on again{}: {summary}{}",
         boot2_s
@@ -1057,13 +1074,13 @@ type ClusterLog<'a> = Option<(&'a [Value], &'a [(String, i64)])>;
 
 fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
     let p = &mut o.problems;
-    let tl = report::Timeline::read(&run.out);
+    let tl = evidence::Timeline::read(&run.out);
     for f in tl.fails() {
         p.push(format!("the guest runner: {f}"));
     }
     o.boot_s = run.markers("BOOT").first().map(|l| l.t.as_secs_f64());
-    o.hooks = report::hook_lines(run);
-    o.caps = report::caps(&run.out);
+    o.hooks = evidence::hook_lines(run);
+    o.caps = evidence::caps(&run.out);
 
     // How the guest ended.
     let seen = observed_end(run, &tl);
@@ -1117,7 +1134,7 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
     }
 
     // What the agent saw and wrote.
-    let audit = match report::read_audit(&run.audit_img) {
+    let audit = match evidence::read_audit(&run.audit_img) {
         Ok(a) => a,
         Err(e) => {
             p.push(format!("reading the audit disk: {e:#}"));
@@ -1136,7 +1153,7 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
     let boot1 = tl.boots.first().cloned().unwrap_or_default();
     let boot2_t = run.markers("BOOT").get(1).map(|l| l.t);
     let until_ns = tl.after_trigger_end_ns();
-    o.dets = report::merge(&audit, &boot1, run, boot2_t, trig_ns, until_ns);
+    o.dets = evidence::merge(&audit, &boot1, run, boot2_t, trig_ns, until_ns);
     let dets = &o.dets;
 
     if let Some(first) = dets.first() {
@@ -1166,7 +1183,7 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
         (Some(want), None) => p.push(format!("nothing detected; wanted {want} first")),
         (None, _) => {}
     }
-    if let Some(dec) = report::decisions(dets, &audit, &boot1, trig_ns) {
+    if let Some(dec) = evidence::decisions(dets, &audit, &boot1, trig_ns) {
         o.decision = dec;
         let first = dets
             .first()
@@ -1245,7 +1262,7 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
 
     // The next boot's report of this one.
     if matches!(sc.end, End::Reboot | End::Kexec) && !o.one_boot {
-        let (n, summary) = report::next_boot_report(&run.out, &boot1, dets);
+        let (n, summary) = evidence::next_boot_report(&run.out, &boot1, dets);
         o.next_boot = summary;
         if n == 0 {
             p.push(format!(
@@ -1311,7 +1328,7 @@ fn check_cluster(sc: &Scenario, got: &Got, pods: &[(String, i64)], p: &mut Vec<S
 
 /// How the guest ended, from the runner's markers, the kernel's last words
 /// and qemu's events.
-fn observed_end(run: &Run, tl: &report::Timeline) -> Option<End> {
+fn observed_end(run: &Run, tl: &evidence::Timeline) -> Option<End> {
     let reset = run.qmp.iter().any(|e| e.event == "RESET")
         || run
             .console

@@ -112,7 +112,10 @@ impl NodeClient {
         // Event. A new note gets a new Recorder (a new Event); the same note
         // again stays a series on the old one.
         let recorder = {
-            let mut recorders = self.recorders.lock().unwrap_or_else(|p| p.into_inner());
+            let mut recorders = self
+                .recorders
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let key = (ev.type_, ev.action.clone());
             match recorders.get(&key) {
                 Some((last, r)) if Some(last) == ev.note.as_ref() => r.clone(),

@@ -233,7 +233,7 @@ pub async fn fence(r: &mut Report, client: &kube::Client, node: &str) {
 fn refused(r: &mut Report, what: &str, answer: Result<(), kube::Error>, change: &str) {
     match answer {
         Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("lastgasp:") => {
-            r.push(Status::Ok, what, format!("refused (dry run): {}", e.message))
+            r.push(Status::Ok, what, format!("refused (dry run): {}", e.message));
         }
         Err(kube::Error::Api(e)) if e.code == 403 => r.push(
             Status::Fail,

@@ -128,7 +128,7 @@ impl<'a> Btf<'a> {
             let (kind, _, _, next, _) = self.header(id)?;
             match kind {
                 KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
-                    id = next
+                    id = next;
                 }
                 _ => return Ok(id),
             }

@@ -239,6 +239,7 @@ impl EbpfDetector {
             }
         }
 
+        #[allow(unsafe_code)] // the loader: the ring buffer's fd into tokio
         let ring = |bpf: &mut Ebpf, name: &str| -> Result<AsyncFd<RingBuf<MapData>>> {
             let rb = RingBuf::try_from(
                 bpf.take_map(name)

@@ -417,7 +417,8 @@ impl LogindDetector {
     fn owner_changed(&mut self, m: &Message) {
         // Only the bus daemon speaks for names; a peer can send this signal
         // straight to us under its own name.
-        if m.header().sender().map(|s| s.as_str()) != Some("org.freedesktop.DBus") {
+        if m.header().sender().map(zbus::names::UniqueName::as_str) != Some("org.freedesktop.DBus")
+        {
             return;
         }
         if let Ok((name, _, new)) = m.body().deserialize::<(String, String, String)>() {
@@ -449,7 +450,7 @@ impl LogindDetector {
         let h = m.header();
         h.destination().is_none()
             && h.sender()
-                .map(|s| s.as_str())
+                .map(zbus::names::UniqueName::as_str)
                 .is_some_and(|s| self.owner.as_deref() == Some(s))
     }
 
@@ -509,7 +510,7 @@ impl LogindDetector {
         let sender = m
             .header()
             .sender()
-            .map(|s| s.to_string())
+            .map(std::string::ToString::to_string)
             .unwrap_or_default();
         let start: bool = match m.body().deserialize() {
             Ok(b) => b,

@@ -1,0 +1,55 @@
+//! `cargo xtask lint`: the style gate, first step of `cargo xtask test`.
+//! rustfmt's check on every crate (the eBPF crate and the fuzz targets
+//! included) and clippy with warnings denied on the workspace and on the eBPF
+//! crate (built for its own target with the pinned nightly).
+use std::{path::Path, process::Command};
+
+use anyhow::{Context, Result};
+
+use crate::{
+    build::{cargo, run, target_dir},
+    setup,
+};
+
+pub fn lint(root: &Path) -> Result<()> {
+    let tools = setup::ensure(root)?;
+    run(cargo().current_dir(root).args(["fmt", "--all", "--check"]))
+        .context("the workspace is not rustfmt-clean: run `cargo fmt --all`")?;
+    // The crates outside the workspace, by their root files (rustfmt
+    // follows their modules and reads the repository's rustfmt.toml).
+    let mut roots = vec![root.join("agent-ebpf/src/main.rs")];
+    for e in std::fs::read_dir(root.join("fuzz/fuzz_targets"))? {
+        roots.push(e?.path());
+    }
+    run(Command::new("rustfmt")
+        .args(["--check", "--edition", "2021"])
+        .args(&roots))
+    .context("agent-ebpf or fuzz is not rustfmt-clean: run rustfmt on the files above")?;
+    run(cargo().current_dir(root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .context("clippy found something in the workspace")?;
+    let mut ebpf = Command::new("cargo");
+    setup::clean_toolchain_env(&mut ebpf);
+    ebpf.current_dir(root.join("agent-ebpf"))
+        .arg(format!("+{}", tools.nightly))
+        .args([
+            "clippy",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir(root).join("ebpf"))
+        .args(["--", "-D", "warnings"]);
+    run(&mut ebpf).context("clippy found something in agent-ebpf")?;
+    println!("lint: rustfmt and clippy clean");
+    Ok(())
+}
