@@ -23,6 +23,8 @@ use kube::{
     Api, Client,
 };
 use lastgasp::{
+    act::report::BootEnd,
+    act::Cluster,
     act::{
         audit::{self, Entry, Outcome},
         kube::{
@@ -32,11 +34,9 @@ use lastgasp::{
         },
         metrics::Metrics,
     },
-    agent::Cluster,
     decide::{Action, Decider, Episode},
     grace::Bucket,
     record::{self, Closing, ShutdownRecord},
-    report::BootEnd,
     signal::ShutdownSignal,
 };
 use lastgasp_apidouble::ApiDouble;

@@ -885,7 +885,8 @@ mod agent_flow {
 
     use lastgasp::{
         act::audit::{self, AuditLog, Entry, Outcome},
-        agent::{Agent, Cluster, LAST_GASP_BOUND},
+        act::{Cluster, LAST_GASP_BOUND},
+        agent::Agent,
         decide::{HostAnswer, HostQuery, Policy as DecidePolicy},
     };
 
@@ -965,7 +966,7 @@ mod agent_flow {
         after.delivery.expect("cluster mode").await.unwrap();
         let report = after.report;
         assert_eq!(report.boot_id, "boot-1");
-        assert_eq!(report.end, lastgasp::report::BootEnd::Forced);
+        assert_eq!(report.end, lastgasp::act::report::BootEnd::Forced);
         assert!(report.undelivered);
         let events: Vec<Event> = s.double.list("default");
         let ev = events
@@ -1017,7 +1018,7 @@ mod agent_flow {
         let r = third.after_boot("boot-3").await.unwrap().unwrap().report;
         assert_eq!(
             (r.boot_id.as_str(), r.end),
-            ("boot-2", lastgasp::report::BootEnd::Unannounced)
+            ("boot-2", lastgasp::act::report::BootEnd::Unannounced)
         );
     }
 
@@ -1038,7 +1039,10 @@ mod agent_flow {
             .inject(Fault::latency(Duration::from_secs(600)).method("POST"));
         let mut agent = agent_at(&s.dir, "boot-2", Some(c));
         let after = agent.after_boot("boot-2").await.unwrap().expect("boot-1");
-        assert_eq!(after.report.end, lastgasp::report::BootEnd::Unannounced);
+        assert_eq!(
+            after.report.end,
+            lastgasp::act::report::BootEnd::Unannounced
+        );
         let delivery = after.delivery.expect("cluster mode delivers");
         let d = agent.handle(forced_exec()).await.unwrap();
         assert!(matches!(d.action, Action::Immediate { escalated: false }));
@@ -1111,7 +1115,7 @@ mod agent_flow {
         audit.before_beside_sync(move || {
             let _ = held.lock().unwrap().recv();
         });
-        let mut agent = Agent::new(audit, Some(c), None, Metrics::default(), false);
+        let mut agent = Agent::new(audit, Some(c), None, Metrics::default());
         let handled = tokio::spawn(async move { agent.handle(forced_exec()).await });
         let mut on_node = None;
         for _ in 0..100 {
@@ -1177,14 +1181,16 @@ mod agent_flow {
             Some(c),
             None,
             metrics.clone(),
-            false,
         );
         let after = next.after_boot("boot-2").await.unwrap().unwrap();
-        assert_eq!(after.report.end, lastgasp::report::BootEnd::Unannounced);
+        assert_eq!(
+            after.report.end,
+            lastgasp::act::report::BootEnd::Unannounced
+        );
         let settled = after.delivery.unwrap().await.unwrap();
         assert_eq!(
             (settled.end, settled.undelivered),
-            (lastgasp::report::BootEnd::Forced, false)
+            (lastgasp::act::report::BootEnd::Forced, false)
         );
         assert_eq!(settled.episode.as_ref().map(|e| e.id), Some(1));
         let events: Vec<Event> = s.double.list("default");
@@ -1204,8 +1210,8 @@ mod agent_flow {
             "{recs:#?}"
         );
         assert_eq!(
-            lastgasp::report::classify(&recs, "boot-1").end,
-            lastgasp::report::BootEnd::Forced,
+            lastgasp::act::report::classify(&recs, "boot-1").end,
+            lastgasp::act::report::BootEnd::Forced,
             "the log now tells the boot's end by itself"
         );
         let n: Node = s.double.get("", NODE).unwrap();
@@ -1245,7 +1251,7 @@ mod agent_flow {
         let settled = after.delivery.unwrap().await.unwrap();
         assert_eq!(
             (settled.end, settled.undelivered),
-            (lastgasp::report::BootEnd::Forced, false)
+            (lastgasp::act::report::BootEnd::Forced, false)
         );
         let n: Node = s.double.get("", NODE).unwrap();
         let rec: serde_json::Value =

@@ -43,7 +43,7 @@ fn every_metric_the_docs_name_exists() {
         true,
     );
     m.set_boot("b");
-    m.count_boot_end(lastgasp::report::BootEnd::Forced.as_str());
+    m.count_boot_end(lastgasp::act::report::BootEnd::Forced.as_str());
     m.set_ringbuf_drops(&Drops::default().by_label());
     let c = ControllerMetrics::default();
     c.count_action("taint-added");

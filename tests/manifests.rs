@@ -23,12 +23,13 @@ use k8s_openapi::api::{
     rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
 };
 use lastgasp::{
+    act::Cluster,
     act::{
         audit::AuditLog,
         kube::graceful::{self, GracefulOptions, Removal},
         metrics::Metrics,
     },
-    agent::{Agent, Cluster},
+    agent::Agent,
     config::Config,
     controller::{Controller, ControllerConfig},
     decide::Decider,
@@ -1275,7 +1276,6 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
         Some(cluster(Removal::Delete, 2)),
         None,
         Metrics::default(),
-        false,
     );
     agent.handle(signal(Source::Exec, true)).await.unwrap();
 
@@ -1289,7 +1289,6 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
         Some(cluster(Removal::Delete, 2)),
         None,
         Metrics::default(),
-        false,
     );
     agent.handle(signal(Source::Exec, true)).await.unwrap();
     double.clear_faults();
@@ -1299,7 +1298,6 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
         Some(cluster(Removal::Delete, 2)),
         None,
         Metrics::default(),
-        false,
     );
     let report = agent.after_boot("boot-3").await.unwrap().unwrap().report;
     assert!(report.undelivered);

@@ -12,12 +12,13 @@ use std::{
 };
 
 use lastgasp::{
+    act::Cluster,
     act::{
         audit::AuditLog,
         kube::graceful::{GracefulOptions, Removal},
         metrics::Metrics,
     },
-    agent::{Agent, Cluster},
+    agent::Agent,
     grace::Bucket,
 };
 use lastgasp_apidouble::{AccessRule, ApiDouble, Fault};
@@ -516,7 +517,6 @@ async fn last_gasp_latency_and_failures_are_measured() {
         Some(cluster.clone()),
         None,
         metrics.clone(),
-        false,
     );
     agent.handle(forced_exec()).await.unwrap();
     let text = metrics.encode();
@@ -561,7 +561,6 @@ async fn last_gasp_latency_and_failures_are_measured() {
         Some(cluster),
         None,
         metrics.clone(),
-        false,
     );
     agent.handle(forced_exec()).await.unwrap();
     let text = metrics.encode();

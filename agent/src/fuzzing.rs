@@ -79,8 +79,8 @@ pub fn audit_log(data: &[u8]) {
         .map(|r| r.boot_id.as_str())
         .collect();
     for b in boots {
-        let _ = crate::report::classify(&contents.records, b);
-        let _ = crate::report::previous_boot(&contents.records, b);
+        let _ = crate::act::report::classify(&contents.records, b);
+        let _ = crate::act::report::previous_boot(&contents.records, b);
     }
 }
 

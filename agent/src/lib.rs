@@ -16,6 +16,5 @@ pub(crate) mod http;
 pub mod node;
 pub mod preflight;
 pub mod record;
-pub mod report;
 pub mod signal;
 pub(crate) mod timespan;

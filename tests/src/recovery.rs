@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{api::DeleteParams, Api, Client};
 use lastgasp::{
     act::kube::lastgasp::LastGasp,
-    agent::LAST_GASP_BOUND,
+    act::LAST_GASP_BOUND,
     controller::{Controller, ControllerConfig},
     decide::{self, Decider},
     record::ShutdownRecord,

@@ -236,14 +236,13 @@ pub async fn warm_clients(
 pub fn agent_at(
     dir: &Path,
     boot: &str,
-    cluster: Option<std::sync::Arc<lastgasp::agent::Cluster>>,
+    cluster: Option<std::sync::Arc<lastgasp::act::Cluster>>,
 ) -> lastgasp::agent::Agent {
     lastgasp::agent::Agent::new(
         lastgasp::act::audit::AuditLog::open(dir, boot).unwrap(),
         cluster,
         None,
         lastgasp::act::metrics::Metrics::default(),
-        false,
     )
 }
 

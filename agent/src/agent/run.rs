@@ -9,7 +9,8 @@ use std::{
 use anyhow::{Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::{Agent, Cluster};
+use super::Agent;
+use crate::act::Cluster;
 use crate::{
     act::{
         audit::AuditLog,
@@ -258,15 +259,17 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let policy = cfg
         .trust
         .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
-    let mut agent = Agent::new(audit, None, logind, metrics.clone(), args.standalone)
+    let mut agent = Agent::new(audit, None, logind, metrics.clone())
         .with_policy(policy)
         .with_host(
             HostProbe::query(&args.dbus),
             host_reachable(&args.dbus, &health),
         );
-    if !args.standalone {
-        agent = agent.with_cluster_coming(joined.clone());
-    }
+    agent = if args.standalone {
+        agent.printing()
+    } else {
+        agent.with_cluster_coming(joined.clone())
+    };
     if let Some(run_dir) = courier {
         agent = agent.with_courier(run_dir, cfg.api_server.url()?);
     }

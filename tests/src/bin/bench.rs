@@ -738,12 +738,13 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize, real: bool) -> Result<
     use std::sync::Arc;
 
     use lastgasp::{
+        act::Cluster,
         act::{
             audit::AuditLog,
             kube::{graceful::GracefulOptions, lastgasp::LastGasp, NodeClient},
             metrics::Metrics,
         },
-        agent::{Agent, Cluster},
+        agent::Agent,
     };
     use lastgasp_apidouble::ApiDouble;
 
@@ -810,13 +811,7 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize, real: bool) -> Result<
             }
         };
         let at = signal.at;
-        let mut agent = Agent::new(
-            audit,
-            Some(cluster.clone()),
-            None,
-            Metrics::default(),
-            false,
-        );
+        let mut agent = Agent::new(audit, Some(cluster.clone()), None, Metrics::default());
         let t = Instant::now();
         agent.handle(signal).await?;
         let handled = t.elapsed();

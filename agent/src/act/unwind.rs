@@ -1,0 +1,102 @@
+//! Undoing: the shutdown did not come (cancelled, or abandoned when the
+//! host says none is under way), so every mark the episode made is taken
+//! off the Node, its record closed, and logind's delay lock taken again.
+use super::{audit::Outcome, kube::graceful, Actuator, Cluster};
+use crate::{
+    act::kube::NodeClient,
+    decide::{Episode, HostAnswer, HostQuery},
+    record::{Closing, EpisodeKey, ShutdownRecord},
+};
+use anyhow::Result;
+use kube::runtime::events::EventType;
+
+impl Actuator {
+    /// A scheduled shutdown cancelled: its condition, taint and record undone.
+    pub(super) fn cancel(&self, ep: Episode) {
+        let (cluster, hands) = (self.link.cluster.clone(), self.hands.clone());
+        let key = EpisodeKey::of(&hands.boot_id, &ep);
+        tokio::spawn(async move {
+            if let Some(c) = &cluster {
+                let (undone, ()) = tokio::join!(
+                    graceful::cancel(&c.node, &ep),
+                    c.node
+                        .close_record(&key, Closing::Cancelled, "the shutdown was cancelled"),
+                );
+                if let Err(e) = undone {
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "undoing the shutdown in the cluster"
+                    );
+                }
+            }
+            hands.outcome(ep.id, Outcome::Cancelled).await;
+        });
+    }
+
+    /// The shutdown did not come: every mark the episode made is undone, and
+    /// the delay lock is taken again for the next one.
+    pub(super) fn unwind(&self, ep: Episode, why: String) {
+        let (cluster, hands) = (self.link.cluster.clone(), self.hands.clone());
+        let key = EpisodeKey::of(&hands.boot_id, &ep);
+        tokio::spawn(async move {
+            if let (Some(c), true) = (&cluster, ep.marked) {
+                let msg = format!("episode {}: {why}", ep.id);
+                let (marks, ()) = tokio::join!(
+                    unmark(&c.node, &msg),
+                    c.node.close_record(&key, Closing::Abandoned, &why),
+                );
+                if let Err(e) = marks {
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        "undoing the abandoned shutdown's marks"
+                    );
+                }
+            }
+            hands.outcome(ep.id, Outcome::Abandoned { why }).await;
+            if let Some(l) = hands.logind {
+                l.relock();
+            }
+        });
+    }
+}
+
+/// The agent's own marks off: its taint, its condition False, an Event.
+async fn unmark(node: &NodeClient, msg: &str) -> Result<()> {
+    let (t, cond, ev) = tokio::join!(
+        node.set_taint(false),
+        node.set_condition(false, "ShutdownAbandoned", msg),
+        node.event(EventType::Normal, "ShutdownAbandoned", msg.to_string()),
+    );
+    t.and(cond).and(ev)
+}
+
+/// A record of this boot still open when the agent starts (it restarted,
+/// or userspace did: a soft-reboot keeps the boot id). The boot went on,
+/// so a proof of death in it was wrong (a reboot(2) that failed); without
+/// one, the host is asked, and the record closed with the agent's marks
+/// when no shutdown is under way. Under way: it stays, and the shutdown's
+/// own last word follows.
+pub(super) async fn close_orphan(c: &Cluster, host: &HostQuery, rec: ShutdownRecord) {
+    let (how, why) = match rec.death() {
+        Some(d) => (
+            Closing::Failed,
+            format!("this boot went on after the record's proof ({})", d.by),
+        ),
+        None => match host().await {
+            HostAnswer::NotUnderWay => (
+                Closing::Abandoned,
+                "the agent started again in the record's boot and neither logind nor systemd has a shutdown under way".to_string(),
+            ),
+            answer => {
+                tracing::warn!(?answer, "an open shutdown record of this boot: left open");
+                return;
+            }
+        },
+    };
+    let key = rec.key();
+    let msg = format!("episode {}: {why}", key.id.unwrap_or(0));
+    let (marks, ()) = tokio::join!(unmark(&c.node, &msg), c.node.close_record(&key, how, &why));
+    if let Err(e) = marks {
+        tracing::error!(error = format!("{e:#}"), "undoing an earlier start's marks");
+    }
+}
