@@ -107,32 +107,10 @@ pub fn outlive_final_kill(args: &RunArgs) {
 /// graceful run under way is finished first).
 pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let started = Instant::now();
-    let cfg = match &args.config {
-        Some(p) => Config::load(p)?,
-        None if args.standalone => Config::default(),
-        None => anyhow::bail!("cluster mode needs --config (the grace periods, at least)"),
-    };
-    match cfg.kubelet_graceful_shutdown() {
-        Ok(Some(on)) => tracing::error!("{on}: two drains would race for the same pods"),
-        Ok(None) => {}
-        Err(e) => tracing::error!("{e:#}"),
-    }
-    let listen = http::resolve(
-        args.metrics_listen,
-        args.standalone,
-        http::AGENT_PORT,
-        std::env::var("POD_IP").ok().as_deref(),
-    )?;
+    let cfg = load_config(&args)?;
     let metrics = Metrics::default();
     let health = Health::new("arming the hooks");
-    let m = metrics.clone();
-    let _endpoint = http::start(
-        listen,
-        args.metrics_listen.is_some() || !args.standalone,
-        move || m.encode(),
-        health.clone(),
-    )
-    .await?;
+    let _endpoint = start_endpoint(&args, &metrics, &health).await?;
     let audit_dir = args
         .audit_dir
         .clone()
@@ -144,8 +122,118 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let boot_id = node::boot_id()?;
     metrics.set_boot(&boot_id);
     let audit = AuditLog::open_with(&audit_dir, &boot_id, cfg.audit_limits()?)?;
-    let mut det = EbpfDetector::load(node.clone())?;
+    let det = arm(&node, &metrics, json_logs)?;
     let armed_ms = started.elapsed().as_secs_f64() * 1e3;
+    // Target "lastgasp": "lastgasp: armed" is what readiness probes and the VM runner wait for.
+    tracing::info!(target: "lastgasp", armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
+
+    // Standalone needs no grace periods: a graceful episode is then given
+    // the default length before the host is asked.
+    let buckets = match cfg.buckets() {
+        Ok(b) => b,
+        Err(_) if args.standalone && args.config.is_none() => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let graceful_length = graceful_length(&buckets);
+    // Local first: detection, the audit and the delay lock never wait for
+    // the API server; the cluster half joins the loop when it answers.
+    let (cluster_tx, joined) = tokio::sync::watch::channel::<Option<Arc<Cluster>>>(None);
+    if !args.standalone {
+        // logind must give the graceful path the buckets' whole time.
+        args.dbus
+            .inhibit_delay
+            .get_or_insert(crate::grace::requested_delay(&buckets));
+        start_cluster_half(&cfg, &audit_dir, buckets, &health, cluster_tx).await?;
+    }
+    // logind and systemd over D-Bus, and systemd-shutdown's hook, feed the same loop.
+    let (dbus_tx, dbus_rx) = tokio::sync::mpsc::channel(64);
+    let (hook, courier) = start_shutdown_hook(&args, &node, &dbus_tx);
+    let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
+    let policy = cfg
+        .trust
+        .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
+    let mut agent = Agent::new(audit, None, logind, metrics.clone())
+        .with_policy(policy)
+        .with_host(
+            HostProbe::query(&args.dbus),
+            host_reachable(&args.dbus, &health),
+        );
+    agent = if args.standalone {
+        agent.printing()
+    } else {
+        agent.with_cluster_coming(joined.clone())
+    };
+    if let Some(run_dir) = courier {
+        agent = agent.with_courier(run_dir, cfg.api_server.url()?);
+    }
+    agent.after_boot(&boot_id).await?;
+    // Arming parsed the kernel's BTF and the start read the audit log
+    // (megabytes, freed again): give the freed heap back to the kernel
+    // rather than keep it resident while the agent idles (~31 -> ~14 MiB).
+    release_freed_heap();
+    health.beat();
+    health.ready();
+    let inputs = Inputs {
+        det,
+        dbus_rx,
+        joined: (!args.standalone).then_some(joined),
+        hook,
+    };
+    turn(agent, inputs, &metrics, &health).await
+}
+
+/// A graceful run's length: the buckets' sum, or the default without them.
+fn graceful_length(buckets: &[crate::grace::Bucket]) -> Duration {
+    match buckets
+        .iter()
+        .map(|b| u64::try_from(b.seconds).unwrap_or(0))
+        .fold(0u64, u64::saturating_add)
+    {
+        0 => crate::decide::Policy::default().graceful_length,
+        secs => Duration::from_secs(secs),
+    }
+}
+
+fn load_config(args: &RunArgs) -> Result<Config> {
+    let cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None if args.standalone => Config::default(),
+        None => anyhow::bail!("cluster mode needs --config (the grace periods, at least)"),
+    };
+    match cfg.kubelet_graceful_shutdown() {
+        Ok(Some(on)) => tracing::error!("{on}: two drains would race for the same pods"),
+        Ok(None) => {}
+        Err(e) => tracing::error!("{e:#}"),
+    }
+    Ok(cfg)
+}
+
+/// /metrics, /readyz and /healthz.
+async fn start_endpoint(
+    args: &RunArgs,
+    metrics: &Metrics,
+    health: &Arc<Health>,
+) -> Result<Option<(std::net::SocketAddr, tokio::task::JoinHandle<()>)>> {
+    let listen = http::resolve(
+        args.metrics_listen,
+        args.standalone,
+        http::AGENT_PORT,
+        std::env::var("POD_IP").ok().as_deref(),
+    )?;
+    let m = metrics.clone();
+    http::start(
+        listen,
+        args.metrics_listen.is_some() || !args.standalone,
+        move || m.encode(),
+        health.clone(),
+    )
+    .await
+}
+
+/// The eBPF hooks loaded and attached, each hook's state said (metrics, and
+/// the log or stderr).
+fn arm(node: &NodePidNs, metrics: &Metrics, json_logs: bool) -> Result<EbpfDetector> {
+    let det = EbpfDetector::load(node.clone())?;
     for r in &det.report {
         metrics.set_hook(
             &r.hook,
@@ -174,125 +262,120 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
             eprintln!("  {r}");
         }
     }
-    // Target "lastgasp": "lastgasp: armed" is what readiness probes and the VM runner wait for.
-    tracing::info!(target: "lastgasp", armed_ms = format!("{armed_ms:.1}"), audit = %audit.path().display(), boot_id, "armed");
+    Ok(det)
+}
 
-    // Standalone needs no grace periods: a graceful episode is then given
-    // the default length before the host is asked.
-    let buckets = match cfg.buckets() {
-        Ok(b) => b,
-        Err(_) if args.standalone && args.config.is_none() => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    let graceful_length = match buckets
-        .iter()
-        .map(|b| u64::try_from(b.seconds).unwrap_or(0))
-        .fold(0u64, u64::saturating_add)
-    {
-        0 => crate::decide::Policy::default().graceful_length,
-        secs => Duration::from_secs(secs),
-    };
-    // Local first: detection, the audit and the delay lock never wait for
-    // the API server; the cluster half joins the loop when it answers.
-    let (cluster_tx, mut joined) = tokio::sync::watch::channel::<Option<Arc<Cluster>>>(None);
-    if !args.standalone {
-        // logind must give the graceful path the buckets' whole time.
-        args.dbus
-            .inhibit_delay
-            .get_or_insert(crate::grace::requested_delay(&buckets));
-        let node = node_name(&cfg)?;
-        // A configuration error (no kubeconfig, a bad apiServer) stops the
-        // start; an API server that does not answer is waited for.
-        let clients = Clients::new(&cfg).await?;
-        let (cfg, audit_dir) = (cfg.clone(), audit_dir.clone());
-        let health = health.clone();
-        health.lost(
-            "api-server",
-            "not reached yet (the warm watches of the node and its pods have not listed); detection and the audit run meanwhile",
-        );
-        tokio::spawn(async move {
-            let mut wait = Duration::from_secs(1);
-            loop {
-                match cluster(&cfg, &clients, &node, &audit_dir, buckets.clone()).await {
-                    Ok(c) => {
-                        health.regained("api-server");
-                        let _ = cluster_tx.send(Some(Arc::new(c)));
-                        return;
-                    }
-                    Err(e) => {
-                        health.lost("api-server", &format!("{e:#}; trying again"));
-                        tracing::warn!(
-                            "the cluster half cannot start yet: {e:#}; trying again in {wait:?}"
-                        );
-                    }
+/// The cluster half, started beside the loop: it joins through `joined`
+/// once the API server answers (retried with backoff, said in /readyz).
+/// A configuration error (no kubeconfig, a bad apiServer) stops the start.
+async fn start_cluster_half(
+    cfg: &Config,
+    audit_dir: &std::path::Path,
+    buckets: Vec<crate::grace::Bucket>,
+    health: &Arc<Health>,
+    joined: tokio::sync::watch::Sender<Option<Arc<Cluster>>>,
+) -> Result<()> {
+    let node = node_name(cfg)?;
+    let clients = Clients::new(cfg).await?;
+    let (cfg, audit_dir, health) = (cfg.clone(), audit_dir.to_path_buf(), health.clone());
+    health.lost(
+        "api-server",
+        "not reached yet (the warm watches of the node and its pods have not listed); detection and the audit run meanwhile",
+    );
+    tokio::spawn(async move {
+        let mut wait = Duration::from_secs(1);
+        loop {
+            match cluster(&cfg, &clients, &node, &audit_dir, buckets.clone()).await {
+                Ok(c) => {
+                    health.regained("api-server");
+                    let _ = joined.send(Some(Arc::new(c)));
+                    return;
                 }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(30));
+                Err(e) => {
+                    health.lost("api-server", &format!("{e:#}; trying again"));
+                    tracing::warn!(
+                        "the cluster half cannot start yet: {e:#}; trying again in {wait:?}"
+                    );
+                }
             }
-        });
-    }
-    // logind and systemd over D-Bus, and systemd-shutdown's hook, feed the same loop.
-    let (dbus_tx, mut dbus_rx) = tokio::sync::mpsc::channel(64);
-    let hook = args
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(30));
+        }
+    });
+    Ok(())
+}
+
+/// systemd-shutdown's hook, when asked for, and in cluster mode its courier
+/// (the run directory where the courier's kit goes).
+fn start_shutdown_hook(
+    args: &RunArgs,
+    node: &NodePidNs,
+    tx: &tokio::sync::mpsc::Sender<crate::signal::ShutdownSignal>,
+) -> (Option<shutdown_hook::HookPaths>, Option<PathBuf>) {
+    let Some(paths) = args
         .shutdown_hook_dir
         .clone()
         .map(|hook_dir| shutdown_hook::HookPaths {
             hook_dir,
             run_dir: args.run_dir.clone(),
-        });
-    let mut courier = None;
-    if let Some(paths) = &hook {
-        if let Err(e) = shutdown_hook::start(paths, &node, dbus_tx.clone()) {
-            tracing::warn!("systemd-shutdown's hook NOT installed ({e:#}): the last word of a shutdown through systemd races the kernel's power-off");
-        } else if !args.standalone {
-            // A copy of the binary (megabytes): beside the loop, not before it.
-            let (hook_dir, run_dir) = (paths.hook_dir.clone(), paths.run_dir.clone());
-            std::thread::spawn(move || {
-                if let Err(e) = crate::act::courier::install(&hook_dir, &run_dir) {
-                    tracing::warn!("no courier ({e:#}): a shutdown that kills the agent before systemd-shutdown's hook loses its last word");
-                }
-            });
-            courier = Some(paths.run_dir.clone());
-        }
-    }
-    let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
-    let policy = cfg
-        .trust
-        .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
-    let mut agent = Agent::new(audit, None, logind, metrics.clone())
-        .with_policy(policy)
-        .with_host(
-            HostProbe::query(&args.dbus),
-            host_reachable(&args.dbus, &health),
-        );
-    agent = if args.standalone {
-        agent.printing()
-    } else {
-        agent.with_cluster_coming(joined.clone())
+        })
+    else {
+        return (None, None);
     };
-    if let Some(run_dir) = courier {
-        agent = agent.with_courier(run_dir, cfg.api_server.url()?);
+    if let Err(e) = shutdown_hook::start(&paths, node, tx.clone()) {
+        tracing::warn!("systemd-shutdown's hook NOT installed ({e:#}): the last word of a shutdown through systemd races the kernel's power-off");
+        return (Some(paths), None);
     }
-    let mut join_pending = !args.standalone;
-    agent.after_boot(&boot_id).await?;
-    // Arming parsed the kernel's BTF and the start read the audit log
-    // (megabytes, freed again): give the freed heap back to the kernel
-    // rather than keep it resident while the agent idles (~31 -> ~14 MiB).
-    release_freed_heap();
-    health.beat();
-    health.ready();
+    if args.standalone {
+        return (Some(paths), None);
+    }
+    // A copy of the binary (megabytes): beside the loop, not before it.
+    let (hook_dir, run_dir) = (paths.hook_dir.clone(), paths.run_dir.clone());
+    std::thread::spawn(move || {
+        if let Err(e) = crate::act::courier::install(&hook_dir, &run_dir) {
+            tracing::warn!("no courier ({e:#}): a shutdown that kills the agent before systemd-shutdown's hook loses its last word");
+        }
+    });
+    let run_dir = paths.run_dir.clone();
+    (Some(paths), Some(run_dir))
+}
 
+/// What the loop reads: the kernel's records, the buses' and the hook's
+/// signals, the cluster half's arrival (cluster mode), the hook's paths.
+struct Inputs {
+    det: EbpfDetector,
+    dbus_rx: tokio::sync::mpsc::Receiver<crate::signal::ShutdownSignal>,
+    joined: Option<tokio::sync::watch::Receiver<Option<Arc<Cluster>>>>,
+    hook: Option<shutdown_hook::HookPaths>,
+}
+
+/// The loop: detect → decide → act, fairly (a flood of records, bounded per
+/// batch, node scope first, cannot starve the buses, the host's answers or
+/// the heartbeat), until SIGTERM or SIGINT.
+async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Health) -> Result<()> {
+    let Inputs {
+        mut det,
+        mut dbus_rx,
+        joined,
+        hook,
+    } = inputs;
+    let mut join_pending = joined.is_some();
+    let (_keep, mut joined) = match joined {
+        Some(j) => (None, j),
+        None => {
+            let (tx, rx) = tokio::sync::watch::channel(None);
+            (Some(tx), rx)
+        }
+    };
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut drops = Drops::default();
     let (mut stopping, mut told) = (false, false);
     loop {
         if stopping && !agent.graceful_running() {
             break;
         }
-        // Fair: a flood of records (bounded per batch, node scope first) cannot
-        // starve the buses, the host's answers or the heartbeat.
         tokio::select! {
             batch = det.next_batch() => {
                 for s in batch? {
@@ -325,19 +408,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
                 health.beat();
                 metrics.graceful_path_armed.set(i64::from(health.armed(crate::detect::logind::PART)));
                 agent.tick(std::time::SystemTime::now()).await;
-                let now = det.drops_by_cause();
-                if now != drops {
-                    tracing::warn!(
-                        capable_full = now.capable_full,
-                        node_full = now.node_full,
-                        node_rate_limited = now.node_rate_limited,
-                        container_full = now.container_full,
-                        container_rate_limited = now.container_rate_limited,
-                        "kernel records lost (totals)"
-                    );
-                    metrics.set_ringbuf_drops(&now.by_label());
-                    drops = now;
-                }
+                drops = report_drops(&det, drops, metrics);
             }
             // A graceful run under way is finished first (the pod's
             // terminationGracePeriodSeconds bounds it); signals are still
@@ -352,6 +423,23 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     }
     tracing::info!(ring_buffer_drops = det.drops(), "stopping");
     Ok(())
+}
+
+/// Kernel records lost since `before`: logged and counted when they grew.
+fn report_drops(det: &EbpfDetector, before: Drops, metrics: &Metrics) -> Drops {
+    let now = det.drops_by_cause();
+    if now != before {
+        tracing::warn!(
+            capable_full = now.capable_full,
+            node_full = now.node_full,
+            node_rate_limited = now.node_rate_limited,
+            container_full = now.container_full,
+            container_rate_limited = now.container_rate_limited,
+            "kernel records lost (totals)"
+        );
+        metrics.set_ringbuf_drops(&now.by_label());
+    }
+    now
 }
 
 /// Cluster mode: the clients (kube's own retries off: ours know the
