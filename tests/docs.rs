@@ -45,6 +45,7 @@ fn every_metric_the_docs_name_exists() {
     m.set_boot("b");
     m.count_boot_end(lastgasp::act::report::BootEnd::Forced.as_str());
     m.set_ringbuf_drops(&Drops::default().by_label());
+    m.set_hook_errors(Drops::default().hook_errors_by_label());
     let c = ControllerMetrics::default();
     c.count_action("taint-added");
     let served = format!("{}\n{}", m.encode(), c.encode());

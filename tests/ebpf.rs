@@ -438,7 +438,20 @@ async fn signals_to_other_processes_are_not_reported() {
     let first = det.wait_for("any", |_| true).await;
     assert_eq!(first.source, Source::SignalPid1);
     assert_eq!(first.actor.unwrap().pid, std::process::id());
+    assert_no_hook_errors(&det);
     node.ended();
+}
+
+/// A record that is not a hook's business (another process's signal, an
+/// exec of anything else: the machine runs plenty meanwhile) is no error.
+fn assert_no_hook_errors(det: &Signals) {
+    let errors: Vec<_> = det
+        .det
+        .drops_by_cause()
+        .hook_errors_by_label()
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert!(errors.is_empty(), "hook errors: {errors:?}");
 }
 
 struct ExecCase {
@@ -615,6 +628,7 @@ async fn other_execs_are_filtered_in_the_kernel() {
         "the first record must be busybox reboot, got {first:#?}"
     );
     assert_eq!((first.kind, first.forced), (Kind::Reboot, true));
+    assert_no_hook_errors(&det);
     std::fs::remove_dir_all(&dir).ok();
 }
 

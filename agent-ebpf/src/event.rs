@@ -13,9 +13,9 @@ use aya_ebpf::{
     maps::{PerCpuArray, RingBuf},
 };
 use lastgasp_common::{
-    RawEvent, CAP_SYS_BOOT, DROP_CAPABLE_FULL, DROP_CONTAINER_FULL, DROP_CONTAINER_RATE,
-    DROP_NODE_FULL, DROP_NODE_RATE, DROP_SLOTS, FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
-    SRC_KERNEL, SRC_SIGNAL,
+    RawEvent, RecordSource, CAP_SYS_BOOT, DROP_CAPABLE_FULL, DROP_CONTAINER_FULL,
+    DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_NODE_RATE, DROP_SLOTS, ERROR_SLOTS,
+    FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
 };
 
 /// The node's PID namespace (st_dev/st_ino of its `ns/pid` file) and the
@@ -74,6 +74,23 @@ static EVENTS_CONTAINER: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_SLOTS, 0);
 
+/// Records a hook failed to write (a helper or a read that failed), by
+/// `RecordSource`; userspace sums the CPUs. Not counted: records that are not
+/// the hook's business.
+#[map]
+static ERRORS: PerCpuArray<u64> = PerCpuArray::with_max_entries(ERROR_SLOTS, 0);
+
+/// A hook's exit: its failure counted. Tracing programs return 0 either way.
+#[inline(always)]
+pub fn done<E>(source: RecordSource, r: Result<(), E>) -> u32 {
+    if r.is_err() {
+        if let Some(n) = ERRORS.get_ptr_mut(source as u32) {
+            unsafe { *n += 1 };
+        }
+    }
+    0
+}
+
 /// A token bucket per CPU and scope (`BUCKET_*`): (tokens × 1e9, last
 /// refill ns). Per CPU, so no lock: the limit is per CPU.
 #[map]
@@ -101,7 +118,7 @@ pub fn scratch() -> Option<&'static mut RawEvent> {
 
 /// The per-CPU record, with the acting task's identity filled in.
 #[inline(always)]
-pub fn new_event(source: u32) -> Option<&'static mut RawEvent> {
+pub fn new_event(source: RecordSource) -> Option<&'static mut RawEvent> {
     let ev = scratch()?;
     fill_actor(ev, source);
     ev.path_len = 0;
@@ -110,10 +127,10 @@ pub fn new_event(source: u32) -> Option<&'static mut RawEvent> {
 }
 
 /// Sets `source`, the time, `flags` and the acting task's identity, and
-/// clears `a`.
+/// clears the payload.
 #[inline(always)]
-pub fn fill_actor(ev: &mut RawEvent, source: u32) {
-    ev.source = source;
+pub fn fill_actor(ev: &mut RawEvent, source: RecordSource) {
+    ev.source = source as u32;
     ev.boot_ns = unsafe { bpf_ktime_get_boot_ns() };
     let pid_tgid = bpf_get_current_pid_tgid();
     ev.pid = pid_tgid as u32;
@@ -144,7 +161,7 @@ pub fn fill_actor(ev: &mut RawEvent, source: u32) {
             }
         }
     }
-    ev.a = [0; 4];
+    ev.payload = [0; 4];
     ev.euid = 0;
     let creds = read_creds();
     let mut ns = bpf_pidns_info { pid: 0, tgid: 0 };
@@ -238,7 +255,7 @@ fn count_drop(slot: u32) {
 /// its own PID namespace, capable or not.
 #[inline(always)]
 fn capable(ev: &RawEvent) -> bool {
-    if ev.source == SRC_KERNEL || ev.source == SRC_SIGNAL {
+    if ev.source == RecordSource::Kernel as u32 || ev.source == RecordSource::Signal as u32 {
         return true;
     }
     ev.flags & FLAG_NODE_PIDNS != 0

@@ -11,11 +11,11 @@ use aya_ebpf::{
     EbpfContext,
 };
 use lastgasp_common::{
-    tp::EXEC_FILENAME_LOC, ARGS_LEN, FLAG_ARGS_MISSING, FLAG_ARGS_TRUNCATED, FLAG_PATH_TRUNCATED,
-    PATH_LEN, SRC_EXEC, TOOL_BUSYBOX, TOOL_NAME_LEN,
+    tp::EXEC_FILENAME_LOC, RecordSource, ToolExec, ARGS_LEN, FLAG_ARGS_MISSING,
+    FLAG_ARGS_TRUNCATED, FLAG_PATH_TRUNCATED, PATH_LEN, TOOL_BUSYBOX, TOOL_NAME_LEN,
 };
 
-use crate::event::{emit, fill_actor, global, scratch};
+use crate::event::{done, emit, fill_actor, global, scratch};
 
 /// Basename (zero-padded) -> tool id; filled by userspace.
 #[map]
@@ -32,23 +32,28 @@ static MM_ARG_END_OFF: u64 = 0;
 
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
-    let _ = try_sched_process_exec(&ctx);
-    0
+    done(RecordSource::Exec, try_sched_process_exec(&ctx))
 }
 
-fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i32> {
+fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     // The kernel has just set comm to the basename of the exec'd file (cut to
     // 15 bytes, zero-padded): the `TOOLS` key as it is. No loop, no copy.
     let comm = bpf_get_current_comm()?;
-    let mut tool = *unsafe { TOOLS.get(comm) }.ok_or(0)?;
+    let Some(&tool) = (unsafe { TOOLS.get(comm) }) else {
+        return Ok(()); // not a shutdown tool
+    };
+    let mut tool = tool;
 
-    let ev = scratch().ok_or(0)?;
+    let ev = scratch().ok_or(-1)?;
     let (args_len, args_flags) = read_args(ev)?;
     if tool == TOOL_BUSYBOX {
         // `busybox reboot -f`: the applet is argv[1].
-        tool = *unsafe { TOOLS.get(argv1_key(&ev.args, args_len as usize)?) }.ok_or(0)?;
-        if tool == TOOL_BUSYBOX {
-            return Ok(());
+        let Some(key) = argv1_key(&ev.args, args_len as usize)? else {
+            return Ok(()); // no applet to read
+        };
+        match unsafe { TOOLS.get(key) } {
+            Some(&t) if t != TOOL_BUSYBOX => tool = t,
+            _ => return Ok(()), // not a shutdown applet
         }
     }
 
@@ -65,20 +70,21 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i32> {
     let src = unsafe { (ctx.as_ptr() as *const u8).add(off) };
     unsafe { bpf_probe_read_kernel_buf(src, &mut ev.path)? };
 
-    fill_actor(ev, SRC_EXEC);
+    fill_actor(ev, RecordSource::Exec);
     ev.flags |= flags;
     ev.path_len = len.min(PATH_LEN) as u32;
     ev.args_len = args_len;
-    ev.a[0] = tool as u64;
+    ev.set(&ToolExec { tool });
     emit(ev);
     Ok(())
 }
 
-/// argv[1] as a `TOOLS` key, when argv[0] (busybox's path) is under 64 bytes.
+/// argv[1] as a `TOOLS` key, when argv[0] (busybox's path) is under 64
+/// bytes and argv[1] was captured (`None` otherwise).
 // An index loop with a constant bound is what the verifier reads best.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<[u8; TOOL_NAME_LEN], i32> {
+fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<Option<[u8; TOOL_NAME_LEN]>, i64> {
     const ARGV0_MAX: usize = 64;
     let mut start = 0;
     for i in 0..ARGV0_MAX {
@@ -88,7 +94,7 @@ fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<[u8; TOOL_NAME_LEN], i
         }
     }
     if start == 0 || start >= len {
-        return Err(0);
+        return Ok(None);
     }
     let mut key: [u8; TOOL_NAME_LEN] =
         unsafe { bpf_probe_read_kernel(args.as_ptr().add(start) as *const [u8; TOOL_NAME_LEN])? };
@@ -100,12 +106,12 @@ fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<[u8; TOOL_NAME_LEN], i
             *b = 0;
         }
     }
-    Ok(key)
+    Ok(Some(key))
 }
 
 /// Reads the new image's argv (NUL-separated) into `ev.args`; returns its
 /// length and the `FLAG_ARGS_*` that apply.
-fn read_args(ev: &mut lastgasp_common::RawEvent) -> Result<(u32, u32), i32> {
+fn read_args(ev: &mut lastgasp_common::RawEvent) -> Result<(u32, u32), i64> {
     let mm_off = global(&TASK_MM_OFF);
     if mm_off == 0 {
         return Ok((0, FLAG_ARGS_MISSING));

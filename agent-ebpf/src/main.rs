@@ -1,12 +1,14 @@
-//! lastgasp's kernel side: one tracepoint (or kernel hook) per file, all
-//! writing the shared `RawEvent` (the node's to one ring buffer, containers'
-//! to another, rate-limited).
+//! lastgasp's kernel side: one hook per file, named as its reader in the
+//! agent's `detect/hooks/`, each writing the shared `RawEvent` with its own
+//! payload type (the rings and the rate limits in `event.rs`). Each hook's
+//! `try_*` returns `Ok` for a record that is not its business and `Err` for
+//! a failure, which is counted (`ERRORS`).
 #![no_std]
 #![no_main]
 
 mod event;
 mod exec;
-mod kernel_hooks;
+mod kernel;
 mod reboot;
 mod reboot_exit;
 mod signal;

@@ -7,27 +7,30 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::TracePointContext,
 };
-use lastgasp_common::{tp::SYSCALL_ARG0, SRC_REBOOT};
+use lastgasp_common::{tp::SYSCALL_ARG0, RebootCall, RecordSource};
 
-use crate::event::{emit, new_event};
+use crate::event::{done, emit, new_event};
 
-/// Calls in flight: pid_tgid -> (magic1, magic2, cmd).
+/// Calls in flight, by pid_tgid.
 #[map]
-pub static REBOOT_CALLS: LruHashMap<u64, [u64; 3]> = LruHashMap::with_max_entries(1024, 0);
+pub static REBOOT_CALLS: LruHashMap<u64, RebootCall> = LruHashMap::with_max_entries(1024, 0);
 
 #[tracepoint]
 pub fn sys_enter_reboot(ctx: TracePointContext) -> u32 {
-    let _ = try_sys_enter_reboot(&ctx);
-    0
+    done(RecordSource::Reboot, try_sys_enter_reboot(&ctx))
 }
 
-fn try_sys_enter_reboot(ctx: &TracePointContext) -> Result<(), i32> {
-    let ev = new_event(SRC_REBOOT).ok_or(0)?;
-    for i in 0..3 {
-        ev.a[i] = unsafe { ctx.read_at::<u64>(SYSCALL_ARG0 + 8 * i)? };
-    }
-    let args = [ev.a[0], ev.a[1], ev.a[2]];
-    let _ = REBOOT_CALLS.insert(bpf_get_current_pid_tgid(), args, 0);
+fn try_sys_enter_reboot(ctx: &TracePointContext) -> Result<(), i64> {
+    let ev = new_event(RecordSource::Reboot).ok_or(-1)?;
+    let arg = |i: usize| unsafe { ctx.read_at::<u64>(SYSCALL_ARG0 + 8 * i) };
+    let call = RebootCall {
+        magic1: arg(0)? as u32,
+        magic2: arg(1)? as u32,
+        cmd: arg(2)? as u32,
+        ret: 0,
+    };
+    ev.set(&call);
+    let _ = REBOOT_CALLS.insert(bpf_get_current_pid_tgid(), call, 0);
     emit(ev);
     Ok(())
 }

@@ -4,26 +4,27 @@
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
 };
-use lastgasp_common::{tp::SYSCALL_RET, SRC_REBOOT_EXIT};
+use lastgasp_common::{tp::SYSCALL_RET, RebootCall, RebootReturn, RecordSource};
 
 use crate::{
-    event::{emit, new_event},
+    event::{done, emit, new_event},
     reboot::REBOOT_CALLS,
 };
 
 #[tracepoint]
 pub fn sys_exit_reboot(ctx: TracePointContext) -> u32 {
-    let _ = try_sys_exit_reboot(&ctx);
-    0
+    done(RecordSource::RebootExit, try_sys_exit_reboot(&ctx))
 }
 
-fn try_sys_exit_reboot(ctx: &TracePointContext) -> Result<(), i32> {
+fn try_sys_exit_reboot(ctx: &TracePointContext) -> Result<(), i64> {
     let id = bpf_get_current_pid_tgid();
-    let args = *unsafe { REBOOT_CALLS.get(id) }.ok_or(0)?;
+    let Some(&call) = (unsafe { REBOOT_CALLS.get(id) }) else {
+        return Ok(()); // its entry was not seen
+    };
     let _ = REBOOT_CALLS.remove(id);
     let ret: i64 = unsafe { ctx.read_at(SYSCALL_RET)? };
-    let ev = new_event(SRC_REBOOT_EXIT).ok_or(0)?;
-    ev.a = [args[0], args[1], args[2], ret as u64];
+    let ev = new_event(RecordSource::RebootExit).ok_or(-1)?;
+    ev.set(&RebootReturn(RebootCall { ret, ..call }));
     emit(ev);
     Ok(())
 }

@@ -36,9 +36,9 @@ pub fn exec_record(data: &[u8]) {
         return;
     };
     let mut raw = RawEvent::ZERO;
-    raw.source = common::SRC_EXEC;
+    let tool = common::TOOLS[usize::from(*tool) % common::TOOLS.len()].1;
+    raw.set(&common::ToolExec { tool });
     raw.flags = u32::from(*flags);
-    raw.a[0] = u64::from(common::TOOLS[usize::from(*tool) % common::TOOLS.len()].1);
     let (path, args) = rest.split_at(usize::from(*split).min(rest.len()));
     let path = &path[..path.len().min(common::PATH_LEN)];
     let args = &args[..args.len().min(common::ARGS_LEN)];

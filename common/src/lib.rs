@@ -10,13 +10,106 @@ pub const ARGS_LEN: usize = 256;
 /// bytes, zero-padded to 16 (TASK_COMM_LEN).
 pub const TOOL_NAME_LEN: usize = 16;
 
-/// `RawEvent::source`.
-pub const SRC_REBOOT: u32 = 1;
-pub const SRC_EXEC: u32 = 2;
-pub const SRC_SIGNAL: u32 = 3;
-pub const SRC_KERNEL: u32 = 4;
-/// `sys_exit_reboot` of a call whose entry was seen: the call returned.
-pub const SRC_REBOOT_EXIT: u32 = 5;
+/// Which hook wrote a record (`RawEvent::source`): one per file of
+/// `agent-ebpf/src/` and of the agent's `detect/hooks/`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordSource {
+    Reboot = 1,
+    Exec = 2,
+    Signal = 3,
+    Kernel = 4,
+    /// `sys_exit_reboot` of a call whose entry was seen: the call returned.
+    RebootExit = 5,
+}
+
+impl RecordSource {
+    pub const ALL: [RecordSource; 5] = [
+        RecordSource::Reboot,
+        RecordSource::Exec,
+        RecordSource::Signal,
+        RecordSource::Kernel,
+        RecordSource::RebootExit,
+    ];
+
+    pub const fn from_raw(v: u32) -> Option<RecordSource> {
+        match v {
+            1 => Some(RecordSource::Reboot),
+            2 => Some(RecordSource::Exec),
+            3 => Some(RecordSource::Signal),
+            4 => Some(RecordSource::Kernel),
+            5 => Some(RecordSource::RebootExit),
+            _ => None,
+        }
+    }
+
+    /// The hook's name (its files' name), as metrics label it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RecordSource::Reboot => "reboot",
+            RecordSource::Exec => "exec",
+            RecordSource::Signal => "signal",
+            RecordSource::Kernel => "kernel",
+            RecordSource::RebootExit => "reboot_exit",
+        }
+    }
+}
+
+/// `ERRORS` map slots: one per `RecordSource` (its value), slot 0 unused.
+pub const ERROR_SLOTS: u32 = 6;
+
+/// What a hook found, one type per hook, packed into `RawEvent::payload`
+/// and read back by the same type: no positional meaning leaks out.
+pub trait Payload: Sized {
+    /// The hook whose records carry it.
+    const SOURCE: RecordSource;
+    fn pack(&self) -> [u64; 4];
+    fn unpack(p: &[u64; 4]) -> Self;
+}
+
+/// `reboot.rs` (entry) and `reboot_exit.rs`: the call's arguments, and at
+/// exit its return value (0 at entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebootCall {
+    pub magic1: u32,
+    pub magic2: u32,
+    pub cmd: u32,
+    pub ret: i64,
+}
+
+/// `signal.rs`: a shutdown signal generated for the node's PID 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SignalSent {
+    pub sig: u32,
+    pub code: i32,
+    /// The tracepoint's `result` (TRACE_SIGNAL_*: delivered, ignored, ...).
+    pub result: i32,
+    pub group: i32,
+}
+
+/// The kernel functions `kernel.rs` hooks.
+#[repr(u64)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFunction {
+    PowerOff = 1,
+    Restart = 2,
+    Halt = 3,
+    EmergencyRestart = 4,
+}
+
+/// `kernel.rs`: which power-off path the kernel entered (`None`: a value
+/// this agent does not know).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelCall {
+    pub function: Option<KernelFunction>,
+}
+
+/// `exec.rs`: the `TOOLS` id of the exec'd basename.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ToolExec {
+    pub tool: u32,
+}
 
 /// `RawEvent::flags`.
 /// The acting task is in the node's PID namespace (else: a child namespace).
@@ -76,12 +169,6 @@ pub const TOOLS: &[(&str, u32)] = &[
     ("busybox", TOOL_BUSYBOX),
 ];
 
-/// Kernel functions hooked by `kernel_hooks`, as `RawEvent::a[0]`.
-pub const KHOOK_POWER_OFF: u64 = 1;
-pub const KHOOK_RESTART: u64 = 2;
-pub const KHOOK_HALT: u64 = 3;
-pub const KHOOK_EMERGENCY_RESTART: u64 = 4;
-
 /// Kernel signal numbers (SIGRTMIN is 32 in the kernel; glibc's SIGRTMIN, which
 /// systemd uses, is 34, so systemd's "SIGRTMIN+4" is kernel signal 38).
 pub const SIGINT: u32 = 2;
@@ -109,17 +196,12 @@ pub mod tp {
     pub const SIG_RESULT: usize = 44;
 }
 
-/// One detection, as written by every hook.
-///
-/// `a` holds the hook's own values:
-/// - reboot: magic1, magic2, cmd, 0;
-/// - reboot exit: magic1, magic2, cmd, the return value (as i64);
-/// - signal: signal number, si_code, result, group;
-/// - kernel: a `KHOOK_*`;
-/// - exec: the `TOOLS` value of the basename.
+/// One detection, as written by every hook: who acted, and in `payload`
+/// what the hook found (its `Payload` type, by `source`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct RawEvent {
+    /// A `RecordSource` value.
     pub source: u32,
     pub flags: u32,
     /// CLOCK_BOOTTIME nanoseconds.
@@ -139,7 +221,8 @@ pub struct RawEvent {
     pub cgroup_id: u64,
     pub comm: [u8; COMM_LEN],
     pub parent_comm: [u8; COMM_LEN],
-    pub a: [u64; 4],
+    /// The hook's `Payload`, packed: read it with `RawEvent::payload`.
+    pub payload: [u64; 4],
     pub path_len: u32,
     pub args_len: u32,
     pub path: [u8; PATH_LEN],
@@ -162,12 +245,29 @@ impl RawEvent {
         cgroup_id: 0,
         comm: [0; COMM_LEN],
         parent_comm: [0; COMM_LEN],
-        a: [0; 4],
+        payload: [0; 4],
         path_len: 0,
         args_len: 0,
         path: [0; PATH_LEN],
         args: [0; ARGS_LEN],
     };
+
+    /// The hook that wrote it.
+    pub const fn source(&self) -> Option<RecordSource> {
+        RecordSource::from_raw(self.source)
+    }
+
+    /// What the hook found, when the record is `P`'s hook's.
+    pub fn payload<P: Payload>(&self) -> Option<P> {
+        (self.source == P::SOURCE as u32).then(|| P::unpack(&self.payload))
+    }
+
+    /// Sets the source and the payload together.
+    #[inline(always)]
+    pub fn set<P: Payload>(&mut self, p: &P) {
+        self.source = P::SOURCE as u32;
+        self.payload = p.pack();
+    }
 
     /// Reads a record from ring-buffer bytes; `None` if it is too short.
     #[allow(unsafe_code)] // the loader's read of the kernel's record
@@ -190,4 +290,90 @@ pub const fn tool_key(name: &[u8]) -> [u8; TOOL_NAME_LEN] {
         i += 1;
     }
     key
+}
+
+impl Payload for RebootCall {
+    const SOURCE: RecordSource = RecordSource::Reboot;
+    #[inline(always)]
+    fn pack(&self) -> [u64; 4] {
+        [
+            self.magic1 as u64,
+            self.magic2 as u64,
+            self.cmd as u64,
+            self.ret as u64,
+        ]
+    }
+    fn unpack(p: &[u64; 4]) -> Self {
+        RebootCall {
+            magic1: p[0] as u32,
+            magic2: p[1] as u32,
+            cmd: p[2] as u32,
+            ret: p[3] as i64,
+        }
+    }
+}
+
+/// `reboot_exit.rs`'s payload: the call as it was entered, with its return.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebootReturn(pub RebootCall);
+
+impl Payload for RebootReturn {
+    const SOURCE: RecordSource = RecordSource::RebootExit;
+    #[inline(always)]
+    fn pack(&self) -> [u64; 4] {
+        self.0.pack()
+    }
+    fn unpack(p: &[u64; 4]) -> Self {
+        RebootReturn(RebootCall::unpack(p))
+    }
+}
+
+impl Payload for SignalSent {
+    const SOURCE: RecordSource = RecordSource::Signal;
+    #[inline(always)]
+    fn pack(&self) -> [u64; 4] {
+        [
+            self.sig as u64,
+            self.code as i64 as u64,
+            self.result as i64 as u64,
+            self.group as i64 as u64,
+        ]
+    }
+    fn unpack(p: &[u64; 4]) -> Self {
+        SignalSent {
+            sig: p[0] as u32,
+            code: p[1] as i32,
+            result: p[2] as i32,
+            group: p[3] as i32,
+        }
+    }
+}
+
+impl Payload for KernelCall {
+    const SOURCE: RecordSource = RecordSource::Kernel;
+    #[inline(always)]
+    fn pack(&self) -> [u64; 4] {
+        [self.function.map_or(0, |f| f as u64), 0, 0, 0]
+    }
+    fn unpack(p: &[u64; 4]) -> Self {
+        let function = match p[0] {
+            1 => Some(KernelFunction::PowerOff),
+            2 => Some(KernelFunction::Restart),
+            3 => Some(KernelFunction::Halt),
+            4 => Some(KernelFunction::EmergencyRestart),
+            _ => None,
+        };
+        KernelCall { function }
+    }
+}
+
+impl Payload for ToolExec {
+    const SOURCE: RecordSource = RecordSource::Exec;
+    #[inline(always)]
+    fn pack(&self) -> [u64; 4] {
+        [self.tool as u64, 0, 0, 0]
+    }
+    fn unpack(p: &[u64; 4]) -> Self {
+        ToolExec { tool: p[0] as u32 }
+    }
 }

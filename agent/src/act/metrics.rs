@@ -31,6 +31,7 @@ pub struct Metrics {
     pub last_gasp_failures: Counter,
     /// Kernel records lost, by scope and cause.
     pub ringbuf_drops: Family<Labels, Counter>,
+    pub hook_errors: Family<Labels, Counter>,
     pub hooks: Family<Labels, Gauge>,
     pub boot_info: Family<Labels, Gauge>,
     pub audit_failures: Counter,
@@ -113,6 +114,12 @@ impl Default for Metrics {
             "Kernel records lost before the agent read them, by scope (node, container) and reason (full: the ring buffer; rate-limited: over the containers' rate in the kernel)",
             ringbuf_drops.clone(),
         );
+        let hook_errors = Family::<Labels, Counter>::default();
+        r.register(
+            "lastgasp_hook_errors",
+            "Kernel records a hook failed to write (a helper or a read that failed in the eBPF program), by hook",
+            hook_errors.clone(),
+        );
         let hooks = Family::<Labels, Gauge>::default();
         r.register(
             "lastgasp_hook_armed",
@@ -149,6 +156,7 @@ impl Default for Metrics {
             last_gasp_latency,
             last_gasp_failures,
             ringbuf_drops,
+            hook_errors,
             hooks,
             boot_info,
             audit_failures,
@@ -212,6 +220,20 @@ impl Metrics {
                 ("scope".to_string(), scope.to_string()),
                 ("reason".to_string(), reason.to_string()),
             ]);
+            let have = c.get();
+            if total > have {
+                c.inc_by(total - have);
+            }
+        }
+    }
+
+    /// Records the hooks failed to write, as the kernel counts them
+    /// (monotonic): (hook, failures so far).
+    pub fn set_hook_errors(&self, totals: impl IntoIterator<Item = (&'static str, u64)>) {
+        for (hook, total) in totals {
+            let c = self
+                .hook_errors
+                .get_or_create(&vec![("hook".to_string(), hook.to_string())]);
             let have = c.get();
             if total > have {
                 c.inc_by(total - have);

@@ -241,7 +241,9 @@ fn arm(node: &NodePidNs, metrics: &Metrics, json_logs: bool) -> Result<EbpfDetec
             !matches!(r.state, HookState::Unavailable(_)),
         );
     }
-    metrics.set_ringbuf_drops(&det.drops_by_cause().by_label());
+    let drops = det.drops_by_cause();
+    metrics.set_ringbuf_drops(&drops.by_label());
+    metrics.set_hook_errors(drops.hook_errors_by_label());
     if json_logs {
         for r in &det.report {
             tracing::info!(
@@ -428,7 +430,19 @@ async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Heal
 /// Kernel records lost since `before`: logged and counted when they grew.
 fn report_drops(det: &EbpfDetector, before: Drops, metrics: &Metrics) -> Drops {
     let now = det.drops_by_cause();
-    if now != before {
+    if now.hook_errors != before.hook_errors {
+        let by_hook: Vec<String> = now
+            .hook_errors_by_label()
+            .filter(|(_, n)| *n > 0)
+            .map(|(hook, n)| format!("{hook} {n}"))
+            .collect();
+        tracing::warn!(
+            hooks = by_hook.join(", "),
+            "kernel records a hook failed to write (totals)"
+        );
+        metrics.set_hook_errors(now.hook_errors_by_label());
+    }
+    if now.by_label() != before.by_label() {
         tracing::warn!(
             capable_full = now.capable_full,
             node_full = now.node_full,

@@ -6,7 +6,7 @@ use aya::{
     programs::TracePoint,
     Btf, Ebpf, EbpfLoader, Endianness,
 };
-use lastgasp_common::{self as common, RawEvent};
+use lastgasp_common::{self as common, RawEvent, RecordSource};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
@@ -32,6 +32,7 @@ pub struct EbpfDetector {
     node_events: AsyncFd<RingBuf<MapData>>,
     container_events: AsyncFd<RingBuf<MapData>>,
     drops: PerCpuArray<MapData, u64>,
+    errors: PerCpuArray<MapData, u64>,
     pub report: Vec<HookReport>,
 }
 
@@ -48,6 +49,9 @@ pub struct Drops {
     pub container_full: u64,
     /// Over the containers' rate in the kernel.
     pub container_rate_limited: u64,
+    /// Records a hook failed to write (a helper or a read failed), by
+    /// hook, in `RecordSource::ALL`'s order.
+    pub hook_errors: [u64; RecordSource::ALL.len()],
 }
 
 impl Drops {
@@ -62,6 +66,15 @@ impl Drops {
         ]
     }
 
+    /// (hook, total), as the metric labels them.
+    pub fn hook_errors_by_label(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        RecordSource::ALL
+            .iter()
+            .zip(self.hook_errors)
+            .map(|(s, n)| (s.name(), n))
+    }
+
+    /// Ring-buffer drops (not hook errors).
     pub fn total(&self) -> u64 {
         self.capable_full
             + self.node_full
@@ -253,12 +266,14 @@ impl EbpfDetector {
         let node_events = ring(&mut bpf, "EVENTS_NODE")?;
         let container_events = ring(&mut bpf, "EVENTS_CONTAINER")?;
         let drops = PerCpuArray::try_from(bpf.take_map("DROPS").context("no DROPS map")?)?;
+        let errors = PerCpuArray::try_from(bpf.take_map("ERRORS").context("no ERRORS map")?)?;
         Ok(EbpfDetector {
             _bpf: bpf,
             capable_events,
             node_events,
             container_events,
             drops,
+            errors,
             report,
         })
     }
@@ -272,6 +287,12 @@ impl EbpfDetector {
             node_rate_limited: slot(common::DROP_NODE_RATE),
             container_full: slot(common::DROP_CONTAINER_FULL),
             container_rate_limited: slot(common::DROP_CONTAINER_RATE),
+            hook_errors: RecordSource::ALL.map(|s| {
+                self.errors
+                    .get(&(s as u32), 0)
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(0)
+            }),
         }
     }
 

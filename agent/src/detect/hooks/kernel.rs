@@ -1,5 +1,5 @@
 //! `kernel_power_off`, `kernel_restart`, `kernel_halt`, `emergency_restart`
-//! (`agent-ebpf/src/kernel_hooks.rs`): the kernel's own last steps, seen
+//! (`agent-ebpf/src/kernel.rs`): the kernel's own last steps, seen
 //! whatever path led there. fentry where the kernel has BPF trampolines,
 //! kprobes else; either may be missing (this machine has neither).
 use anyhow::{Context, Result};
@@ -7,13 +7,13 @@ use aya::{
     programs::{FEntry, KProbe},
     Btf, Ebpf,
 };
-use lastgasp_common as common;
+use lastgasp_common::{self as common, KernelCall, KernelFunction, RecordSource};
 
-use super::{Attach, Decoded, Hook, HookReport, HookState, Intent, Record};
+use super::{Attach, Decoded, Hook, HookReport, HookState, Intent, KernelRecord};
 use crate::signal::{Detail, Effect, Kind, Scope, Source};
 
 pub(crate) const HOOK: Hook = Hook {
-    source: common::SRC_KERNEL,
+    source: RecordSource::Kernel,
     attach: Attach::KernelFunctions(&[
         "kernel_power_off",
         "kernel_restart",
@@ -23,14 +23,14 @@ pub(crate) const HOOK: Hook = Hook {
     decode: record,
 };
 
-/// a: a `KHOOK_*`.
-fn record(r: &Record) -> Decoded {
-    let (function, kind) = match r.raw.a[0] {
-        common::KHOOK_POWER_OFF => ("kernel_power_off", Kind::Poweroff),
-        common::KHOOK_RESTART => ("kernel_restart", Kind::Reboot),
-        common::KHOOK_HALT => ("kernel_halt", Kind::Halt),
-        common::KHOOK_EMERGENCY_RESTART => ("emergency_restart", Kind::Reboot),
-        _ => ("unknown", Kind::Unknown),
+fn record(r: &KernelRecord) -> Decoded {
+    let call = r.raw.payload::<KernelCall>();
+    let (function, kind) = match call.and_then(|c| c.function) {
+        Some(KernelFunction::PowerOff) => ("kernel_power_off", Kind::Poweroff),
+        Some(KernelFunction::Restart) => ("kernel_restart", Kind::Reboot),
+        Some(KernelFunction::Halt) => ("kernel_halt", Kind::Halt),
+        Some(KernelFunction::EmergencyRestart) => ("emergency_restart", Kind::Reboot),
+        None => ("unknown", Kind::Unknown),
     };
     let via = if r.raw.flags & common::FLAG_FENTRY != 0 {
         "fentry"
@@ -135,8 +135,10 @@ mod tests {
 
     #[test]
     fn kernel_hook_records_are_forced_node_shutdowns() {
-        let mut r = raw(common::SRC_KERNEL, common::FLAG_FENTRY);
-        r.a[0] = common::KHOOK_POWER_OFF;
+        let mut r = raw(RecordSource::Kernel as u32, common::FLAG_FENTRY);
+        r.set(&KernelCall {
+            function: Some(KernelFunction::PowerOff),
+        });
         let s = decode(&r, now());
         assert_eq!(
             (s.source, s.kind, s.forced, s.scope),

@@ -15,30 +15,31 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use lastgasp_common::{self as common, RawEvent};
+use lastgasp_common::{self as common, RawEvent, RecordSource};
 
 use crate::signal::{Actor, Detail, Effect, Kind, Parent, Scope, ShutdownSignal, Source};
 
 pub(crate) mod exec;
 pub(crate) mod kernel;
 pub(crate) mod reboot;
+pub(crate) mod reboot_exit;
 pub(crate) mod signal;
 
 /// Every hook: adding one is a line here.
 pub const HOOKS: &[Hook] = &[
-    reboot::ENTRY,
-    reboot::EXIT,
+    reboot::HOOK,
+    reboot_exit::HOOK,
     exec::HOOK,
     signal::HOOK,
     kernel::HOOK,
 ];
 
-/// One hook: the records it writes (`RawEvent::source`), where it attaches,
-/// and how its records read.
+/// One hook: the records it writes, where it attaches, and how its records
+/// read (each its own payload type, `lastgasp_common::Payload`).
 pub struct Hook {
-    pub source: u32,
+    pub source: RecordSource,
     pub attach: Attach,
-    pub decode: fn(&Record) -> Decoded,
+    pub decode: fn(&KernelRecord) -> Decoded,
 }
 
 pub enum Attach {
@@ -130,7 +131,7 @@ impl fmt::Display for HookReport {
 }
 
 /// What every record carries, read once for its hook.
-pub struct Record<'a> {
+pub struct KernelRecord<'a> {
     pub raw: &'a RawEvent,
     /// The record's time on the wall clock.
     pub at: SystemTime,
@@ -214,13 +215,16 @@ pub fn decode(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
         },
         ..Default::default()
     };
-    let record = Record {
+    let record = KernelRecord {
         raw,
         at,
         in_node,
         actor: &actor,
     };
-    let d = match HOOKS.iter().find(|h| h.source == raw.source) {
+    let hook = raw
+        .source()
+        .and_then(|src| HOOKS.iter().find(|h| h.source == src));
+    let d = match hook {
         Some(h) => (h.decode)(&record),
         None => Decoded {
             source: Source::KernelHook,
@@ -325,6 +329,8 @@ pub(crate) mod expect {
 
 #[cfg(test)]
 mod tests {
+    use lastgasp_common::{RebootCall, RebootReturn};
+
     use super::{expect::*, *};
 
     #[test]
@@ -332,7 +338,7 @@ mod tests {
         let mut r = raw(99, 0xffff_ffff);
         r.path_len = u32::MAX;
         r.args_len = u32::MAX;
-        r.a = [u64::MAX; 4];
+        r.payload = [u64::MAX; 4];
         let s = decode(&r, now());
         assert!(matches!(s.effect, Effect::None { .. }));
         for src in 1..=8 {
@@ -363,25 +369,37 @@ mod tests {
         let s = decode(&raw, now());
         serde_json::to_string(&s).unwrap();
         let mut r = raw;
-        r.source = lastgasp_common::SRC_REBOOT_EXIT;
-        r.a[3] = i64::MIN as u64;
+        let RebootReturn(call) = r.payload().unwrap_or_default();
+        r.set(&RebootReturn(RebootCall {
+            ret: i64::MIN,
+            ..call
+        }));
         let _ = decode(&r, now());
     }
 
     #[test]
     fn every_record_source_has_one_hook() {
-        let mut seen: Vec<u32> = HOOKS.iter().map(|h| h.source).collect();
-        seen.sort();
-        seen.dedup();
-        assert_eq!(seen.len(), HOOKS.len(), "two hooks share a record source");
-        for s in [
-            common::SRC_REBOOT,
-            common::SRC_REBOOT_EXIT,
-            common::SRC_EXEC,
-            common::SRC_SIGNAL,
-            common::SRC_KERNEL,
-        ] {
-            assert!(seen.contains(&s), "no hook reads source {s}");
+        for s in RecordSource::ALL {
+            let n = HOOKS.iter().filter(|h| h.source == s).count();
+            assert_eq!(n, 1, "{s:?}: {n} hooks read it");
+        }
+    }
+
+    /// One file per hook, by the same name on both sides.
+    #[test]
+    fn each_hook_has_one_file_of_its_name_on_both_sides() {
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for s in RecordSource::ALL {
+            let name = s.name();
+            let kernel = here.join(format!("../agent-ebpf/src/{name}.rs"));
+            let user = here.join(format!("src/detect/hooks/{name}.rs"));
+            let user_dir = here.join(format!("src/detect/hooks/{name}/mod.rs"));
+            assert!(kernel.is_file(), "no {}", kernel.display());
+            assert!(
+                user.is_file() || user_dir.is_file(),
+                "no {} (or {name}/mod.rs)",
+                user.display()
+            );
         }
     }
 }

@@ -1,12 +1,12 @@
-//! `sys_enter_reboot` and `sys_exit_reboot` (`agent-ebpf/src/reboot.rs`,
-//! `reboot_exit.rs`): every reboot(2), and the calls that returned.
-use lastgasp_common as common;
+//! `sys_enter_reboot` (`agent-ebpf/src/reboot.rs`): every reboot(2); its
+//! arguments read here, for `reboot_exit.rs` too.
+use lastgasp_common::{RebootCall, RecordSource};
 
-use super::{Attach, Decoded, Hook, Intent, Record};
+use super::{Attach, Decoded, Hook, Intent, KernelRecord};
 use crate::signal::{Detail, Effect, Kind, Source};
 
-pub(crate) const ENTRY: Hook = Hook {
-    source: common::SRC_REBOOT,
+pub(crate) const HOOK: Hook = Hook {
+    source: RecordSource::Reboot,
     attach: Attach::Tracepoint {
         prog: "sys_enter_reboot",
         category: "syscalls",
@@ -16,22 +16,10 @@ pub(crate) const ENTRY: Hook = Hook {
     decode: entry,
 };
 
-pub(crate) const EXIT: Hook = Hook {
-    source: common::SRC_REBOOT_EXIT,
-    attach: Attach::Tracepoint {
-        prog: "sys_exit_reboot",
-        category: "syscalls",
-        name: "sys_exit_reboot",
-        required: false,
-    },
-    decode: exit,
-};
-
-/// a: magic1, magic2, cmd.
-fn entry(r: &Record) -> Decoded {
+fn entry(r: &KernelRecord) -> Decoded {
     let raw = r.raw;
-    let (m1, m2, cmd) = (raw.a[0] as u32, raw.a[1] as u32, raw.a[2] as u32);
-    let mut intent = decode_reboot(m1, m2, cmd);
+    let call: RebootCall = raw.payload().unwrap_or_default();
+    let mut intent = decode_reboot(call.magic1, call.magic2, call.cmd);
     if r.in_node && raw.ns_tgid == 1 {
         // The node's init finishing an orderly shutdown (systemd-shutdown).
         intent.forced = false;
@@ -48,54 +36,19 @@ fn entry(r: &Record) -> Decoded {
     Decoded {
         source: Source::RebootSyscall,
         intent,
-        detail: detail(m1, m2, cmd, None),
+        detail: detail(&call, None),
         scope: None,
     }
 }
 
-/// a: magic1, magic2, cmd, the return value.
-fn exit(r: &Record) -> Decoded {
-    let raw = r.raw;
-    let (m1, m2, cmd) = (raw.a[0] as u32, raw.a[1] as u32, raw.a[2] as u32);
-    let ret = raw.a[3] as i64;
-    let mut intent = decode_reboot(m1, m2, cmd);
-    // Only a shutdown that returns has failed; CAD_ON returning 0, or a bad
-    // magic's EINVAL, changes nothing.
-    let why = format!("reboot(2) cmd {cmd:#x} returned {}", errno_text(ret));
-    intent.effect = match intent.effect {
-        Effect::Now => Effect::Failed { why },
-        _ => Effect::None { why },
-    };
-    Decoded {
-        source: Source::RebootSyscall,
-        intent,
-        detail: detail(m1, m2, cmd, Some(ret)),
-        scope: None,
-    }
-}
-
-fn detail(magic1: u32, magic2: u32, cmd: u32, ret: Option<i64>) -> Detail {
+pub(super) fn detail(call: &RebootCall, ret: Option<i64>) -> Detail {
     Detail::Reboot {
-        magic1,
-        magic2,
-        cmd,
-        valid_magic: valid_reboot_magic(magic1, magic2),
+        magic1: call.magic1,
+        magic2: call.magic2,
+        cmd: call.cmd,
+        valid_magic: valid_reboot_magic(call.magic1, call.magic2),
         ret,
     }
-}
-
-/// A syscall's return value as text: "0", or "-1 EPERM (Operation not permitted)".
-fn errno_text(ret: i64) -> String {
-    if ret >= 0 {
-        return ret.to_string();
-    }
-    // i64::MIN has no negation (found by fuzzing): errno 0, "unknown".
-    let raw = ret
-        .checked_neg()
-        .and_then(|e| i32::try_from(e).ok())
-        .unwrap_or(0);
-    let errno = nix::errno::Errno::from_raw(raw);
-    format!("-1 {errno:?} ({})", errno.desc())
 }
 
 /// The first argument to reboot(2).
@@ -130,12 +83,21 @@ pub(crate) fn decode_reboot(magic1: u32, magic2: u32, cmd: u32) -> Intent {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::{
         super::{decode, expect::*},
         *,
     };
+    use lastgasp_common::FLAG_NODE_PIDNS;
+
     use crate::signal::Scope;
+
+    pub(in super::super) const POWEROFF: RebootCall = RebootCall {
+        magic1: REBOOT_MAGIC1,
+        magic2: 672_274_793,
+        cmd: 0x4321_fedc,
+        ret: 0,
+    };
 
     #[test]
     fn reboot_syscall() {
@@ -193,9 +155,9 @@ mod tests {
 
     #[test]
     fn init_of_the_node_finishing_a_shutdown_is_not_forced() {
-        let mut r = raw(common::SRC_REBOOT, common::FLAG_NODE_PIDNS);
+        let mut r = raw(RecordSource::Reboot as u32, FLAG_NODE_PIDNS);
         r.ns_tgid = 1;
-        r.a = [0xfee1dead, 672274793, 0x4321fedc, 0];
+        r.set(&POWEROFF);
         let s = decode(&r, now());
         assert_eq!(
             (s.kind, s.forced, s.effect.clone(), s.scope),
@@ -206,26 +168,5 @@ mod tests {
             decode(&r, now()).forced,
             "anyone else's reboot(2) is forced"
         );
-    }
-
-    #[test]
-    fn a_shutdown_call_that_returned_has_failed() {
-        let mut r = raw(common::SRC_REBOOT_EXIT, common::FLAG_NODE_PIDNS);
-        r.a = [0xfee1dead, 672274793, 0x4321fedc, (-1i64) as u64];
-        let s = decode(&r, now());
-        assert_eq!(
-            s.effect,
-            Effect::Failed {
-                why: "reboot(2) cmd 0x4321fedc returned -1 EPERM (Operation not permitted)".into()
-            }
-        );
-        assert!(
-            matches!(s.detail, Detail::Reboot { ret: Some(-1), .. }),
-            "{:?}",
-            s.detail
-        );
-        // CAD_ON returning 0 changes nothing.
-        r.a = [0xfee1dead, 672274793, 0x89abcdef, 0];
-        assert!(matches!(decode(&r, now()).effect, Effect::None { .. }));
     }
 }

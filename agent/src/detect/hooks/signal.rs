@@ -1,12 +1,12 @@
 //! `signal_generate` (`agent-ebpf/src/signal.rs`): the signals sent to the
 //! node's PID 1 that systemd treats as shutdown requests.
-use lastgasp_common as common;
+use lastgasp_common::{RecordSource, SignalSent};
 
-use super::{Attach, Decoded, Hook, Intent, Record};
+use super::{Attach, Decoded, Hook, Intent, KernelRecord};
 use crate::signal::{Detail, Effect, Kind, Scope, Source};
 
 pub(crate) const HOOK: Hook = Hook {
-    source: common::SRC_SIGNAL,
+    source: RecordSource::Signal,
     attach: Attach::Tracepoint {
         prog: "signal_generate",
         category: "signal",
@@ -25,11 +25,12 @@ const SIGNAL_RESULTS: &[&str] = &[
     "lose-info",
 ];
 
-/// a: signal number, si_code, result, group.
-fn record(r: &Record) -> Decoded {
-    let signo = r.raw.a[0] as u32;
-    let result = SIGNAL_RESULTS
-        .get(r.raw.a[2] as usize)
+fn record(r: &KernelRecord) -> Decoded {
+    let sent: SignalSent = r.raw.payload().unwrap_or_default();
+    let signo = sent.sig;
+    let result = usize::try_from(sent.result)
+        .ok()
+        .and_then(|i| SIGNAL_RESULTS.get(i))
         .unwrap_or(&"unknown")
         .to_string();
     Decoded {

@@ -4,7 +4,7 @@ use std::{fmt::Write as _, time::SystemTime};
 
 use lastgasp_common::{self as common};
 
-use super::{Attach, Decoded, Hook, Intent, Record};
+use super::{Attach, Decoded, Hook, Intent, KernelRecord};
 use crate::signal::{Detail, Effect, Kind, Source};
 
 mod getopt;
@@ -18,7 +18,7 @@ use tools::{
 };
 
 pub(crate) const HOOK: Hook = Hook {
-    source: common::SRC_EXEC,
+    source: common::RecordSource::Exec,
     attach: Attach::Tracepoint {
         prog: "sched_process_exec",
         category: "sched",
@@ -28,8 +28,8 @@ pub(crate) const HOOK: Hook = Hook {
     decode: record,
 };
 
-/// a: the `TOOLS` id of the basename; path and argv as captured.
-fn record(r: &Record) -> Decoded {
+/// The path and argv as captured (the tool is read from them).
+fn record(r: &KernelRecord) -> Decoded {
     let raw = r.raw;
     let path_len = (raw.path_len as usize).min(common::PATH_LEN);
     let path = &raw.path[..path_len];

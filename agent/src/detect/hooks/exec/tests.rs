@@ -783,7 +783,7 @@ fn exec_without_argv_is_unknown_but_kept() {
     use super::super::{decode, expect};
     use crate::signal::{Detail, Scope};
     let mut r = expect::raw(
-        common::SRC_EXEC,
+        common::RecordSource::Exec as u32,
         common::FLAG_NODE_PIDNS | common::FLAG_ARGS_MISSING,
     );
     r.path[..13].copy_from_slice(b"/sbin/reboot\0");

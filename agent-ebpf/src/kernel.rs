@@ -6,56 +6,61 @@ use aya_ebpf::{
     programs::{FEntryContext, ProbeContext},
 };
 use lastgasp_common::{
-    FLAG_FENTRY, KHOOK_EMERGENCY_RESTART, KHOOK_HALT, KHOOK_POWER_OFF, KHOOK_RESTART, SRC_KERNEL,
+    KernelCall,
+    KernelFunction::{self, EmergencyRestart, Halt, PowerOff, Restart},
+    RecordSource, FLAG_FENTRY,
 };
 
-use crate::event::{emit, new_event};
+use crate::event::{done, emit, new_event};
 
-fn kernel_hook(hook: u64, flags: u32) -> u32 {
-    if let Some(ev) = new_event(SRC_KERNEL) {
-        ev.flags |= flags;
-        ev.a[0] = hook;
-        emit(ev);
-    }
+fn kernel_hook(function: KernelFunction, flags: u32) -> u32 {
+    let Some(ev) = new_event(RecordSource::Kernel) else {
+        return done(RecordSource::Kernel, Err(()));
+    };
+    ev.flags |= flags;
+    ev.set(&KernelCall {
+        function: Some(function),
+    });
+    emit(ev);
     0
 }
 
 #[fentry(function = "kernel_power_off")]
 pub fn fentry_kernel_power_off(_ctx: FEntryContext) -> u32 {
-    kernel_hook(KHOOK_POWER_OFF, FLAG_FENTRY)
+    kernel_hook(PowerOff, FLAG_FENTRY)
 }
 
 #[fentry(function = "kernel_restart")]
 pub fn fentry_kernel_restart(_ctx: FEntryContext) -> u32 {
-    kernel_hook(KHOOK_RESTART, FLAG_FENTRY)
+    kernel_hook(Restart, FLAG_FENTRY)
 }
 
 #[fentry(function = "kernel_halt")]
 pub fn fentry_kernel_halt(_ctx: FEntryContext) -> u32 {
-    kernel_hook(KHOOK_HALT, FLAG_FENTRY)
+    kernel_hook(Halt, FLAG_FENTRY)
 }
 
 #[fentry(function = "emergency_restart")]
 pub fn fentry_emergency_restart(_ctx: FEntryContext) -> u32 {
-    kernel_hook(KHOOK_EMERGENCY_RESTART, FLAG_FENTRY)
+    kernel_hook(EmergencyRestart, FLAG_FENTRY)
 }
 
 #[kprobe]
 pub fn kprobe_kernel_power_off(_ctx: ProbeContext) -> u32 {
-    kernel_hook(KHOOK_POWER_OFF, 0)
+    kernel_hook(PowerOff, 0)
 }
 
 #[kprobe]
 pub fn kprobe_kernel_restart(_ctx: ProbeContext) -> u32 {
-    kernel_hook(KHOOK_RESTART, 0)
+    kernel_hook(Restart, 0)
 }
 
 #[kprobe]
 pub fn kprobe_kernel_halt(_ctx: ProbeContext) -> u32 {
-    kernel_hook(KHOOK_HALT, 0)
+    kernel_hook(Halt, 0)
 }
 
 #[kprobe]
 pub fn kprobe_emergency_restart(_ctx: ProbeContext) -> u32 {
-    kernel_hook(KHOOK_EMERGENCY_RESTART, 0)
+    kernel_hook(EmergencyRestart, 0)
 }
