@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use lastgasp::{act::audit::Record, signal::ShutdownSignal};
+use lastgasp::{act::audit::AuditRecord, signal::ShutdownSignal};
 use lastgasp_tests::support::*;
 
 #[test]
@@ -93,7 +93,7 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
     .unwrap();
     assert!(agent.wait().unwrap().success(), "SIGTERM is a clean stop");
 
-    let history = |boot: &str| -> Vec<Record> {
+    let history = |boot: &str| -> Vec<AuditRecord> {
         let out = Command::new(agent_bin())
             .args(["history", "--boot", boot, "--audit-dir"])
             .arg(&dir)

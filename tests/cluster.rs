@@ -887,7 +887,7 @@ mod agent_flow {
         act::audit::{self, AuditLog, Entry, Outcome},
         act::{Cluster, LAST_GASP_BOUND},
         agent::Agent,
-        decide::{HostAnswer, HostQuery, Policy as DecidePolicy},
+        decide::{DecisionPolicy, HostAnswer, HostQuery},
     };
 
     use super::*;
@@ -914,7 +914,7 @@ mod agent_flow {
         })
     }
 
-    fn records(dir: &std::path::Path) -> Vec<audit::Record> {
+    fn records(dir: &std::path::Path) -> Vec<audit::AuditRecord> {
         audit::read(&dir.join(audit::FILE_NAME)).unwrap().records
     }
 
@@ -1295,11 +1295,11 @@ mod agent_flow {
         )
     }
 
-    fn quick_policy() -> DecidePolicy {
-        DecidePolicy {
+    fn quick_policy() -> DecisionPolicy {
+        DecisionPolicy {
             pending_expiry: Duration::from_millis(300),
             immediate_end: Duration::from_millis(300),
-            ..DecidePolicy::default()
+            ..DecisionPolicy::default()
         }
     }
 

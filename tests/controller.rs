@@ -12,7 +12,7 @@ use k8s_openapi::api::{
     events::v1::Event,
 };
 use lastgasp::controller::{
-    Controller, ControllerConfig, Policy, OPT_OUT_LABEL, OPT_OUT_VALUE, OUT_OF_SERVICE_KEY,
+    Controller, ControllerConfig, FencePolicy, OPT_OUT_LABEL, OPT_OUT_VALUE, OUT_OF_SERVICE_KEY,
     PAUSE_ANNOTATION,
 };
 use lastgasp_apidouble::{ApiDouble, Fault};
@@ -283,7 +283,7 @@ async fn observe_says_and_writes_nothing() {
     let double = cluster(&["n1"]).await;
     powered_off(&double, "n1");
     let cfg = ControllerConfig {
-        policy: Policy::Observe,
+        policy: FencePolicy::Observe,
         ..ControllerConfig::new("a")
     };
     let mut c = controller(&double, cfg).await;

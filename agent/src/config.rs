@@ -142,7 +142,7 @@ impl ApiServer {
     }
 }
 
-/// The decision core's timings (`decide::Policy`).
+/// The decision core's timings (`decide::DecisionPolicy`).
 #[derive(Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Trust {
@@ -167,7 +167,7 @@ pub struct Trust {
 
 impl Default for Trust {
     fn default() -> Self {
-        let p = crate::decide::Policy::default();
+        let p = crate::decide::DecisionPolicy::default();
         Trust {
             pending_expiry: p.pending_expiry,
             immediate_within: p.immediate_end,
@@ -179,18 +179,15 @@ impl Default for Trust {
 
 impl Trust {
     /// The decider's policy; `graceful_length` is the buckets' total time.
-    pub fn policy(
-        &self,
-        graceful_length: Duration,
-        trust_unowned_bus_signals: bool,
-    ) -> crate::decide::Policy {
-        crate::decide::Policy {
+    /// Bus signals from peers that do not own the name stay untrusted.
+    pub fn policy(&self, graceful_length: Duration) -> crate::decide::DecisionPolicy {
+        crate::decide::DecisionPolicy {
             pending_expiry: self.pending_expiry,
             immediate_end: self.immediate_within,
             graceful_margin: self.graceful_margin,
             graceful_length,
             recheck: self.recheck,
-            trust_unowned_bus_signals,
+            trust_unowned_bus_signals: false,
         }
     }
 

@@ -38,7 +38,7 @@ pub type HostQuery = std::sync::Arc<
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub enum Path {
+pub enum ShutdownPath {
     /// A request waits for the host to confirm it: nothing done yet.
     Pending,
     /// A shutdown is announced for later: warn, nothing to stop yet.
@@ -149,7 +149,7 @@ pub struct Episode {
     /// 1, 2, ... within this boot.
     pub id: u32,
     pub kind: Kind,
-    pub path: Path,
+    pub path: ShutdownPath,
     /// Every signal that joined, in order: the first, then the newest
     /// (`MAX_TIMELINE` in all; a flood of joining requests cannot grow it).
     pub timeline: Vec<TimelineEntry>,
@@ -265,7 +265,7 @@ pub struct Decision {
 
 /// The decider's knobs (the config's `trust` section).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Policy {
+pub struct DecisionPolicy {
     /// How long a request waits for the host's confirmation.
     pub pending_expiry: Duration,
     /// How long an immediate shutdown may take before the host is asked.
@@ -281,9 +281,9 @@ pub struct Policy {
     pub trust_unowned_bus_signals: bool,
 }
 
-impl Default for Policy {
+impl Default for DecisionPolicy {
     fn default() -> Self {
-        Policy {
+        DecisionPolicy {
             pending_expiry: Duration::from_secs(60),
             immediate_end: Duration::from_secs(30),
             graceful_margin: Duration::from_secs(30),
@@ -307,7 +307,7 @@ pub enum HostAnswer {
 
 #[derive(Default, Clone)]
 pub struct Decider {
-    policy: Policy,
+    policy: DecisionPolicy,
     current: Option<Episode>,
     episodes: u32,
     lock_held: bool,
@@ -323,10 +323,10 @@ pub struct Decider {
 impl Decider {
     /// The default policy, with the host's buses assumed reachable.
     pub fn new() -> Self {
-        Self::with_policy(Policy::default())
+        Self::with_policy(DecisionPolicy::default())
     }
 
-    pub fn with_policy(policy: Policy) -> Self {
+    pub fn with_policy(policy: DecisionPolicy) -> Self {
         Decider {
             policy,
             host_reachable: true,
@@ -384,20 +384,22 @@ impl Decider {
             return Tick::Nothing;
         }
         match ep.path {
-            Path::Pending => {
+            ShutdownPath::Pending => {
                 let why = format!(
                     "not confirmed by logind, systemd, PID 1 or a reboot(2) within {}s: the request did not happen",
                     self.policy.pending_expiry.as_secs()
                 );
-                self.current.as_mut().unwrap().path = Path::Expired;
+                self.current.as_mut().unwrap().path = ShutdownPath::Expired;
                 Tick::Decided(self.finish(Action::Expire { why }))
             }
-            Path::Scheduled | Path::Graceful | Path::Immediate => {
+            ShutdownPath::Scheduled | ShutdownPath::Graceful | ShutdownPath::Immediate => {
                 self.asking = true;
                 self.asked_end = ep.expected_end;
                 Tick::AskHost(ep.id)
             }
-            Path::Cancelled | Path::Abandoned | Path::Expired => Tick::Nothing,
+            ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired => {
+                Tick::Nothing
+            }
         }
     }
 
@@ -413,8 +415,10 @@ impl Decider {
         let recheck = self.policy.recheck;
         let ep = self.current.as_mut().filter(|e| e.id == id)?;
         self.asking = false;
-        if !matches!(ep.path, Path::Scheduled | Path::Graceful | Path::Immediate)
-            || ep.expected_end != self.asked_end
+        if !matches!(
+            ep.path,
+            ShutdownPath::Scheduled | ShutdownPath::Graceful | ShutdownPath::Immediate
+        ) || ep.expected_end != self.asked_end
         {
             return None;
         }
@@ -437,7 +441,7 @@ impl Decider {
                     .to_string()
             }
         };
-        ep.path = Path::Abandoned;
+        ep.path = ShutdownPath::Abandoned;
         Some(self.finish(Action::Abandon { why }))
     }
 
@@ -475,8 +479,8 @@ impl Decider {
                     return self.pend(s, path);
                 }
                 match path {
-                    None | Some(Path::Pending) => {
-                        self.open_or_confirm(s, Path::Scheduled, authority);
+                    None | Some(ShutdownPath::Pending) => {
+                        self.open_or_confirm(s, ShutdownPath::Scheduled, authority);
                         let ep = self.current.as_mut().unwrap();
                         ep.deadline = *at;
                         ep.marked = true;
@@ -486,7 +490,7 @@ impl Decider {
                         ));
                         Action::Warn { due: *at }
                     }
-                    Some(Path::Scheduled) => {
+                    Some(ShutdownPath::Scheduled) => {
                         let ep = self.current.as_mut().unwrap();
                         confirm(ep, s, authority);
                         ep.deadline = *at;
@@ -496,7 +500,7 @@ impl Decider {
                     Some(_) => Action::Join,
                 }
             }
-            Effect::Now => self.now(s, path),
+            Effect::Now => self.decide_now(s, path),
         }
     }
 
@@ -526,7 +530,7 @@ impl Decider {
         !self.host_reachable && can_reboot(s) == Some(true)
     }
 
-    fn now(&mut self, s: &ShutdownSignal, path: Option<Path>) -> Action {
+    fn decide_now(&mut self, s: &ShutdownSignal, path: Option<ShutdownPath>) -> Action {
         let authority = authority(s);
         if let Detail::Signal { result, .. } = &s.detail {
             if result != "delivered" {
@@ -545,13 +549,15 @@ impl Decider {
         }
         // PID 1 running systemd-shutdown ends an orderly shutdown: it confirms
         // a graceful one, and means no time is left where none was seen.
-        if is_pid1_shutdown(s) && matches!(path, Some(Path::Graceful | Path::Scheduled)) {
+        if is_pid1_shutdown(s)
+            && matches!(path, Some(ShutdownPath::Graceful | ShutdownPath::Scheduled))
+        {
             confirm(self.current.as_mut().unwrap(), s, authority);
             return Action::Join;
         }
         if leaves_no_time(s) {
             return match path {
-                Some(Path::Immediate) => {
+                Some(ShutdownPath::Immediate) => {
                     let ep = self.current.as_mut().unwrap();
                     confirm(ep, s, authority);
                     if prove(ep, s) {
@@ -560,24 +566,26 @@ impl Decider {
                         Action::Join
                     }
                 }
-                Some(Path::Graceful | Path::Scheduled) => {
+                Some(ShutdownPath::Graceful | ShutdownPath::Scheduled) => {
                     let ep = self.current.as_mut().unwrap();
                     confirm(ep, s, authority);
                     prove(ep, s);
-                    ep.path = Path::Immediate;
+                    ep.path = ShutdownPath::Immediate;
                     ep.forced |= s.forced;
                     ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
                     Action::Immediate { escalated: true }
                 }
-                None | Some(Path::Pending) => {
-                    self.open_or_confirm(s, Path::Immediate, authority);
+                None | Some(ShutdownPath::Pending) => {
+                    self.open_or_confirm(s, ShutdownPath::Immediate, authority);
                     let ep = self.current.as_mut().unwrap();
                     prove(ep, s);
                     ep.marked = true;
                     ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
                     Action::Immediate { escalated: false }
                 }
-                Some(Path::Cancelled | Path::Abandoned | Path::Expired) => Action::Join,
+                Some(ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired) => {
+                    Action::Join
+                }
             };
         }
         // A request is not a shutdown: it waits for the host (logind or
@@ -592,7 +600,7 @@ impl Decider {
         let protected = s.source == Source::Logind || (self.lock_held && !s.bypasses_logind);
         let end = self.graceful_end(s);
         match path {
-            Some(Path::Graceful) => {
+            Some(ShutdownPath::Graceful) => {
                 let ep = self.current.as_mut().unwrap();
                 confirm(ep, s, authority);
                 ep.protected |= protected;
@@ -602,12 +610,12 @@ impl Decider {
                 }
                 Action::Join
             }
-            Some(Path::Immediate) => {
+            Some(ShutdownPath::Immediate) => {
                 confirm(self.current.as_mut().unwrap(), s, authority);
                 Action::Join
             }
-            Some(Path::Scheduled | Path::Pending) | None => {
-                self.open_or_confirm(s, Path::Graceful, authority);
+            Some(ShutdownPath::Scheduled | ShutdownPath::Pending) | None => {
+                self.open_or_confirm(s, ShutdownPath::Graceful, authority);
                 let ep = self.current.as_mut().unwrap();
                 ep.protected = protected;
                 ep.deadline = s.deadline;
@@ -618,7 +626,9 @@ impl Decider {
                     protected,
                 }
             }
-            Some(Path::Cancelled | Path::Abandoned | Path::Expired) => Action::Join,
+            Some(ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired) => {
+                Action::Join
+            }
         }
     }
 
@@ -631,16 +641,16 @@ impl Decider {
     }
 
     /// A request that waits for confirmation.
-    fn pend(&mut self, s: &ShutdownSignal, path: Option<Path>) -> Action {
+    fn pend(&mut self, s: &ShutdownSignal, path: Option<ShutdownPath>) -> Action {
         match path {
             None => {
-                self.open(s, Path::Pending, Authority::Request);
+                self.open(s, ShutdownPath::Pending, Authority::Request);
                 let expires = plus(s.at, self.policy.pending_expiry);
                 self.current.as_mut().unwrap().expected_end = Some(expires);
                 Action::Pending { expires }
             }
             // Another request while one waits: it waits with it.
-            Some(Path::Pending) => {
+            Some(ShutdownPath::Pending) => {
                 let ep = self.current.as_mut().unwrap();
                 Action::Pending {
                     expires: ep.expected_end.unwrap_or(s.at),
@@ -650,27 +660,27 @@ impl Decider {
         }
     }
 
-    fn cancel(&mut self, s: &ShutdownSignal, path: Option<Path>) -> Action {
+    fn cancel(&mut self, s: &ShutdownSignal, path: Option<ShutdownPath>) -> Action {
         let by = authority(s);
         let Some(ep) = self.current.as_mut() else {
             return audit("no shutdown under way to cancel");
         };
         match path {
-            Some(Path::Immediate) => audit("a forced shutdown cannot be cancelled"),
+            Some(ShutdownPath::Immediate) => audit("a forced shutdown cannot be cancelled"),
             // Nothing was done: a privileged caller's own word withdraws it.
-            Some(Path::Pending) if by >= Authority::Privileged => {
-                ep.path = Path::Cancelled;
+            Some(ShutdownPath::Pending) if by >= Authority::Privileged => {
+                ep.path = ShutdownPath::Cancelled;
                 Action::Cancel
             }
             // A privileged caller's `shutdown -c` counts once logind clears
             // its scheduled shutdown, unless no bus can say so.
-            Some(Path::Scheduled | Path::Graceful)
+            Some(ShutdownPath::Scheduled | ShutdownPath::Graceful)
                 if by == Authority::Privileged && self.host_reachable =>
             {
                 audit("a cancel request: waiting for logind to clear its scheduled shutdown or send PrepareForShutdown(false)")
             }
-            Some(Path::Scheduled | Path::Graceful) if by >= ep.authority => {
-                ep.path = Path::Cancelled;
+            Some(ShutdownPath::Scheduled | ShutdownPath::Graceful) if by >= ep.authority => {
+                ep.path = ShutdownPath::Cancelled;
                 Action::Cancel
             }
             _ => Action::AuditOnly {
@@ -686,7 +696,7 @@ impl Decider {
     /// A reboot(2) returned: it did not happen. What only it (and its
     /// caller's own request) started is retracted; a shutdown the host
     /// confirmed goes on (its expected end still applies).
-    fn failed(&mut self, s: &ShutdownSignal, why: &str, path: Option<Path>) -> Action {
+    fn failed(&mut self, s: &ShutdownSignal, why: &str, path: Option<ShutdownPath>) -> Action {
         let Some(ep) = self.current.as_mut() else {
             return Action::AuditOnly {
                 why: why.to_string(),
@@ -702,14 +712,14 @@ impl Decider {
             };
         }
         match path {
-            Some(Path::Pending) => Action::AuditOnly {
+            Some(ShutdownPath::Pending) => Action::AuditOnly {
                 why: why.to_string(),
             },
             _ if ep.host_confirmed => Action::AuditOnly {
                 why: format!("{why}; the shutdown logind or systemd confirmed goes on"),
             },
             _ => {
-                ep.path = Path::Abandoned;
+                ep.path = ShutdownPath::Abandoned;
                 Action::Abandon {
                     why: format!("{why} by {}: nothing else confirmed the shutdown", who(s)),
                 }
@@ -718,9 +728,9 @@ impl Decider {
     }
 
     /// Opens an episode, or moves the pending or scheduled one on to `path`.
-    fn open_or_confirm(&mut self, s: &ShutdownSignal, path: Path, authority: Authority) {
+    fn open_or_confirm(&mut self, s: &ShutdownSignal, path: ShutdownPath, authority: Authority) {
         match self.current.as_mut() {
-            Some(ep) if matches!(ep.path, Path::Pending | Path::Scheduled) => {
+            Some(ep) if matches!(ep.path, ShutdownPath::Pending | ShutdownPath::Scheduled) => {
                 ep.path = path;
                 confirm(ep, s, authority);
                 ep.forced |= s.forced;
@@ -729,7 +739,7 @@ impl Decider {
         }
     }
 
-    fn open(&mut self, s: &ShutdownSignal, path: Path, authority: Authority) {
+    fn open(&mut self, s: &ShutdownSignal, path: ShutdownPath, authority: Authority) {
         self.episodes += 1;
         let deadline = match &s.effect {
             Effect::Scheduled { at, .. } => *at,
@@ -765,8 +775,11 @@ pub enum Tick {
     AskHost(u32),
 }
 
-fn closed(p: Path) -> bool {
-    matches!(p, Path::Cancelled | Path::Abandoned | Path::Expired)
+fn closed(p: ShutdownPath) -> bool {
+    matches!(
+        p,
+        ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired
+    )
 }
 
 fn audit(why: &str) -> Action {
@@ -1502,9 +1515,9 @@ mod tests {
 
     #[test]
     fn forged_bus_signals_count_only_when_the_policy_trusts_them() {
-        let mut d = Decider::with_policy(Policy {
+        let mut d = Decider::with_policy(DecisionPolicy {
             trust_unowned_bus_signals: true,
-            ..Policy::default()
+            ..DecisionPolicy::default()
         });
         assert_eq!(
             short(&d.decide(&logind(Effect::Now).forged()).action),
@@ -1535,7 +1548,7 @@ mod tests {
         assert_eq!(short(&dec.action), "expire");
         assert_eq!(
             dec.episode.as_ref().map(|e| (e.path, e.marked)),
-            Some((Path::Expired, false))
+            Some((ShutdownPath::Expired, false))
         );
         assert!(d.episode().is_none());
         // The next real shutdown is handled in full.
@@ -1568,7 +1581,7 @@ mod tests {
         let dec = d.host_answer(1, HostAnswer::NotUnderWay, t(91)).unwrap();
         assert_eq!(short(&dec.action), "abandon");
         let ep = dec.episode.unwrap();
-        assert_eq!((ep.path, ep.marked), (Path::Abandoned, true));
+        assert_eq!((ep.path, ep.marked), (ShutdownPath::Abandoned, true));
         assert!(d.episode().is_none());
         assert_eq!(
             short(&d.decide(&logind(Effect::Now)).action),
@@ -1633,12 +1646,12 @@ mod tests {
     fn deadlines_at_the_end_of_time_do_not_panic() {
         let end = crate::timespan::latest();
         let huge = Duration::from_secs(u64::MAX / 4);
-        let policy = Policy {
+        let policy = DecisionPolicy {
             graceful_margin: huge,
             immediate_end: huge,
             pending_expiry: huge,
             graceful_length: huge,
-            ..Policy::default()
+            ..DecisionPolicy::default()
         };
         for s in [
             {
@@ -1674,7 +1687,13 @@ mod tests {
         let ep = dec.episode.unwrap();
         assert_eq!(
             (ep.kind, ep.path, ep.deadline, ep.protected, ep.authority),
-            (Poweroff, Path::Graceful, Some(t(30)), true, Authority::Host)
+            (
+                Poweroff,
+                ShutdownPath::Graceful,
+                Some(t(30)),
+                true,
+                Authority::Host
+            )
         );
         assert_eq!(
             ep.timeline.iter().map(|e| e.source).collect::<Vec<_>>(),

@@ -55,7 +55,7 @@ pub(crate) fn tools_dir(root: &Path) -> PathBuf {
         .unwrap_or_else(|| root.join("..").join(&rel))
 }
 
-pub struct ControlPlane {
+pub struct ControlPlaneBinaries {
     /// Holds kube-apiserver, kube-controller-manager, kube-scheduler.
     pub bin_dir: PathBuf,
     pub etcd: PathBuf,
@@ -65,7 +65,7 @@ pub struct ControlPlane {
 /// printed when the compressed binaries are not on this machine (the tests
 /// that need them then say SKIPPED). A checksum that does not match is an
 /// error, never a skip.
-pub fn ensure(root: &Path) -> Result<Option<ControlPlane>> {
+pub fn ensure(root: &Path) -> Result<Option<ControlPlaneBinaries>> {
     let src = tools_dir(root);
     if !src.join("kube-apiserver.xz").is_file() {
         println!(
@@ -117,7 +117,7 @@ pub fn ensure(root: &Path) -> Result<Option<ControlPlane>> {
         fs::rename(&staged, &dest)?;
     }
     let etcd = which("etcd").context("etcd (Debian's etcd-server) is not on PATH")?;
-    Ok(Some(ControlPlane { bin_dir, etcd }))
+    Ok(Some(ControlPlaneBinaries { bin_dir, etcd }))
 }
 
 fn sha256(path: &Path) -> Result<String> {
@@ -142,7 +142,7 @@ fn which(cmd: &str) -> Option<PathBuf> {
 }
 
 /// Sets the variables the tests read: LASTGASP_K8S_BIN and LASTGASP_ETCD.
-pub fn env(cmd: &mut Command, cp: &Option<ControlPlane>) {
+pub fn env(cmd: &mut Command, cp: &Option<ControlPlaneBinaries>) {
     if let Some(cp) = cp {
         cmd.env("LASTGASP_K8S_BIN", &cp.bin_dir)
             .env("LASTGASP_ETCD", &cp.etcd);

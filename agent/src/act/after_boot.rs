@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 use tokio::task::JoinHandle;
 
 use super::{
-    audit::{self, Entry, Outcome, Record},
+    audit::{self, AuditRecord, Entry, Outcome},
     report::{self, BootEnd, BootReport},
     unwind, Actuator, Cluster,
 };
@@ -31,7 +31,7 @@ pub(super) struct PreviousBoot {
     prev: String,
     current: String,
     report: BootReport,
-    records: Vec<Record>,
+    records: Vec<AuditRecord>,
     pstore: Vec<(String, String)>,
 }
 
@@ -164,7 +164,7 @@ async fn settle_with_node(
                 record: serde_json::to_value(&rec).unwrap_or_default(),
             };
             let mut records = p.records.clone();
-            records.push(Record {
+            records.push(AuditRecord {
                 boot_id: p.current.clone(),
                 seq: 0,
                 written_at: SystemTime::now(),

@@ -23,7 +23,7 @@ pub const FILE_NAME: &str = "audit.jsonl";
 pub const DEFAULT_DIR: &str = "/var/lib/lastgasp";
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Record {
+pub struct AuditRecord {
     pub boot_id: String,
     /// Order within the boot.
     pub seq: u64,
@@ -86,7 +86,7 @@ pub enum Outcome {
     },
 }
 
-impl Record {
+impl AuditRecord {
     pub fn signal(&self) -> Option<&ShutdownSignal> {
         match &self.entry {
             Entry::Signal { signal, .. } => Some(signal),
@@ -242,7 +242,7 @@ impl AuditLog {
         &mut self,
         signal: &ShutdownSignal,
         decision: Option<&Decision>,
-    ) -> Result<Record> {
+    ) -> Result<AuditRecord> {
         self.append_as(signal, decision, Durability::Now)
     }
 
@@ -254,7 +254,7 @@ impl AuditLog {
         signal: &ShutdownSignal,
         decision: Option<&Decision>,
         durability: Durability,
-    ) -> Result<Record> {
+    ) -> Result<AuditRecord> {
         self.write(
             Entry::Signal {
                 signal: signal.clone(),
@@ -264,7 +264,7 @@ impl AuditLog {
         )
     }
 
-    pub fn agent_start(&mut self) -> Result<Record> {
+    pub fn agent_start(&mut self) -> Result<AuditRecord> {
         self.write(
             Entry::AgentStart {
                 version: env!("CARGO_PKG_VERSION").to_string(),
@@ -273,7 +273,7 @@ impl AuditLog {
         )
     }
 
-    pub fn outcome(&mut self, episode: u32, outcome: Outcome) -> Result<Record> {
+    pub fn outcome(&mut self, episode: u32, outcome: Outcome) -> Result<AuditRecord> {
         self.write(Entry::Outcome { episode, outcome }, Durability::Now)
     }
 
@@ -310,11 +310,11 @@ impl AuditLog {
         Ok(())
     }
 
-    fn write(&mut self, entry: Entry, durability: Durability) -> Result<Record> {
+    fn write(&mut self, entry: Entry, durability: Durability) -> Result<AuditRecord> {
         // A sequence number is used once, whether its write succeeds or not.
         let seq = self.next_seq;
         self.next_seq += 1;
-        let record = Record {
+        let record = AuditRecord {
             boot_id: self.boot_id.clone(),
             seq,
             written_at: SystemTime::now(),
@@ -392,7 +392,7 @@ fn last_seq(path: &Path, boot_id: &str) -> Option<u64> {
     let mut tail = Vec::new();
     f.read_to_end(&mut tail).ok()?;
     tail.split(|&b| b == b'\n')
-        .filter_map(|l| serde_json::from_slice::<Record>(l).ok())
+        .filter_map(|l| serde_json::from_slice::<AuditRecord>(l).ok())
         .filter(|r| r.boot_id == boot_id)
         .map(|r| r.seq)
         .max()
@@ -423,7 +423,7 @@ pub fn files(path: &Path) -> Vec<PathBuf> {
 /// a power loss, say).
 #[derive(Debug, Default)]
 pub struct Contents {
-    pub records: Vec<Record>,
+    pub records: Vec<AuditRecord>,
     pub unreadable: Vec<(usize, String)>,
 }
 
@@ -456,7 +456,7 @@ fn parse_into(r: impl BufRead, out: &mut Contents) -> std::io::Result<()> {
         if line.is_empty() {
             continue;
         }
-        match serde_json::from_slice::<Record>(&line) {
+        match serde_json::from_slice::<AuditRecord>(&line) {
             Ok(r) => out.records.push(r),
             Err(e) => out.unreadable.push((i + 1, e.to_string())),
         }
@@ -487,7 +487,7 @@ impl std::str::FromStr for BootFilter {
 }
 
 /// Boot ids in the order they first appear in the log.
-pub fn boots(records: &[Record]) -> Vec<&str> {
+pub fn boots(records: &[AuditRecord]) -> Vec<&str> {
     let mut seen: Vec<&str> = Vec::new();
     for r in records {
         if !seen.contains(&r.boot_id.as_str()) {
@@ -498,10 +498,10 @@ pub fn boots(records: &[Record]) -> Vec<&str> {
 }
 
 pub fn select<'a>(
-    records: &'a [Record],
+    records: &'a [AuditRecord],
     filter: &BootFilter,
     current_boot: &str,
-) -> Vec<&'a Record> {
+) -> Vec<&'a AuditRecord> {
     let want: Option<String> = match filter {
         BootFilter::All => None,
         BootFilter::Current => Some(current_boot.to_string()),

@@ -82,7 +82,7 @@ impl Hands {
 
 /// The cluster half: here, or still coming (and what waits for it).
 #[derive(Default)]
-struct Link {
+struct ClusterLink {
     cluster: Option<Arc<Cluster>>,
     coming: Option<watch::Receiver<Option<Arc<Cluster>>>>,
     /// The previous boot's report, to deliver when the cluster joins.
@@ -93,7 +93,7 @@ struct Link {
 
 pub struct Actuator {
     hands: Hands,
-    link: Link,
+    link: ClusterLink,
     graceful: GracefulRun,
     /// How the host is asked whether a shutdown is under way (an open record
     /// of this boot found at start is closed only when none is).
@@ -120,9 +120,9 @@ impl Actuator {
                 logind,
                 boot_id,
             },
-            link: Link {
+            link: ClusterLink {
                 cluster,
-                ..Link::default()
+                ..ClusterLink::default()
             },
             graceful: GracefulRun::default(),
             host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),

@@ -10,8 +10,8 @@ use std::{fs, path::Path};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    act::audit::{boots, Entry, Outcome, Record},
-    decide::{Episode, Path as EpPath},
+    act::audit::{boots, AuditRecord, Entry, Outcome},
+    decide::{Episode, ShutdownPath},
     record::{Closing, ShutdownRecord},
 };
 
@@ -49,8 +49,8 @@ pub struct BootReport {
 
 /// How `boot_id` ended, from its records. Episodes that were cancelled do
 /// not count; the last one standing does.
-pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
-    let mine: Vec<&Record> = records.iter().filter(|r| r.boot_id == boot_id).collect();
+pub fn classify(records: &[AuditRecord], boot_id: &str) -> BootReport {
+    let mine: Vec<&AuditRecord> = records.iter().filter(|r| r.boot_id == boot_id).collect();
     let mut last: Option<Episode> = None;
     for r in &mine {
         if let Entry::Signal {
@@ -110,7 +110,7 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
                 .any(|o| matches!(o, Outcome::Abandoned { .. } | Outcome::Expired { .. }))
     };
     let Some(ep) = last
-        .filter(|e| matches!(e.path, EpPath::Graceful | EpPath::Immediate))
+        .filter(|e| matches!(e.path, ShutdownPath::Graceful | ShutdownPath::Immediate))
         .filter(|e| !ended(e.id))
     else {
         return report;
@@ -127,11 +127,11 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
         report.pods_remaining = Some(r);
     }
     report.end = match ep.path {
-        EpPath::Immediate => BootEnd::Forced,
+        ShutdownPath::Immediate => BootEnd::Forced,
         _ if done.is_some() => BootEnd::Graceful,
         _ => BootEnd::Interrupted,
     };
-    if ep.path == EpPath::Immediate {
+    if ep.path == ShutdownPath::Immediate {
         let delivered = adopted
             || acknowledged
             || outcomes(ep.id).any(|o| matches!(o, Outcome::LastGaspDelivered { .. }));
@@ -142,7 +142,7 @@ pub fn classify(records: &[Record], boot_id: &str) -> BootReport {
 }
 
 /// The newest episode of `boot_id` found on the Node after a later boot.
-fn found_on_node(records: &[Record], boot_id: &str) -> Option<Episode> {
+fn found_on_node(records: &[AuditRecord], boot_id: &str) -> Option<Episode> {
     records.iter().rev().find_map(|r| match &r.entry {
         Entry::Outcome {
             outcome: Outcome::FoundOnNode { boot_id: b, record },
@@ -165,7 +165,7 @@ pub fn episode_of(record: &ShutdownRecord) -> Option<Episode> {
 }
 
 /// The boot before `current`, among those the log knows.
-pub fn previous_boot<'a>(records: &'a [Record], current: &str) -> Option<&'a str> {
+pub fn previous_boot<'a>(records: &'a [AuditRecord], current: &str) -> Option<&'a str> {
     boots(records).into_iter().rfind(|b| *b != current)
 }
 
@@ -200,7 +200,7 @@ mod tests {
         signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
     };
 
-    fn ep(id: u32, path: EpPath) -> Episode {
+    fn ep(id: u32, path: ShutdownPath) -> Episode {
         Episode {
             id,
             kind: Kind::Poweroff,
@@ -218,7 +218,7 @@ mod tests {
         }
     }
 
-    fn sig_rec(boot: &str, seq: u64, action: Action, episode: Option<Episode>) -> Record {
+    fn sig_rec(boot: &str, seq: u64, action: Action, episode: Option<Episode>) -> AuditRecord {
         let signal = ShutdownSignal {
             source: Source::Logind,
             kind: Kind::Poweroff,
@@ -237,7 +237,7 @@ mod tests {
                 unit: None,
             },
         };
-        Record {
+        AuditRecord {
             boot_id: boot.into(),
             seq,
             written_at: SystemTime::UNIX_EPOCH,
@@ -248,8 +248,8 @@ mod tests {
         }
     }
 
-    fn out(boot: &str, seq: u64, episode: u32, outcome: Outcome) -> Record {
-        Record {
+    fn out(boot: &str, seq: u64, episode: u32, outcome: Outcome) -> AuditRecord {
+        AuditRecord {
             boot_id: boot.into(),
             seq,
             written_at: SystemTime::UNIX_EPOCH,
@@ -257,8 +257,8 @@ mod tests {
         }
     }
 
-    fn start(boot: &str) -> Record {
-        Record {
+    fn start(boot: &str) -> AuditRecord {
+        AuditRecord {
             boot_id: boot.into(),
             seq: 0,
             written_at: SystemTime::UNIX_EPOCH,
@@ -276,7 +276,7 @@ mod tests {
         };
         let records = vec![
             start("a"),
-            sig_rec("a", 1, g.clone(), Some(ep(1, EpPath::Graceful))),
+            sig_rec("a", 1, g.clone(), Some(ep(1, ShutdownPath::Graceful))),
             out(
                 "a",
                 2,
@@ -291,7 +291,7 @@ mod tests {
                 "b",
                 1,
                 Action::Immediate { escalated: false },
-                Some(ep(1, EpPath::Immediate)),
+                Some(ep(1, ShutdownPath::Immediate)),
             ),
             out(
                 "b",
@@ -302,16 +302,16 @@ mod tests {
                 },
             ),
             start("c"),
-            sig_rec("c", 1, g.clone(), Some(ep(1, EpPath::Graceful))),
+            sig_rec("c", 1, g.clone(), Some(ep(1, ShutdownPath::Graceful))),
             start("d"),
-            sig_rec("d", 1, g, Some(ep(1, EpPath::Graceful))),
-            sig_rec("d", 2, Action::Cancel, Some(ep(1, EpPath::Cancelled))),
+            sig_rec("d", 1, g, Some(ep(1, ShutdownPath::Graceful))),
+            sig_rec("d", 2, Action::Cancel, Some(ep(1, ShutdownPath::Cancelled))),
             start("f"),
             sig_rec(
                 "f",
                 1,
                 Action::Immediate { escalated: false },
-                Some(ep(1, EpPath::Immediate)),
+                Some(ep(1, ShutdownPath::Immediate)),
             ),
             out(
                 "f",
@@ -371,7 +371,7 @@ mod tests {
     #[test]
     fn what_the_node_held_completes_the_log() {
         let imm = Action::Immediate { escalated: false };
-        let mut e1 = ep(1, EpPath::Immediate);
+        let mut e1 = ep(1, ShutdownPath::Immediate);
         e1.timeline.push(crate::decide::TimelineEntry {
             at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(5),
             source: Source::Logind,
@@ -411,9 +411,9 @@ mod tests {
         );
         // The Node holds an older episode of the boot (a graceful one the
         // log knows): the log's later, undelivered one still goes late.
-        let mut g = ep(1, EpPath::Graceful);
+        let mut g = ep(1, ShutdownPath::Graceful);
         g.timeline = e1.timeline.clone();
-        let mut e2 = ep(2, EpPath::Immediate);
+        let mut e2 = ep(2, ShutdownPath::Immediate);
         e2.timeline = e1.timeline.clone();
         let older = vec![
             start("c"),

@@ -23,7 +23,7 @@ use crate::{
         metrics::Metrics,
         Actuator, AfterBoot, Cluster,
     },
-    decide::{self, Action, Decider, Decision, HostAnswer, HostQuery, Policy, Tick},
+    decide::{self, Action, Decider, Decision, DecisionPolicy, HostAnswer, HostQuery, Tick},
     detect::{actor, clock, logind::LogindHandle, shutdown_hook},
     signal::{Scope, ShutdownSignal, Source},
 };
@@ -91,7 +91,7 @@ impl Agent {
         self
     }
 
-    pub fn with_policy(mut self, policy: Policy) -> Self {
+    pub fn with_policy(mut self, policy: DecisionPolicy) -> Self {
         self.decider = Decider::with_policy(policy);
         self
     }

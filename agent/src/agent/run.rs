@@ -149,9 +149,10 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let (dbus_tx, dbus_rx) = tokio::sync::mpsc::channel(64);
     let (hook, courier) = start_shutdown_hook(&args, &node, &dbus_tx);
     let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
-    let policy = cfg
-        .trust
-        .policy(graceful_length, args.dbus.trust_unowned_bus_signals);
+    let policy = crate::decide::DecisionPolicy {
+        trust_unowned_bus_signals: args.dbus.trust_unowned_bus_signals,
+        ..cfg.trust.policy(graceful_length)
+    };
     let mut agent = Agent::new(audit, None, logind, metrics.clone())
         .with_policy(policy)
         .with_host(
@@ -189,7 +190,7 @@ fn graceful_length(buckets: &[crate::grace::Bucket]) -> Duration {
         .map(|b| u64::try_from(b.seconds).unwrap_or(0))
         .fold(0u64, u64::saturating_add)
     {
-        0 => crate::decide::Policy::default().graceful_length,
+        0 => crate::decide::DecisionPolicy::default().graceful_length,
         secs => Duration::from_secs(secs),
     }
 }

@@ -66,7 +66,7 @@ pub const PAUSE_ANNOTATION: &str = "lastgasp.dev/paused";
 /// Which shutdowns are fenced.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
-pub enum Policy {
+pub enum FencePolicy {
     /// Nothing is judged or written.
     Off,
     /// Judged as `poweroff-only`, and nothing is written: an Event
@@ -80,7 +80,7 @@ pub enum Policy {
 
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
-    pub policy: Policy,
+    pub policy: FencePolicy,
     pub reboot_timeout: Duration,
     /// How long the kernel's own proof of death stands before the fence.
     pub proof_quiet: Duration,
@@ -102,7 +102,7 @@ impl ControllerConfig {
     /// The defaults of `lastgasp controller`, for replica `identity`.
     pub fn new(identity: &str) -> Self {
         ControllerConfig {
-            policy: Policy::PoweroffOnly,
+            policy: FencePolicy::PoweroffOnly,
             reboot_timeout: Duration::from_secs(600),
             proof_quiet: Duration::from_secs(2),
             lease_margin: Duration::from_secs(2),
@@ -127,7 +127,7 @@ pub struct ControllerArgs {
         default_value = "poweroff-only",
         env = "LASTGASP_POLICY"
     )]
-    pub policy: Policy,
+    pub policy: FencePolicy,
     /// With `also-reboots`: how long a reboot may stay down before the taint.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m", env = "LASTGASP_REBOOT_TIMEOUT")]
     pub reboot_timeout: Duration,

@@ -22,7 +22,7 @@ use super::{
     lead::Leadership,
     rule::{self, boot_id, fenced_by_us, judge, Verdict},
     write::{get_with_date, Done, Recovery, Work, Writer},
-    ControllerConfig, Policy, FENCED_BOOT_ANNOTATION, KEPT_SAME_BOOT, NODE_LEASE_NAMESPACE,
+    ControllerConfig, FencePolicy, FENCED_BOOT_ANNOTATION, KEPT_SAME_BOOT, NODE_LEASE_NAMESPACE,
     OPT_OUT_LABEL, OPT_OUT_VALUE,
 };
 use crate::act::metrics::ControllerMetrics;
@@ -228,7 +228,7 @@ impl Controller {
             |reason: &'static str, action: &'static str, note: String| (reason, action, note);
         let limit = self.cfg.max_fences_per_minute;
         let ceiling = self.cfg.max_fenced;
-        let hold = if self.cfg.policy == Policy::Observe {
+        let hold = if self.cfg.policy == FencePolicy::Observe {
             Some(held(
                 "OutOfServiceWouldFence",
                 "would-fence",

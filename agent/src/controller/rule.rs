@@ -26,7 +26,7 @@ use k8s_openapi::api::{
 use kube::ResourceExt;
 
 use super::{
-    ControllerConfig, Policy, FENCED_BOOT_ANNOTATION, FENCE_MANAGER, OUT_OF_SERVICE_KEY,
+    ControllerConfig, FencePolicy, FENCED_BOOT_ANNOTATION, FENCE_MANAGER, OUT_OF_SERVICE_KEY,
     TAINTED_BY_ANNOTATION,
 };
 use crate::{
@@ -180,7 +180,7 @@ pub fn judge(
     if has_out_of_service(node) {
         return judge_fenced(node, lease, now);
     }
-    if cfg.policy == Policy::Off {
+    if cfg.policy == FencePolicy::Off {
         return Verdict::nothing("");
     }
     let rec = match record::of_node(node) {
@@ -248,7 +248,7 @@ fn evidence(
     match kind {
         Kind::Poweroff | Kind::Halt => {}
         Kind::Reboot | Kind::Kexec | Kind::SoftReboot | Kind::Unknown
-            if cfg.policy == Policy::AlsoReboots =>
+            if cfg.policy == FencePolicy::AlsoReboots =>
         {
             let waited = now.duration_since(written).unwrap_or_default();
             if waited < cfg.reboot_timeout {
@@ -668,13 +668,13 @@ mod tests {
         assert_eq!(fence(&node(None, 100, "Unknown", 10)), "-");
         // Policies.
         let off = ControllerConfig {
-            policy: Policy::Off,
+            policy: FencePolicy::Off,
             ..cfg()
         };
         let n = node(Some(&rec), 100, "Unknown", 10);
         assert_eq!(short(&judge(&n, Some(&l), t(200), &off)), "-");
         let observe = ControllerConfig {
-            policy: Policy::Observe,
+            policy: FencePolicy::Observe,
             ..cfg()
         };
         assert_eq!(
@@ -683,7 +683,7 @@ mod tests {
             "observe judges as poweroff-only; the pass writes nothing"
         );
         let reboots = ControllerConfig {
-            policy: Policy::AlsoReboots,
+            policy: FencePolicy::AlsoReboots,
             ..cfg()
         };
         let reboot = record(&[signal(Source::RebootSyscall, Kind::Reboot, 100)]);

@@ -78,7 +78,7 @@ const MIRROR: &str = "http://deb.debian.org/debian";
 /// A cold build is about 3 minutes on an idle 2-core machine.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 
-pub struct Image {
+pub struct GuestImage {
     pub distro: Distro,
     pub arch: Arch,
     pub dir: PathBuf,
@@ -93,7 +93,7 @@ pub struct Image {
     pub built_in: Option<Duration>,
 }
 
-pub fn ensure(root: &Path, distro: Distro, arch: Arch) -> Result<Image> {
+pub fn ensure(root: &Path, distro: Distro, arch: Arch) -> Result<GuestImage> {
     let suite = distro.suite();
     let inputs = root.join("tests/vm/image");
     // amd64's keys are what they were before arm64.
@@ -167,7 +167,7 @@ pub fn ensure(root: &Path, distro: Distro, arch: Arch) -> Result<Image> {
     }
     let vmlinux = dir.join("vmlinux");
     let pvh = vmlinux.is_file() && std::env::var_os("LASTGASP_VM_BZIMAGE").is_none();
-    Ok(Image {
+    Ok(GuestImage {
         distro,
         arch,
         base: dir.join("base.img"),

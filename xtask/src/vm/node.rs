@@ -222,14 +222,14 @@ impl NodeOutcome {
 }
 
 /// The control plane for one run: the helper process.
-struct Cluster {
+struct NodeControlPlane {
     child: Child,
     port: u16,
     out: PathBuf,
 }
 
-impl Cluster {
-    fn start(p: &Prepared, dir: &Path, agent: bool) -> Result<Cluster> {
+impl NodeControlPlane {
+    fn start(p: &Prepared, dir: &Path, agent: bool) -> Result<NodeControlPlane> {
         let out = dir.join("cluster");
         fs::create_dir_all(&out)?;
         let mut cmd = Command::new(&p.helper);
@@ -274,7 +274,7 @@ impl Cluster {
                 tail.into_iter().rev().collect::<Vec<_>>().join("\n")
             );
         };
-        Ok(Cluster { child, port, out })
+        Ok(NodeControlPlane { child, port, out })
     }
 
     /// Closes its stdin: it stops, the control plane with it.
@@ -295,7 +295,7 @@ impl Cluster {
 /// node's credentials from the control plane.
 fn files(
     p: &Prepared,
-    c: &Cluster,
+    c: &NodeControlPlane,
     arm: &str,
     driver: CgroupDriver,
 ) -> Result<Vec<(String, Vec<u8>)>> {
@@ -397,7 +397,7 @@ fn run_inner(
 ) -> Result<()> {
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir)?;
-    let cluster = Cluster::start(p, dir, o.arm != "kubelet")?;
+    let cluster = NodeControlPlane::start(p, dir, o.arm != "kubelet")?;
     let nic = format!(
         "user,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:socat STDIO TCP:127.0.0.1:{}",
         cluster.port

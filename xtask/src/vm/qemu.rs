@@ -22,7 +22,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::{image::Image, wait_timeout};
+use super::{image::GuestImage, wait_timeout};
 use crate::arch::Arch;
 
 pub enum Accel {
@@ -111,7 +111,7 @@ pub fn probe() -> Result<()> {
 }
 
 pub struct Guest<'a> {
-    pub image: &'a Image,
+    pub image: &'a GuestImage,
     pub accel: &'a Accel,
     pub agent: &'a Path,
     /// `tests/vm` of the workspace.

@@ -2,7 +2,7 @@
 use std::{fmt::Write as _, fs, time::Duration};
 
 use super::{
-    image::Image,
+    image::GuestImage,
     qemu::Accel,
     scenario::{Outcome, Race, Status},
 };
@@ -38,7 +38,7 @@ fn cell(s: &str) -> String {
 
 pub fn matrix(
     accel: &Accel,
-    img: &Image,
+    img: &GuestImage,
     profile: &str,
     outcomes: &[Outcome],
     races: &[Race],

@@ -126,7 +126,7 @@ pub fn kind_of(action: &str) -> Kind {
 }
 
 /// A shutdown announced and not called off.
-struct Episode {
+struct Announced {
     /// When the lock goes if graceful work has not released it.
     release_at: Instant,
     released: bool,
@@ -149,7 +149,7 @@ pub struct LogindDetector {
     /// InhibitDelayMaxSec raised as `cfg.want_delay` asks (or nothing asked).
     configured: bool,
     delay_max: Duration,
-    episode: Option<Episode>,
+    episode: Option<Announced>,
     /// The last ScheduledShutdown seen: (type, µs since the epoch).
     scheduled: Option<(String, u64)>,
     sessions: u32,
@@ -654,7 +654,7 @@ impl LogindDetector {
         let left = left.min(DELAY_CAP);
         let margin = self.cfg.release_margin.min(left / 4);
         let deadline = wall + left;
-        self.episode = Some(Episode {
+        self.episode = Some(Announced {
             release_at: from + left.saturating_sub(margin),
             released: false,
             from_logind,
