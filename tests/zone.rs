@@ -1,4 +1,4 @@
-//! A zone loses power (issue 18), small, on the real API server with the
+//! A zone loses power, small, on the real API server with the
 //! manifests as shipped (tests/src/zone.rs; `cargo xtask bench zone` runs
 //! the same code with N = 100, 500 and 1,000 and every arm). SKIPPED with
 //! the reason when the binaries or kustomize are not on this machine.

@@ -1,4 +1,4 @@
-//! The recovery scenario on the real control plane (issue 17): a one-replica
+//! The recovery scenario on the real control plane: a one-replica
 //! StatefulSet with a ReadWriteOnce CSI volume on node A of three simulated
 //! nodes; A sends the agent's own last gasp (the library's `LastGasp`, the
 //! code the agent runs, with the record the agent writes), then powers off

@@ -1,4 +1,4 @@
-//! A zone loses power (issue 18), on the real control plane: N nodes, each
+//! A zone loses power, on the real control plane: N nodes, each
 //! with its agent's own last-gasp code (the library's `LastGasp`: its warm
 //! connections, its node watch, its ServiceAccount token bound to its own
 //! Node, so that the admission policy and the FlowSchema see the agent as
@@ -53,7 +53,7 @@ const ZONE_LABEL: &str = "bench.lastgasp.dev/zone";
 /// How the agents send, and what the cluster has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arm {
-    /// The agent before issue 18: two writes at once (condition; taint and
+    /// The agent's earlier last gasp: two writes at once (condition; taint and
     /// the full record), the default FlowSchemas.
     Before,
     /// One write of evidence, then the condition if time remains; the
@@ -867,7 +867,7 @@ async fn gasp(
     }
 }
 
-/// The agent before issue 18: the condition and (taint, full record) at
+/// The agent's earlier last gasp: the condition and (taint, full record) at
 /// once, on its two warm connections; kube's typed errors (no retry).
 async fn before(
     lg: &LastGasp,

@@ -23,7 +23,7 @@ pub fn ebpf_object(root: &Path) -> PathBuf {
 
 /// The binaries `build` makes, in one cargo invocation: one feature
 /// resolution, so the API double (VM cluster mode) shares the agent's
-/// dependency builds instead of adding a second set (53 crates rebuilt).
+/// dependency builds instead of adding a second set.
 pub const BINS: [&str; 4] = ["--package", "lastgasp", "--package", "lastgasp-apidouble"];
 
 /// The agent alone for `arch` (the eBPF object is the same bytecode for

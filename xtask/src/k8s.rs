@@ -1,4 +1,4 @@
-//! The real Kubernetes control plane for the tests (issue 17): etcd from
+//! The real Kubernetes control plane for the tests: etcd from
 //! Debian's `etcd-server`, and kube-apiserver, kube-controller-manager and
 //! kube-scheduler v1.32.13 from the workplace's tools directory, checked
 //! against the checksums pinned here (not only the file beside them) and

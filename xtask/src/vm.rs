@@ -1,5 +1,5 @@
-//! `cargo xtask vm-test`: real shutdowns of a real systemd guest under QEMU
-//! (issue 6). Every shutdown happens inside the guest; nothing here ever
+//! `cargo xtask vm-test`: real shutdowns of a real systemd guest under QEMU.
+//! Every shutdown happens inside the guest; nothing here ever
 //! shuts down the host.
 //!
 //! - `image`: the cached Debian guest (debootstrap), rebuilt only when its
@@ -90,15 +90,14 @@ pub struct Args {
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
 /// power-off (graceful), a forced one (`--force`: the immediate path, the
-/// last gasp reaching the double about 1.5 s before the guest dies), the
+/// last gasp reaching the double well before the guest dies), the
 /// PID-namespace reboot (no cluster contact), the graceful drain by
 /// priority, and three requests that must not move the cluster: an
 /// unprivileged `systemctl poweroff` (refused), an unprivileged `reboot -ff`
-/// (EPERM) and a root power-off held by a block inhibitor. About 6 minutes
-/// under TCG with the image cached.
+/// (EPERM) and a root power-off held by a block inhibitor.
 /// `poweroff-force-force` is left to the race (`vm-test race`): there the
-/// guest dies 150-850 ms after the trigger, and in 1 of 20 runs it died
-/// before the patches arrived, which would make CI flaky.
+/// guest dies within a second of the trigger, and it sometimes dies before
+/// the patches arrive, which would make CI flaky (docs/testing-log.md).
 pub const CI_SUBSET: &[&str] = &[
     "poweroff",
     "poweroff-force",

@@ -170,7 +170,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     agent.after_boot(&boot_id).await?;
     // Arming parsed the kernel's BTF and the start read the audit log
     // (megabytes, freed again): give the freed heap back to the kernel
-    // rather than keep it resident while the agent idles (~31 -> ~14 MiB).
+    // rather than keep it resident while the agent idles.
     release_freed_heap();
     health.beat();
     health.ready();

@@ -971,7 +971,7 @@ fn recovery((baseline, runs): (usize, usize)) -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask bench zone`: a whole zone loses power at once (issue 18).
+/// `cargo xtask bench zone`: a whole zone loses power at once.
 /// N agents' own last-gasp code, each with its connections and its token
 /// bound to its Node, send at the same instant on the real control plane
 /// (no audit log, default flags); their Leases stop; the controller fences.

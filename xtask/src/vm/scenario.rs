@@ -170,12 +170,12 @@ const fn pid1_final(kind: &'static str) -> Want {
         .any_forced()
 }
 
-/// logind's PrepareForShutdown(true) (issue 3's D-Bus detector).
+/// logind's PrepareForShutdown(true) (the logind detector).
 const fn logind(kind: &'static str) -> Want {
     w(LOGIND, kind, false, "now")
 }
 
-/// systemd's JobNew for the shutdown target (issue 3's D-Bus detector).
+/// systemd's JobNew for the shutdown target (the systemd detector).
 const fn job(kind: &'static str) -> Want {
     w(SYSTEMD, kind, false, "now")
 }
@@ -784,9 +784,8 @@ fn run_as(
     let mut o = Outcome::new(sc);
     o.one_boot = one_boot;
     if sc.cluster_only && cluster.is_none() {
-        o.status = Status::Skipped(
-            "needs --cluster (the API double and the agent's cluster mode, issues 4-5)".into(),
-        );
+        o.status =
+            Status::Skipped("needs --cluster (the API double and the agent's cluster mode)".into());
         return o;
     }
     let t = Instant::now();

@@ -1,7 +1,8 @@
 //! Struct member offsets from the kernel's BTF, for the exec hook's argv read
 //! (a hand-done CO-RE: aya-ebpf programs cannot carry field relocations).
-//! One linear pass over the type section: a general BTF library took 175 ms
-//! to parse vmlinux here, which alone would break the start-up budget.
+//! One linear pass over the type section: a general BTF library's full
+//! parse of vmlinux alone would break the start-up budget
+//! (docs/development.md).
 use anyhow::{bail, ensure, Context, Result};
 
 const KIND_STRUCT: u32 = 4;
