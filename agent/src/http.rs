@@ -176,7 +176,7 @@ where
                 Ok(c) => c,
                 Err(e) => {
                     // Out of fds, most likely: wait rather than spin.
-                    tracing::warn!("metrics endpoint: accept: {e}");
+                    tracing::warn!(error = %e, "metrics endpoint: accept");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -251,7 +251,7 @@ where
     let listener = match bind(addr).await {
         Ok(l) => l,
         Err(e) if !required => {
-            tracing::warn!("metrics endpoint off: {e:#}");
+            tracing::warn!(error = format!("{e:#}"), "metrics endpoint off");
             return Ok(None);
         }
         Err(e) => return Err(e),

@@ -179,7 +179,7 @@ impl Agent {
             let synced = sync.await.map_err(anyhow::Error::from).and_then(|r| r);
             if let Err(e) = synced {
                 self.metrics.audit_failures.inc();
-                tracing::error!("audit record NOT synced: {e:#}");
+                tracing::error!(error = format!("{e:#}"), "audit record NOT synced");
             }
         }
         Ok(d)
@@ -207,7 +207,7 @@ impl Agent {
         match audit.append_as(s, Some(d), durability) {
             Err(e) => {
                 self.metrics.audit_failures.inc();
-                tracing::error!("audit record NOT written: {e:#}");
+                tracing::error!(error = format!("{e:#}"), "audit record NOT written");
                 None
             }
             Ok(_) if beside => match audit.sync_beside() {
@@ -216,7 +216,7 @@ impl Agent {
                     tracing::warn!("{e:#}: syncing before the last gasp");
                     if let Err(e) = audit.flush() {
                         self.metrics.audit_failures.inc();
-                        tracing::error!("audit record NOT synced: {e:#}");
+                        tracing::error!(error = format!("{e:#}"), "audit record NOT synced");
                     }
                     None
                 }
@@ -231,7 +231,7 @@ impl Agent {
     pub async fn tick(&mut self, now: SystemTime) {
         if let Err(e) = self.audit.lock().await.flush() {
             self.metrics.audit_failures.inc();
-            tracing::error!("audit records NOT synced: {e:#}");
+            tracing::error!(error = format!("{e:#}"), "audit records NOT synced");
         }
         match self.decider.tick(now) {
             Tick::Nothing => {}

@@ -231,7 +231,7 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
                 health.beat();
                 match c.tick().await {
                     Ok(_) => health.ready(),
-                    Err(e) => tracing::warn!("controller pass: {e:#}"),
+                    Err(e) => tracing::warn!(error = format!("{e:#}"), "controller pass"),
                 }
             }
             _ = term.recv() => return Ok(()),

@@ -280,7 +280,7 @@ impl Writer {
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
-            tracing::warn!("controller event: {e}");
+            tracing::warn!(error = %e, "controller event");
         }
     }
 }

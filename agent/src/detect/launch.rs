@@ -95,7 +95,7 @@ pub(crate) async fn spawn_detectors(
     let (logind_tx, logind_health) = (tx.clone(), health.clone());
     tokio::spawn(async move {
         if let Err(e) = det.run(logind_tx).await {
-            tracing::error!("logind detector stopped: {e:#}");
+            tracing::error!(error = format!("{e:#}"), "logind detector stopped");
             logind_health.lost(logind::PART, &format!("the detector stopped: {e:#}"));
         }
     });
@@ -116,7 +116,7 @@ pub(crate) async fn spawn_detectors(
     let det = det.report_to(health.clone());
     tokio::spawn(async move {
         if let Err(e) = det.run(tx).await {
-            tracing::error!("systemd detector stopped: {e:#}");
+            tracing::error!(error = format!("{e:#}"), "systemd detector stopped");
             health.lost(systemd::PART, &format!("the detector stopped: {e:#}"));
         }
     });

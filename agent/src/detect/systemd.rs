@@ -222,7 +222,7 @@ impl SystemdDetector {
         match m.body().deserialize::<bool>() {
             Ok(true) => self.prepared = Some((Instant::now(), m.recv_position())),
             Ok(false) => self.prepared = None,
-            Err(e) => tracing::debug!("systemd: malformed PrepareForShutdown ignored: {e}"),
+            Err(e) => tracing::debug!(error = %e, "systemd: malformed PrepareForShutdown ignored"),
         }
     }
 
@@ -231,7 +231,7 @@ impl SystemdDetector {
         let (id, _job, unit): (u32, zbus::OwnedObjectPath, String) = match m.body().deserialize() {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!("systemd: malformed JobNew ignored: {e}");
+                tracing::warn!(error = %e, "systemd: malformed JobNew ignored");
                 return None;
             }
         };
@@ -269,7 +269,7 @@ impl SystemdDetector {
             match m.body().deserialize() {
                 Ok(b) => b,
                 Err(e) => {
-                    tracing::warn!("systemd: malformed JobRemoved ignored: {e}");
+                    tracing::warn!(error = %e, "systemd: malformed JobRemoved ignored");
                     return None;
                 }
             };

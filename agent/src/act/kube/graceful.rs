@@ -179,7 +179,10 @@ pub async fn run(
     // refuses it must not stop the drain.
     if let Err(e) = write_state(&opts.state_file, started, None) {
         metrics.audit_failures.inc();
-        tracing::error!("graceful shutdown state file NOT written (the drain goes on): {e:#}");
+        tracing::error!(
+            error = format!("{e:#}"),
+            "graceful shutdown state file NOT written (the drain goes on)"
+        );
     }
     metrics.graceful_start.set(unix_secs(started));
 
@@ -274,7 +277,10 @@ pub async fn run(
     let ended = SystemTime::now();
     if let Err(e) = write_state(&opts.state_file, started, Some(ended)) {
         metrics.audit_failures.inc();
-        tracing::error!("graceful shutdown state file NOT written: {e:#}");
+        tracing::error!(
+            error = format!("{e:#}"),
+            "graceful shutdown state file NOT written"
+        );
     }
     metrics.graceful_end.set(unix_secs(ended));
     report.ended = Some(ended);

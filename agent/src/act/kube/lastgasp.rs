@@ -162,7 +162,7 @@ impl LastGasp {
             self.nodes.get_metadata(&self.node)
         );
         if let Err(e) = a.and(b) {
-            tracing::warn!("keeping the API connections warm: {e}");
+            tracing::warn!(error = %e, "keeping the API connections warm");
         }
     }
 

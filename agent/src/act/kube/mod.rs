@@ -385,7 +385,7 @@ fn readable(r: Option<Result<ShutdownRecord, String>>) -> Option<ShutdownRecord>
     match r? {
         Ok(r) => Some(r),
         Err(e) => {
-            tracing::warn!("the Node's shutdown record annotation is unreadable: {e}");
+            tracing::warn!(error = %e, "the Node's shutdown record annotation is unreadable");
             None
         }
     }
@@ -416,7 +416,7 @@ where
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
             if let Err(e) = item {
-                tracing::warn!("{what} watch: {e}");
+                tracing::warn!(error = %e, "{what} watch");
             }
         }
     });

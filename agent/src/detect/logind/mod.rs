@@ -312,7 +312,7 @@ impl LogindDetector {
 
         match link.host.current_inhibit_delay().await {
             Ok(d) => self.delay_max = d.min(DELAY_CAP),
-            Err(e) => tracing::warn!("logind: reading InhibitDelayMaxUSec: {e}"),
+            Err(e) => tracing::warn!(error = %e, "logind: reading InhibitDelayMaxUSec"),
         }
         if self.wants_lock() && (!first || self.lock.is_none()) {
             self.relock(conn).await;
@@ -712,7 +712,7 @@ impl LogindDetector {
                 }
             }
             Err(e) => {
-                tracing::error!("logind: cannot take a delay lock: {e}");
+                tracing::error!(error = %e, "logind: cannot take a delay lock");
                 if let Some(h) = &self.health {
                     h.lost(LOCK_PART, &format!("cannot take a delay lock: {e}"));
                 }
@@ -753,7 +753,7 @@ impl LogindDetector {
             None => match conn.host.logind.scheduled_shutdown().await {
                 Ok(v) => v,
                 Err(e) => {
-                    tracing::debug!("logind: reading ScheduledShutdown: {e}");
+                    tracing::debug!(error = %e, "logind: reading ScheduledShutdown");
                     return None;
                 }
             },
