@@ -10,7 +10,7 @@
 //! objects as the real one. What only the real server can show (the
 //! deployed RBAC and admission policy, the controller's fence, recovery) is
 //! in tests/realserver.rs and tests/controlplane.rs; fault injection stays
-//! with the double (tests/cluster.rs).
+//! with the double (tests/cluster/).
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::{

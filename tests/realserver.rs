@@ -473,7 +473,7 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
             );
         }
         // A repeated Event (the same note again) is a PATCH: no repeat here; the
-        // double's RBAC test (tests/manifests.rs) drives it.
+        // double's RBAC test (tests/manifests/rbac.rs) drives it.
         assert_exactly_enough(
             "agent (podRemoval: delete)",
             &full[audit_from..],

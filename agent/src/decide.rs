@@ -924,55 +924,13 @@ mod tests {
     }
 
     fn sig(source: Source, kind: Kind, forced: bool, effect: Effect) -> ShutdownSignal {
-        let detail = match source {
-            Source::Exec => Detail::Exec {
-                path: "/usr/bin/systemctl".into(),
-                argv: vec!["systemctl".into()],
-                raw: String::new(),
-                truncated: false,
-            },
-            Source::RebootSyscall => Detail::Reboot {
-                magic1: 0xfee1dead,
-                magic2: 672274793,
-                cmd: 0x4321fedc,
-                valid_magic: true,
-                ret: None,
-            },
-            Source::SignalPid1 => Detail::Signal {
-                signo: 38,
-                name: "SIGRTMIN+4".into(),
-                result: "delivered".into(),
-            },
-            Source::KernelHook => Detail::Kernel {
-                function: "kernel_power_off".into(),
-                via: "kprobe".into(),
-            },
-            Source::Logind | Source::Systemd => Detail::Dbus {
-                member: "PrepareForShutdown".into(),
-                unit: None,
-            },
-            Source::ShutdownHook => Detail::Hook {
-                verb: "poweroff".into(),
-            },
-        };
-        let bus = matches!(source, Source::Logind | Source::Systemd);
-        ShutdownSignal {
-            source,
-            kind,
-            forced,
-            bypasses_logind: forced || !matches!(source, Source::Logind | Source::Exec),
-            calls_reboot: false,
-            scope: Scope::Node,
-            effect,
-            actor: (!bus).then(root),
-            sender: bus.then(|| BusSender {
-                unique: ":1.1".into(),
-                owns_name: true,
-            }),
-            at: t(0),
-            boot_ns: 0,
-            deadline: None,
-            detail,
+        let s = ShutdownSignal::of(source, kind)
+            .forced(forced)
+            .effect(effect)
+            .at(t(0));
+        match source {
+            Source::Logind | Source::Systemd => s,
+            _ => s.by(root()),
         }
     }
 

@@ -345,30 +345,11 @@ mod tests {
 
     use super::*;
     use crate::decide::Decider;
-    use crate::signal::{Detail, Effect};
 
     fn reboot2() -> ShutdownSignal {
-        ShutdownSignal {
-            source: Source::RebootSyscall,
-            kind: Kind::Poweroff,
-            forced: true,
-            bypasses_logind: true,
-            calls_reboot: false,
-            scope: Scope::Node,
-            effect: Effect::Now,
-            actor: None,
-            sender: None,
-            at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
-            boot_ns: 5,
-            deadline: None,
-            detail: Detail::Reboot {
-                magic1: 0xfee1_dead,
-                magic2: 672_274_793,
-                cmd: 0x4321_fedc,
-                valid_magic: true,
-                ret: None,
-            },
-        }
+        ShutdownSignal::of(Source::RebootSyscall, Kind::Poweroff)
+            .at(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+            .boot_ns(5)
     }
 
     #[test]

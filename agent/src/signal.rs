@@ -3,6 +3,9 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixture;
+
 /// Which detector saw it.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[serde(rename_all = "kebab-case")]

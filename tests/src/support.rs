@@ -9,7 +9,7 @@ use std::{
 use lastgasp::{
     detect::ebpf::EbpfDetector,
     node::NodePidNs,
-    signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+    signal::{Actor, Detail, Kind, ShutdownSignal, Source},
 };
 
 /// Tests that need root (to load eBPF) call this first; without it they print
@@ -152,24 +152,11 @@ pub fn stand_in(dir: &Path, name: &str) -> PathBuf {
 /// A `systemctl poweroff` as logind announces it (PrepareForShutdown), with
 /// 30 s of delay lock.
 pub fn logind_signal() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::Logind,
-        kind: Kind::Poweroff,
-        forced: false,
-        bypasses_logind: false,
-        calls_reboot: false,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: None,
-        sender: None,
-        at: std::time::SystemTime::now(),
-        boot_ns: 0,
-        deadline: Some(std::time::SystemTime::now() + Duration::from_secs(30)),
-        detail: Detail::Dbus {
-            member: "PrepareForShutdown".into(),
-            unit: None,
-        },
-    }
+    let now = std::time::SystemTime::now();
+    ShutdownSignal::of(Source::Logind, Kind::Poweroff)
+        .without_sender()
+        .at(now)
+        .deadline(now + Duration::from_secs(30))
 }
 
 /// A two-worker runtime for the tests on the real control plane.
@@ -183,30 +170,20 @@ pub fn rt() -> tokio::runtime::Runtime {
 
 /// A `reboot -ff` as the exec hook reports it: forced, node scope, now.
 pub fn forced_exec() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::Exec,
-        kind: Kind::Reboot,
-        forced: true,
-        bypasses_logind: true,
-        calls_reboot: false,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: Some(Actor {
+    ShutdownSignal::of(Source::Exec, Kind::Reboot)
+        .forced(true)
+        .at(std::time::SystemTime::now())
+        .by(Actor {
             pid: 1,
             comm: "reboot".into(),
             ..Default::default()
-        }),
-        sender: None,
-        at: std::time::SystemTime::now(),
-        boot_ns: 0,
-        deadline: None,
-        detail: Detail::Exec {
+        })
+        .detail(Detail::Exec {
             path: "/sbin/reboot".into(),
             argv: vec!["reboot".into(), "-ff".into()],
             raw: String::new(),
             truncated: false,
-        },
-    }
+        })
 }
 
 /// The agent's cluster clients as `run` starts them against the API double:
@@ -273,52 +250,25 @@ pub fn capable(pid: u32, comm: &str) -> Actor {
 /// The kernel's power-off as the reboot(2) hook reports it, from PID 1
 /// (systemd-shutdown's last step): the proof of death.
 pub fn kernel_poweroff() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::RebootSyscall,
-        kind: Kind::Poweroff,
-        forced: true,
-        bypasses_logind: true,
-        calls_reboot: false,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: Some(capable(1, "systemd-shutdow")),
-        sender: None,
-        at: std::time::SystemTime::now(),
-        boot_ns: 0,
-        deadline: None,
-        detail: Detail::Reboot {
-            magic1: 0xfee1_dead,
-            magic2: 672_274_793,
-            cmd: 0x4321_fedc,
-            valid_magic: true,
-            ret: None,
-        },
-    }
+    ShutdownSignal::of(Source::RebootSyscall, Kind::Poweroff)
+        .at(std::time::SystemTime::now())
+        .by(capable(1, "systemd-shutdow"))
 }
 
 /// `poweroff -f` by root: the tool calls reboot(2) itself (a direct tool's
 /// proof: fenced once the kubelet is silent).
 pub fn direct_poweroff() -> ShutdownSignal {
-    ShutdownSignal {
-        source: Source::Exec,
-        kind: Kind::Poweroff,
-        forced: true,
-        bypasses_logind: true,
-        calls_reboot: true,
-        scope: Scope::Node,
-        effect: Effect::Now,
-        actor: Some(capable(4242, "poweroff")),
-        sender: None,
-        at: std::time::SystemTime::now(),
-        boot_ns: 0,
-        deadline: None,
-        detail: Detail::Exec {
+    ShutdownSignal::of(Source::Exec, Kind::Poweroff)
+        .forced(true)
+        .calling_reboot()
+        .at(std::time::SystemTime::now())
+        .by(capable(4242, "poweroff"))
+        .detail(Detail::Exec {
             path: "/usr/sbin/poweroff".into(),
             argv: vec!["poweroff".into(), "-f".into()],
             raw: "poweroff\\0-f\\0".into(),
             truncated: false,
-        },
-    }
+        })
 }
 
 /// Sets `rec` as `node`'s record in the double, as if the agent had written

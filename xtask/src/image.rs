@@ -18,7 +18,7 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::{arch::Arch, setup};
 
 /// The DaemonSet's added capabilities (deploy/kustomize/agent-daemonset.yaml;
-/// tests/manifests.rs checks that list against the docs).
+/// tests/manifests/privileges.rs checks that list against the docs).
 const CAPS: &str = "BPF,PERFMON,SYS_ADMIN,SYS_PTRACE";
 
 pub struct Image {

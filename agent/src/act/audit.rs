@@ -537,30 +537,12 @@ pub fn history(dir: &Path, boot: &BootFilter) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signal::{Detail, Effect, Kind, Scope, Source};
+    use crate::signal::{Kind, Source};
 
     fn signal(kind: Kind) -> ShutdownSignal {
-        ShutdownSignal {
-            source: Source::RebootSyscall,
-            kind,
-            forced: true,
-            bypasses_logind: true,
-            calls_reboot: false,
-            scope: Scope::Node,
-            effect: Effect::Now,
-            actor: None,
-            sender: None,
-            at: SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789),
-            boot_ns: 42,
-            deadline: None,
-            detail: Detail::Reboot {
-                magic1: 0xfee1dead,
-                magic2: 672274793,
-                cmd: 0x4321fedc,
-                valid_magic: true,
-                ret: None,
-            },
-        }
+        ShutdownSignal::of(Source::RebootSyscall, kind)
+            .at(SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789))
+            .boot_ns(42)
     }
 
     /// An episode joined again and again: each audit line carries its first

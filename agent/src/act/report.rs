@@ -197,7 +197,7 @@ mod tests {
     use super::*;
     use crate::{
         decide::{Action, Decision},
-        signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
+        signal::{Kind, ShutdownSignal, Source},
     };
 
     fn ep(id: u32, path: ShutdownPath) -> Episode {
@@ -219,24 +219,7 @@ mod tests {
     }
 
     fn sig_rec(boot: &str, seq: u64, action: Action, episode: Option<Episode>) -> AuditRecord {
-        let signal = ShutdownSignal {
-            source: Source::Logind,
-            kind: Kind::Poweroff,
-            forced: false,
-            bypasses_logind: false,
-            calls_reboot: false,
-            scope: Scope::Node,
-            effect: Effect::Now,
-            actor: None,
-            sender: None,
-            at: SystemTime::UNIX_EPOCH,
-            boot_ns: 0,
-            deadline: None,
-            detail: Detail::Dbus {
-                member: "PrepareForShutdown".into(),
-                unit: None,
-            },
-        };
+        let signal = ShutdownSignal::of(Source::Logind, Kind::Poweroff).without_sender();
         AuditRecord {
             boot_id: boot.into(),
             seq,

@@ -392,7 +392,7 @@ mod tests {
     use crate::{
         decide::Decider,
         record::{Closing, RECORD_ANNOTATION, RECORD_MANAGER},
-        signal::{Actor, Detail, Effect, Scope, ShutdownSignal, Source},
+        signal::{Actor, Detail, ShutdownSignal, Source},
     };
 
     const T0: u64 = 1_800_000_000;
@@ -421,54 +421,20 @@ mod tests {
     }
 
     fn signal(source: Source, kind: Kind, at: u64) -> ShutdownSignal {
-        let (detail, forced, calls_reboot, actor) = match source {
-            Source::RebootSyscall => (
-                Detail::Reboot {
-                    magic1: 0xfee1_dead,
-                    magic2: 672_274_793,
-                    cmd: 0x4321_fedc,
-                    valid_magic: true,
-                    ret: None,
-                },
-                true,
-                false,
-                Some(root(1, "systemd-shutdow")),
-            ),
-            Source::Exec => (
-                Detail::Exec {
+        let s = ShutdownSignal::of(source, kind).without_sender().at(t(at));
+        match source {
+            Source::RebootSyscall => s.by(root(1, "systemd-shutdow")),
+            Source::Exec => s
+                .forced(true)
+                .calling_reboot()
+                .by(root(700, "poweroff"))
+                .detail(Detail::Exec {
                     path: "/sbin/poweroff".into(),
                     argv: vec!["poweroff".into(), "-f".into()],
                     raw: String::new(),
                     truncated: false,
-                },
-                true,
-                true,
-                Some(root(700, "poweroff")),
-            ),
-            _ => (
-                Detail::Dbus {
-                    member: "PrepareForShutdown".into(),
-                    unit: None,
-                },
-                false,
-                false,
-                None,
-            ),
-        };
-        ShutdownSignal {
-            source,
-            kind,
-            forced,
-            bypasses_logind: forced,
-            calls_reboot,
-            scope: Scope::Node,
-            effect: Effect::Now,
-            actor,
-            sender: None,
-            at: t(at),
-            boot_ns: 0,
-            deadline: None,
-            detail,
+                }),
+            _ => s.forced(false),
         }
     }
 

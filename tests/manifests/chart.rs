@@ -1,0 +1,533 @@
+//! The Helm chart: its values take effect, its schema covers the config, it
+//! lints clean, and its README names every value.
+use super::*;
+
+/// The chart's knobs: each value set changes what it says and nothing else
+/// breaks the strict parse.
+/// The API Priority and Fairness objects: on by default in both installs,
+/// off with the overlay and the Helm value (nothing else changes); the
+/// agent's FlowSchema takes exactly its last-gasp writes (Node, its status,
+/// Events) into one FIFO queue of its own level, never lent; the
+/// controller's takes all it asks; the values size them.
+#[test]
+fn flow_control_is_on_by_default_and_off_by_a_switch() {
+    let (Some(k), Some(h)) = (kustomize(), helm()) else {
+        return skip(
+            "flow_control_is_on_by_default_and_off_by_a_switch",
+            "no helm or kustomize",
+        );
+    };
+    let is_apf = |k: &Key| k.0.starts_with("flowcontrol.apiserver.k8s.io/");
+    let base = objects("kustomize build", &render_kustomize(&k));
+    let apf: Vec<&Key> = base.keys().filter(|k| is_apf(k)).collect();
+    assert_eq!(apf.len(), 4, "{apf:?}");
+    let off = objects(
+        "kustomize build deploy/overlays/no-flowcontrol",
+        &render_kustomize_dir(&k, &repo().join("deploy/overlays/no-flowcontrol")),
+    );
+    let without: BTreeMap<Key, Value> = base
+        .iter()
+        .filter(|(k, _)| !is_apf(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_same("the base without APF", &without, "no-flowcontrol", &off);
+    let helm_off = objects(
+        "helm template --set flowControl.enabled=false",
+        &render_helm(&h, &["flowControl.enabled=false"]),
+    );
+    assert_same(
+        "no-flowcontrol",
+        &off,
+        "helm --set flowControl.enabled=false",
+        &without_helm_only(&helm_off),
+    );
+    let fs: k8s_openapi::api::flowcontrol::v1::FlowSchema =
+        get(&base, "FlowSchema", "lastgasp-agent-evidence");
+    let spec = fs.spec;
+    assert_eq!(spec.priority_level_configuration.name, "lastgasp-evidence");
+    // Before `service-accounts` (9000), where the agent falls otherwise.
+    assert!(spec.matching_precedence.unwrap() < 9000);
+    let rule = &spec.rules.unwrap()[0];
+    let subject = rule.subjects[0].service_account.as_ref().unwrap();
+    assert_eq!(
+        (subject.namespace.as_str(), subject.name.as_str()),
+        ("lastgasp", "lastgasp-agent")
+    );
+    let writes: Vec<(Vec<String>, Vec<String>, Vec<String>)> = rule
+        .resource_rules
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|r| (r.api_groups.clone(), r.resources.clone(), r.verbs.clone()))
+        .collect();
+    let v = |x: &[&str]| {
+        x.iter()
+            .map(std::string::ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        writes,
+        [
+            (v(&[""]), v(&["nodes", "nodes/status"]), v(&["patch"])),
+            (
+                v(&["events.k8s.io"]),
+                v(&["events"]),
+                v(&["create", "patch"])
+            ),
+        ],
+        "the last gasp's writes only: no reads, no pod deletions"
+    );
+    assert!(rule.non_resource_rules.is_none());
+    let pl: k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration =
+        get(&base, "PriorityLevelConfiguration", "lastgasp-evidence");
+    let limited = pl.spec.limited.unwrap();
+    assert_eq!(
+        limited.lendable_percent,
+        Some(0),
+        "its seats are there when the burst comes"
+    );
+    let q = limited.limit_response.queuing.unwrap();
+    assert_eq!(
+        (q.queues, q.hand_size),
+        (Some(1), Some(1)),
+        "one FIFO queue"
+    );
+    assert_eq!(q.queue_length_limit, Some(2000));
+    let ctl: k8s_openapi::api::flowcontrol::v1::FlowSchema =
+        get(&base, "FlowSchema", "lastgasp-controller");
+    let ctl = ctl.spec;
+    assert_eq!(ctl.priority_level_configuration.name, "lastgasp-controller");
+    assert_eq!(
+        ctl.rules.unwrap()[0].subjects[0]
+            .service_account
+            .as_ref()
+            .unwrap()
+            .name,
+        "lastgasp-controller"
+    );
+    // The values size the level.
+    let sized = render_helm(
+        &h,
+        &[
+            "flowControl.evidence.queueLengthLimit=10000",
+            "flowControl.evidence.nominalConcurrencyShares=20",
+        ],
+    );
+    let pl = sized
+        .iter()
+        .find(|o| {
+            o["kind"] == "PriorityLevelConfiguration"
+                && o["metadata"]["name"] == "lastgasp-evidence"
+        })
+        .unwrap();
+    assert_eq!(pl["spec"]["limited"]["nominalConcurrencyShares"], 20);
+    assert_eq!(
+        pl["spec"]["limited"]["limitResponse"]["queuing"]["queueLengthLimit"],
+        10000
+    );
+}
+
+#[test]
+fn the_charts_values_take_effect() {
+    let Some(h) = helm() else {
+        return skip("the_charts_values_take_effect", "no helm");
+    };
+    let render = |set: &[&str]| -> Vec<Value> { render_helm(&h, set) };
+    let find = |objs: &[Value], kind: &str, name: &str| -> Value {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let ds = |objs: &[Value]| find(objs, "DaemonSet", "lastgasp-agent");
+    let default = render(&[]);
+    // The controller's policy and ceiling.
+    let ctl_args = |objs: &[Value]| {
+        find(objs, "Deployment", "lastgasp-controller")["spec"]["template"]["spec"]["containers"][0]
+            ["args"]
+            .clone()
+    };
+    let flag_of = |args: &Value, f: &str| {
+        let a = args.as_array().unwrap();
+        a.iter()
+            .position(|x| x == f)
+            .map(|i| a[i + 1].as_str().unwrap().to_string())
+    };
+    let a = ctl_args(&default);
+    assert_eq!(flag_of(&a, "--policy").as_deref(), Some("poweroff-only"));
+    assert_eq!(flag_of(&a, "--max-fenced").as_deref(), Some("0"));
+    let a = ctl_args(&render(&[
+        "controller.policy=observe",
+        "controller.maxFenced=3",
+    ]));
+    assert_eq!(flag_of(&a, "--policy").as_deref(), Some("observe"));
+    assert_eq!(flag_of(&a, "--max-fenced").as_deref(), Some("3"));
+    let d = ds(&default);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
+    assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    let checksum = d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(checksum.len(), 64, "a sha256 of the config");
+    // A changed config changes the checksum: `helm upgrade` rolls the agents.
+    let other = ds(&render(&["agent.shutdownGracePeriod=40s"]));
+    assert_ne!(
+        other["spec"]["template"]["metadata"]["annotations"]["checksum/config"],
+        json!(checksum)
+    );
+    let set = render(&[
+        "agent.nodeSelector.pool=batch",
+        "agent.tolerations[0].key=x",
+        "agent.tolerations[0].operator=Exists",
+        "agent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=zone",
+        "agent.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        "agent.priorityClassName=high",
+        "agent.updateStrategy.rollingUpdate.maxUnavailable=10%",
+        "agent.podAnnotations.team=infra",
+        "agent.extraArgs[0]=--metrics-listen",
+        "agent.extraArgs[1]=off",
+        "agent.extraEnv[0].name=RUST_LOG",
+        "agent.extraEnv[0].value=debug",
+        "imagePullSecrets[0].name=regcred",
+        "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "controller.pdb.enabled=false",
+        "controller.nodeSelector.pool=system",
+        "podMonitor.enabled=true",
+    ]);
+    let d = ds(&set);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"kubernetes.io/os": "linux", "pool": "batch"}),
+        "--set merges into the default"
+    );
+    assert_eq!(pod["tolerations"][0]["key"], "x");
+    assert!(pod["affinity"]["nodeAffinity"].is_object());
+    assert_eq!(pod["priorityClassName"], "high");
+    assert_eq!(
+        d["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}})
+    );
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["annotations"]["team"],
+        "infra"
+    );
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert_eq!(&args[args.len() - 2..], ["--metrics-listen", "off"]);
+    assert!(c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "RUST_LOG" && e["value"] == "debug"));
+    assert_eq!(pod["imagePullSecrets"], json!([{"name": "regcred"}]));
+    assert!(
+        c["image"].as_str().unwrap().starts_with("lastgasp@sha256:"),
+        "{}",
+        c["image"]
+    );
+    let ctl = find(&set, "Deployment", "lastgasp-controller");
+    assert_eq!(
+        ctl["spec"]["template"]["spec"]["nodeSelector"],
+        json!({"pool": "system"})
+    );
+    assert_eq!(
+        ctl["spec"]["template"]["spec"]["imagePullSecrets"],
+        json!([{"name": "regcred"}])
+    );
+    assert!(
+        !set.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
+        "controller.pdb.enabled=false"
+    );
+    assert!(default.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+    let pm = find(&set, "PodMonitor", "lastgasp-agent");
+    assert_eq!(pm["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+    assert!(!default.iter().any(|o| o["kind"] == "PodMonitor"), "opt-in");
+    // The standard labels, on every object Helm renders.
+    for o in &default {
+        assert_eq!(
+            o["metadata"]["labels"]["app.kubernetes.io/managed-by"], "Helm",
+            "{}",
+            o["kind"]
+        );
+        assert!(o["metadata"]["labels"]["helm.sh/chart"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("lastgasp-")));
+    }
+    // nameOverride renames every object, and the admission policy follows
+    // the agent's ServiceAccount.
+    let renamed = render(&["nameOverride=shutdown"]);
+    assert!(
+        renamed.iter().all(|o| o["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("shutdown")),
+        "every name"
+    );
+    let vap = find(
+        &renamed,
+        "ValidatingAdmissionPolicy",
+        "shutdown-agent-own-node",
+    );
+    assert!(vap["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap()
+        .contains("system:serviceaccount:lastgasp:shutdown-agent"));
+    // rbac.create / serviceAccount.create off: those objects are the user's.
+    let bare = render(&["rbac.create=false", "serviceAccount.create=false"]);
+    for kind in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ] {
+        assert!(!bare.iter().any(|o| o["kind"] == kind), "{kind} rendered");
+    }
+    // Everything but the PodMonitor (a CRD) parses strictly.
+    let typed: Vec<Value> = set
+        .into_iter()
+        .filter(|o| o["kind"] != "PodMonitor")
+        .collect();
+    objects("helm template with every value set", &typed);
+}
+
+/// The config's field names, as its parser knows them (serde's
+/// deny_unknown_fields error lists every one).
+fn config_fields() -> BTreeSet<String> {
+    let err = format!("{:#}", Config::parse("noSuchField: 1").unwrap_err());
+    let fields: BTreeSet<String> = err
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|f| *f != "noSuchField")
+        .map(str::to_string)
+        .collect();
+    assert!(fields.contains("podRemoval"), "{err}");
+    fields
+}
+
+#[test]
+fn the_values_schema_covers_every_config_field_and_refuses_a_typo() {
+    let Some(h) = helm() else {
+        return skip(
+            "the_values_schema_covers_every_config_field_and_refuses_a_typo",
+            "no helm",
+        );
+    };
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(lastgasp_tests::render::chart_dir().join("values.schema.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let agent = &schema["properties"]["agent"]["properties"];
+    // Every field the agent reads is settable: its own value, agent.config,
+    // or fixed by the DaemonSet (the audit dir's host path, $NODE_NAME).
+    let mut settable: BTreeSet<String> = agent["config"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    for own in [
+        "podRemoval",
+        "shutdownGracePeriod",
+        "shutdownGracePeriodCriticalPods",
+        "kubeletConfigPath",
+    ] {
+        assert!(agent.get(own).is_some(), "agent.{own} in the schema");
+        assert!(settable.insert(own.into()), "{own} settable twice");
+    }
+    settable.extend(["auditDir".to_string(), "nodeName".to_string()]);
+    assert_eq!(
+        settable,
+        config_fields(),
+        "the schema and the config's fields"
+    );
+    assert_eq!(agent["config"]["additionalProperties"], false);
+
+    // Every agent.config field, set, renders a config the agent accepts.
+    let set = [
+        "agent.config.ignoreDaemonSets=true",
+        "agent.config.excludeNamespaces={kube-system,monitoring}",
+        "agent.config.excludePodLabels.keep=yes",
+        "agent.config.shutdownGracePeriodByPodPriority[0].priority=0",
+        "agent.config.shutdownGracePeriodByPodPriority[0].shutdownGracePeriodSeconds=20",
+        "agent.config.shutdownGracePeriodByPodPriority[1].priority=100000",
+        "agent.config.shutdownGracePeriodByPodPriority[1].shutdownGracePeriodSeconds=10",
+        "agent.config.trust.pendingExpiry=90s",
+        "agent.config.apiServer.endpoint=https://10.0.0.10:6443",
+        "agent.config.auditMaxFileMiB=32",
+        "agent.config.auditFiles=8",
+        "agent.shutdownGracePeriod=",
+        "agent.shutdownGracePeriodCriticalPods=",
+    ];
+    // A by-priority list excludes the two grace periods (the kubelet's
+    // rule): the schema lets them be emptied, the agent's parser decides.
+    // render_helm panics with helm's stderr if the schema refuses any.
+    let objs = objects("helm template --set agent.config.*", &render_helm(&h, &set));
+    let cm: ConfigMap = get(&objs, "ConfigMap", "lastgasp-agent");
+    let yaml = &cm.data.unwrap()["config.yaml"];
+    let cfg = Config::parse(yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"));
+    assert!(cfg.ignore_daemon_sets);
+    assert_eq!(cfg.exclude_namespaces, ["kube-system", "monitoring"]);
+    assert_eq!(cfg.audit_max_file_mib, 32);
+    assert_eq!(cfg.audit_files, 8);
+    assert_eq!(cfg.trust.pending_expiry, Duration::from_secs(90));
+    assert_eq!(
+        cfg.api_server.endpoint.as_deref(),
+        Some("https://10.0.0.10:6443")
+    );
+
+    // Typos and wrong types fail at `helm template`, before anything is applied.
+    for bad in [
+        "agent.config.ignoreDaemonSet=true",
+        "agent.config.auditFiles=many",
+        "agent.podRemoval=drain",
+        "controller.policy=poweroff",
+        "controller.proofQuiet=soon",
+        "agent.shutdownGracePeriod=30",
+        "nosuchvalue=1",
+    ] {
+        let out = Command::new(&h)
+            .args(["template", "lastgasp"])
+            .arg(lastgasp_tests::render::chart_dir())
+            .args(["--set", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--set {bad} was accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("schema"),
+            "--set {bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_charts_controller_flags_reach_the_controller() {
+    let (Some(h), Some(bin)) = (helm(), agent_bin()) else {
+        return skip(
+            "the_charts_controller_flags_reach_the_controller",
+            "no helm or no agent binary (LASTGASP_BIN)",
+        );
+    };
+    let objs = objects(
+        "helm template --set controller.*",
+        &render_helm(
+            &h,
+            &[
+                "controller.proofQuiet=5s",
+                "controller.leaseMargin=3s",
+                "controller.rebootTimeout=15m",
+                "controller.maxFencesPerMinute=0",
+                "controller.concurrency=4",
+                "controller.priorityClassName=lastgasp-high",
+                "controller.extraEnv[0].name=RUST_LOG",
+                "controller.extraEnv[0].value=debug",
+                "agent.extraEnv[0].name=RUST_LOG",
+                "agent.extraEnv[0].value=debug",
+                "agent.appArmorProfile.type=Unconfined",
+                "agent.seLinuxOptions.type=spc_t",
+                "priorityClassQuota.enabled=true",
+            ],
+        ),
+    );
+    let pod = controller_pod(&objs);
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap();
+    for (f, v) in [
+        ("--proof-quiet", "5s"),
+        ("--lease-margin", "3s"),
+        ("--reboot-timeout", "15m"),
+        ("--max-fences-per-minute", "0"),
+        ("--concurrency", "4"),
+    ] {
+        assert_eq!(flag(&args, f).as_deref(), Some(v), "{f}");
+    }
+    parses_with_the_cli(&bin, c);
+    assert_eq!(pod.priority_class_name.as_deref(), Some("lastgasp-high"));
+    assert!(c.env.as_ref().unwrap().iter().any(|e| e.name == "RUST_LOG"));
+    let a = &agent_pod(&objs).containers[0];
+    assert!(a.env.as_ref().unwrap().iter().any(|e| e.name == "RUST_LOG"));
+    let sc = a.security_context.clone().unwrap();
+    assert_eq!(sc.app_armor_profile.unwrap().type_, "Unconfined");
+    assert_eq!(sc.se_linux_options.unwrap().type_.as_deref(), Some("spc_t"));
+    let q: k8s_openapi::api::core::v1::ResourceQuota =
+        get(&objs, "ResourceQuota", "lastgasp-critical-pods");
+    let sel = q
+        .spec
+        .unwrap()
+        .scope_selector
+        .unwrap()
+        .match_expressions
+        .unwrap();
+    assert_eq!(
+        sel[0].values.clone().unwrap(),
+        ["system-node-critical", "lastgasp-high"]
+    );
+    // Unset, the binary's defaults: no flag rendered.
+    let defaults = objects("helm template", &render_helm(&h, &[]));
+    let args = controller_pod(&defaults).containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert_eq!(flag(&args, "--proof-quiet"), None);
+}
+
+#[test]
+fn helm_lint_passes_strict_and_renders_the_notes() {
+    let Some(h) = helm() else {
+        return skip("helm_lint_passes_strict_and_renders_the_notes", "no helm");
+    };
+    // `helm lint` renders every template, NOTES.txt included.
+    let out = Command::new(&h)
+        .args(["lint", "--strict"])
+        .arg(lastgasp_tests::render::chart_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm lint --strict:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_chart_readme_names_every_top_level_value() {
+    let dir = lastgasp_tests::render::chart_dir();
+    let values: Value =
+        serde_norway::from_str(&std::fs::read_to_string(dir.join("values.yaml")).unwrap()).unwrap();
+    let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    let mut missing = Vec::new();
+    for (k, v) in values.as_object().unwrap() {
+        // Sections are named by their keys: `agent.podRemoval`, `controller.policy`...
+        match v.as_object() {
+            Some(m) if !m.is_empty() && k != "rbac" && k != "serviceAccount" => {
+                for sub in m.keys() {
+                    if !readme.contains(&format!("`{k}.{sub}")) {
+                        missing.push(format!("{k}.{sub}"));
+                    }
+                }
+            }
+            _ => {
+                if !readme.contains(&format!("`{k}")) {
+                    missing.push(k.clone());
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "deploy/helm/lastgasp/README.md does not name: {missing:?}"
+    );
+}
