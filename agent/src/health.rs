@@ -40,35 +40,23 @@ impl Health {
     }
 
     pub fn not_ready(&self, why: &str) {
-        *self
-            .not_ready
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.to_string());
+        *locked(&self.not_ready) = Some(why.to_string());
     }
 
     pub fn ready(&self) {
-        *self
-            .not_ready
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *locked(&self.not_ready) = None;
     }
 
     /// `part` stopped working (not ready until `regained`); logged once per loss.
     pub fn lost(&self, part: &'static str, why: &str) {
-        let mut lost = self
-            .lost
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut lost = locked(&self.lost);
         if lost.insert(part, why.to_string()).is_none() {
             tracing::warn!(part, why, "not ready: {part} lost");
         }
     }
 
     pub fn regained(&self, part: &'static str) {
-        let mut lost = self
-            .lost
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut lost = locked(&self.lost);
         if lost.remove(part).is_some() {
             tracing::info!(part, "{part} back");
         }
@@ -76,51 +64,28 @@ impl Health {
 
     /// A bus part (logind, systemd) is running: it is reachable while not lost.
     pub fn bus_started(&self, part: &'static str) {
-        self.buses
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(part);
+        locked(&self.buses).insert(part);
     }
 
     /// Whether logind or systemd can be reached now (a started part not lost).
     pub fn bus_reachable(&self) -> bool {
-        let lost = self
-            .lost
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.buses
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .any(|p| !lost.contains_key(p))
+        let lost = locked(&self.lost);
+        locked(&self.buses).iter().any(|p| !lost.contains_key(p))
     }
 
     /// Whether the graceful path is armed: `part` (logind) started and
     /// neither it nor any of its parts (`part` and the `part …` lock) is lost.
     pub fn armed(&self, part: &str) -> bool {
-        let lost = self
-            .lost
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.buses
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(part)
+        let lost = locked(&self.lost);
+        locked(&self.buses).contains(part)
             && !lost.keys().any(|p| p.split(' ').next() == Some(part))
     }
 
     pub fn readiness(&self) -> Result<(), String> {
-        if let Some(why) = &*self
-            .not_ready
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-        {
+        if let Some(why) = &*locked(&self.not_ready) {
             return Err(why.clone());
         }
-        let lost = self
-            .lost
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let lost = locked(&self.lost);
         if lost.is_empty() {
             return Ok(());
         }
@@ -177,6 +142,11 @@ impl Health {
             heartbeat_ms: AtomicU64::new(0),
         })
     }
+}
+
+/// The lock, even if a holder panicked (the state is a plain record).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

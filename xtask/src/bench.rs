@@ -6,7 +6,8 @@ use std::path::Path;
 use anyhow::{bail, Result};
 
 use crate::{
-    build::{build, cargo, ebpf_object, run, target_dir},
+    build::{build, ebpf_object, target_dir},
+    cmd::{cargo, run},
     k8s, setup,
 };
 

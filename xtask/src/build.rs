@@ -5,10 +5,13 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::arch::Arch;
-use crate::setup;
+use crate::{
+    cmd::{cargo, run},
+    setup,
+};
 
 /// `CARGO_TARGET_DIR` when set, else `target/` of the workspace.
 pub fn target_dir(root: &Path) -> PathBuf {
@@ -67,12 +70,21 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
 }
 
 fn build_ebpf(root: &Path, tools: &setup::Tools) -> Result<()> {
+    let mut cmd = ebpf_cargo(root, tools, "build");
+    cmd.env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .env("PATH", tools.path_with_linker()?);
+    run(&mut cmd).context("building the eBPF object (agent-ebpf)")
+}
+
+/// `cargo <subcommand>` on the eBPF crate: the pinned nightly, for
+/// bpfel-unknown-none with its own `core`, in `target/ebpf`.
+pub fn ebpf_cargo(root: &Path, tools: &setup::Tools, subcommand: &str) -> Command {
     let mut cmd = Command::new("cargo");
     setup::clean_toolchain_env(&mut cmd);
     cmd.current_dir(root.join("agent-ebpf"))
         .arg(format!("+{}", tools.nightly))
         .args([
-            "build",
+            subcommand,
             "--release",
             "--target",
             "bpfel-unknown-none",
@@ -80,20 +92,6 @@ fn build_ebpf(root: &Path, tools: &setup::Tools) -> Result<()> {
             "build-std=core",
         ])
         .arg("--target-dir")
-        .arg(target_dir(root).join("ebpf"))
-        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
-        .env("PATH", tools.path_with_linker()?);
-    run(&mut cmd).context("building the eBPF object (agent-ebpf)")
-}
-
-pub fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-}
-
-pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
-    if !status.success() {
-        bail!("{:?} failed: {status}", cmd.get_program());
-    }
-    Ok(())
+        .arg(target_dir(root).join("ebpf"));
+    cmd
 }

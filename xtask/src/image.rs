@@ -105,14 +105,7 @@ pub fn build(root: &Path, target: &Path, bin: &Path, arch: Arch) -> Result<Image
             .arg(&dir),
     )
     .context("podman build")?;
-    let _ = fs::remove_file(&archive);
-    crate::run(
-        podman(&dir)
-            .args(["save", "--format", "oci-archive", "-o"])
-            .arg(&archive)
-            .arg(&tag),
-    )
-    .context("podman save")?;
+    save_archive(&dir, &tag, &archive).context("podman save")?;
     println!("image: {tag}, saved as {}", archive.display());
     Ok(Image { tag, arch, archive })
 }
@@ -199,14 +192,7 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
     )
     .context("podman build (sleeper)")?;
     let archive = target.join("image/lastgasp-sleeper.oci.tar");
-    let _ = fs::remove_file(&archive);
-    crate::run(
-        podman(&dir)
-            .args(["save", "--format", "oci-archive", "-o"])
-            .arg(&archive)
-            .arg(&tag),
-    )
-    .context("podman save (sleeper)")?;
+    save_archive(&dir, &tag, &archive).context("podman save (sleeper)")?;
     Ok((archive, tag))
 }
 
@@ -393,4 +379,15 @@ pub fn check_arms(target: &Path, image: &Image) -> Result<()> {
         image.tag
     );
     Ok(())
+}
+
+/// `podman save` of `tag` into a fresh OCI archive.
+fn save_archive(dir: &Path, tag: &str, archive: &Path) -> Result<()> {
+    let _ = fs::remove_file(archive);
+    crate::run(
+        podman(dir)
+            .args(["save", "--format", "oci-archive", "-o"])
+            .arg(archive)
+            .arg(tag),
+    )
 }

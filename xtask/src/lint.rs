@@ -7,7 +7,8 @@ use std::{path::Path, process::Command};
 use anyhow::{Context, Result};
 
 use crate::{
-    build::{cargo, run, target_dir},
+    build::ebpf_cargo,
+    cmd::{cargo, run},
     setup,
 };
 
@@ -34,21 +35,8 @@ pub fn lint(root: &Path) -> Result<()> {
         "warnings",
     ]))
     .context("clippy found something in the workspace")?;
-    let mut ebpf = Command::new("cargo");
-    setup::clean_toolchain_env(&mut ebpf);
-    ebpf.current_dir(root.join("agent-ebpf"))
-        .arg(format!("+{}", tools.nightly))
-        .args([
-            "clippy",
-            "--release",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-        ])
-        .arg("--target-dir")
-        .arg(target_dir(root).join("ebpf"))
-        .args(["--", "-D", "warnings"]);
+    let mut ebpf = ebpf_cargo(root, &tools, "clippy");
+    ebpf.args(["--", "-D", "warnings"]);
     run(&mut ebpf).context("clippy found something in agent-ebpf")?;
     println!("lint: rustfmt and clippy clean");
     Ok(())

@@ -3,6 +3,7 @@
 mod arch;
 mod bench;
 mod build;
+mod cmd;
 mod fuzz;
 mod image;
 mod k8s;
@@ -18,8 +19,9 @@ use std::{
 };
 
 use anyhow::Result;
-use build::{build, ebpf_object, run, target_dir, BINS};
+use build::{build, ebpf_object, target_dir, BINS};
 use clap::{Parser, Subcommand};
+use cmd::run;
 
 #[derive(Parser)]
 struct Cli {

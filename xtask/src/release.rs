@@ -19,7 +19,8 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::{
     arch::Arch,
-    build::{build_for, run, target_dir},
+    build::{build_for, target_dir},
+    cmd::run,
     image, setup,
 };
 

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::arch::Arch;
+use crate::{arch::Arch, cmd::output};
 
 /// The nightly the eBPF crate is built with (rustc 1.97, LLVM 22). Machines
 /// of this kind ship it preinstalled as `nightly`; elsewhere it is installed.
@@ -56,17 +56,6 @@ pub fn cache_dir() -> PathBuf {
             PathBuf::from(env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
         })
         .join("lastgasp")
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn rustup() -> Command {

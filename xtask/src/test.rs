@@ -5,7 +5,8 @@ use std::path::Path;
 use anyhow::Result;
 
 use crate::{
-    build::{build, cargo, ebpf_object, run},
+    build::{build, ebpf_object},
+    cmd::{cargo, run},
     k8s, lint, release, setup, vm,
 };
 

@@ -291,8 +291,8 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
         crate::image::build(root, &target, agent, crate::arch::Arch::Amd64)?;
     }
     let sleeper = crate::image::sleeper(root, &target)?;
-    crate::build::run(
-        crate::build::cargo()
+    crate::cmd::run(
+        crate::cmd::cargo()
             .current_dir(root)
             .args([
                 "build",

@@ -374,15 +374,7 @@ mod tests {
 
     #[test]
     fn one_signal_per_kind_while_its_jobs_are_pending() {
-        let mut d = SystemdDetector {
-            cfg: SystemdConfig::default(),
-            conn: None,
-            streams: None,
-            pending: HashMap::new(),
-            prepared: None,
-            window: Duration::ZERO,
-            health: None,
-        };
+        let mut d = SystemdDetector::pending(SystemdConfig::default());
         let s = d.job_new(1, "shutdown.target", false).unwrap();
         assert_eq!(s.kind, Kind::Unknown);
         let s = d.job_new(2, "poweroff.target", false).unwrap();

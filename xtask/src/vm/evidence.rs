@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 use super::qemu::Run;
+use crate::cmd::output;
 
 /// The runner's `out/timeline` ("NS WORD ...", guest CLOCK_REALTIME) and `out/boots`.
 pub struct Timeline {
@@ -140,17 +141,6 @@ pub fn read_audit(img: &Path) -> Result<AuditDisk> {
         unreadable,
         needed_recovery,
     })
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// One detection, merged from the audit on disk and the agent's stdout.

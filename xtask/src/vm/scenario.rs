@@ -113,7 +113,7 @@ impl fmt::Display for Want {
     }
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Scenario {
     /// Also the file `tests/vm/scenarios/NAME.sh`.
     pub name: &'static str,
@@ -153,6 +153,78 @@ pub struct Scenario {
     pub next_boot: bool,
 }
 
+/// The table reads each scenario as what differs from the defaults: no
+/// detection required, nothing decided, any scope, not quiet, no drain.
+impl Scenario {
+    pub const fn new(name: &'static str, trigger: &'static str, end: End) -> Self {
+        Scenario {
+            name,
+            trigger,
+            end,
+            first: None,
+            then: &[],
+            decide: None,
+            decide_then: &[],
+            container_only: false,
+            cluster_only: false,
+            quiet: false,
+            drains: false,
+            next_boot: false,
+        }
+    }
+    const fn first(self, first: Want) -> Self {
+        Scenario {
+            first: Some(first),
+            ..self
+        }
+    }
+    const fn then(self, then: &'static [Want]) -> Self {
+        Scenario { then, ..self }
+    }
+    const fn decide(self, action: &'static str) -> Self {
+        Scenario {
+            decide: Some(action),
+            ..self
+        }
+    }
+    const fn decide_then(self, decide_then: &'static [&'static str]) -> Self {
+        Scenario {
+            decide_then,
+            ..self
+        }
+    }
+    const fn container_only(self) -> Self {
+        Scenario {
+            container_only: true,
+            ..self
+        }
+    }
+    const fn cluster_only(self) -> Self {
+        Scenario {
+            cluster_only: true,
+            ..self
+        }
+    }
+    const fn quiet(self) -> Self {
+        Scenario {
+            quiet: true,
+            ..self
+        }
+    }
+    const fn drains(self) -> Self {
+        Scenario {
+            drains: true,
+            ..self
+        }
+    }
+    const fn next_boot(self) -> Self {
+        Scenario {
+            next_boot: true,
+            ..self
+        }
+    }
+}
+
 const EXEC: &str = "exec";
 const REBOOT: &str = "reboot-syscall";
 const SIGNAL: &str = "signal-pid1";
@@ -181,366 +253,185 @@ const fn job(kind: &'static str) -> Want {
 }
 
 pub static SCENARIOS: &[Scenario] = &[
-    Scenario {
-        name: "poweroff",
-        trigger: "systemctl poweroff",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
-        decide: Some("pending"),
-        decide_then: &["graceful"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "reboot",
-        trigger: "systemctl reboot",
-        end: End::Reboot,
-        first: Some(w(EXEC, "reboot", false, "now").by("systemctl")),
-        then: &[logind("reboot"), job("reboot"), pid1_final("reboot")],
-        decide: Some("pending"),
-        decide_then: &["graceful"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "poweroff-force",
-        trigger: "systemctl poweroff --force",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", true, "now").by("systemctl")),
-        then: &[pid1_final("poweroff")],
-        decide: Some("immediate"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "poweroff-force-force",
-        trigger: "systemctl poweroff --force --force",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", true, "now").by("systemctl")),
-        // systemctl's own reboot(2) kills the machine at once: reported, not required.
-        then: &[],
-        decide: Some("immediate"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "poweroff-target",
-        trigger: "systemctl start poweroff.target",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-        then: &[job("poweroff"), pid1_final("poweroff")],
-        decide: Some("pending"),
-        decide_then: &["graceful"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "shutdown-h-1",
-        trigger: "shutdown -h +1, waited out",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", false, "scheduled").by("shutdown")),
-        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
-        decide: Some("pending"),
-        decide_then: &["warn", "graceful"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "shutdown-cancel",
-        trigger: "shutdown -h +5; shutdown -c",
-        end: End::StaysUp,
-        first: Some(w(EXEC, "poweroff", false, "scheduled").by("shutdown")),
-        then: &[w(EXEC, "unknown", false, "cancel").by("shutdown")],
-        decide: Some("pending"),
-        decide_then: &["warn", "cancel"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "sigrtmin4",
-        trigger: "kill -s SIGRTMIN+4 1",
-        end: End::PowerOff,
-        first: Some(w(SIGNAL, "poweroff", false, "now")),
-        then: &[job("poweroff"), pid1_final("poweroff")],
-        decide: Some("graceful"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "sigrtmin14",
-        trigger: "kill -s SIGRTMIN+14 1",
-        end: End::PowerOff,
-        first: Some(w(SIGNAL, "poweroff", true, "now")),
-        then: &[pid1_final("poweroff")],
-        decide: Some("immediate"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "halt-f",
-        trigger: "halt -f",
-        end: End::Halt,
-        first: Some(w(EXEC, "halt", true, "now").by("halt")),
-        // systemd's halt(8) takes one -f as two (no manager): it calls
-        // reboot(2) itself, CAD_ON then HALT, and the CPUs stop at once.
-        then: &[],
-        decide: Some("immediate"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "reboot-ff",
-        trigger: "reboot -ff",
-        end: End::Reboot,
-        first: Some(w(EXEC, "reboot", true, "now").by("reboot")),
-        // Its own reboot(2) resets the machine at once: reported, not required.
-        then: &[],
-        decide: Some("immediate"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "busybox-poweroff-f",
-        trigger: "busybox poweroff -f",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", true, "now").by("busybox")),
-        then: &[],
-        decide: Some("immediate"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        // A race the last gasp may lose: then judged on the next boot.
-        next_boot: true,
-    },
-    Scenario {
-        name: "pidns-reboot",
-        trigger: "unshare --pid --fork busybox poweroff -f",
-        end: End::StaysUp,
-        first: Some(w(EXEC, "poweroff", true, "now").by("busybox").container()),
-        then: &[w(REBOOT, "poweroff", true, "now").by("busybox").container()],
-        decide: Some("audit-only"),
-        decide_then: &[],
-        container_only: true,
-        cluster_only: false,
-        quiet: true,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "kexec-file-no-dbus",
-        trigger: "kexec -s -l ...; kexec -e (agent --no-dbus)",
-        end: End::Kexec,
-        first: Some(w(EXEC, "unknown", false, "none").by("kexec")),
-        // reboot(2) KEXEC jumps to the new kernel at once: its record is
-        // reported when it got out, and judged by the next boot's history.
-        then: &[],
-        decide: Some("audit-only"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "kexec",
-        trigger: "kexec -l ...; systemctl kexec",
-        end: End::Kexec,
-        first: Some(w(EXEC, "unknown", false, "none").by("kexec")),
-        then: &[
+    Scenario::new("poweroff", "systemctl poweroff", End::PowerOff)
+        .first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+        .then(&[logind("poweroff"), job("poweroff"), pid1_final("poweroff")])
+        .decide("pending")
+        .decide_then(&["graceful"]),
+    Scenario::new("reboot", "systemctl reboot", End::Reboot)
+        .first(w(EXEC, "reboot", false, "now").by("systemctl"))
+        .then(&[logind("reboot"), job("reboot"), pid1_final("reboot")])
+        .decide("pending")
+        .decide_then(&["graceful"]),
+    Scenario::new(
+        "poweroff-force",
+        "systemctl poweroff --force",
+        End::PowerOff,
+    )
+    .first(w(EXEC, "poweroff", true, "now").by("systemctl"))
+    .then(&[pid1_final("poweroff")])
+    .decide("immediate"),
+    // systemctl's own reboot(2) kills the machine at once: reported, not required.
+    Scenario::new(
+        "poweroff-force-force",
+        "systemctl poweroff --force --force",
+        End::PowerOff,
+    )
+    .first(w(EXEC, "poweroff", true, "now").by("systemctl"))
+    .decide("immediate"),
+    Scenario::new(
+        "poweroff-target",
+        "systemctl start poweroff.target",
+        End::PowerOff,
+    )
+    .first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+    .then(&[job("poweroff"), pid1_final("poweroff")])
+    .decide("pending")
+    .decide_then(&["graceful"]),
+    Scenario::new("shutdown-h-1", "shutdown -h +1, waited out", End::PowerOff)
+        .first(w(EXEC, "poweroff", false, "scheduled").by("shutdown"))
+        .then(&[logind("poweroff"), job("poweroff"), pid1_final("poweroff")])
+        .decide("pending")
+        .decide_then(&["warn", "graceful"]),
+    Scenario::new(
+        "shutdown-cancel",
+        "shutdown -h +5; shutdown -c",
+        End::StaysUp,
+    )
+    .first(w(EXEC, "poweroff", false, "scheduled").by("shutdown"))
+    .then(&[w(EXEC, "unknown", false, "cancel").by("shutdown")])
+    .decide("pending")
+    .decide_then(&["warn", "cancel"]),
+    Scenario::new("sigrtmin4", "kill -s SIGRTMIN+4 1", End::PowerOff)
+        .first(w(SIGNAL, "poweroff", false, "now"))
+        .then(&[job("poweroff"), pid1_final("poweroff")])
+        .decide("graceful"),
+    Scenario::new("sigrtmin14", "kill -s SIGRTMIN+14 1", End::PowerOff)
+        .first(w(SIGNAL, "poweroff", true, "now"))
+        .then(&[pid1_final("poweroff")])
+        .decide("immediate"),
+    // systemd's halt(8) takes one -f as two (no manager): it calls
+    // reboot(2) itself, CAD_ON then HALT, and the CPUs stop at once.
+    Scenario::new("halt-f", "halt -f", End::Halt)
+        .first(w(EXEC, "halt", true, "now").by("halt"))
+        .decide("immediate"),
+    // Its own reboot(2) resets the machine at once: reported, not required.
+    Scenario::new("reboot-ff", "reboot -ff", End::Reboot)
+        .first(w(EXEC, "reboot", true, "now").by("reboot"))
+        .decide("immediate"),
+    // A race the last gasp may lose: then judged on the next boot.
+    Scenario::new("busybox-poweroff-f", "busybox poweroff -f", End::PowerOff)
+        .first(w(EXEC, "poweroff", true, "now").by("busybox"))
+        .decide("immediate")
+        .next_boot(),
+    Scenario::new(
+        "pidns-reboot",
+        "unshare --pid --fork busybox poweroff -f",
+        End::StaysUp,
+    )
+    .first(w(EXEC, "poweroff", true, "now").by("busybox").container())
+    .then(&[w(REBOOT, "poweroff", true, "now").by("busybox").container()])
+    .decide("audit-only")
+    .container_only()
+    .quiet(),
+    // reboot(2) KEXEC jumps to the new kernel at once: its record is
+    // reported when it got out, and judged by the next boot's history.
+    Scenario::new(
+        "kexec-file-no-dbus",
+        "kexec -s -l ...; kexec -e (agent --no-dbus)",
+        End::Kexec,
+    )
+    .first(w(EXEC, "unknown", false, "none").by("kexec"))
+    .decide("audit-only"),
+    Scenario::new("kexec", "kexec -l ...; systemctl kexec", End::Kexec)
+        .first(w(EXEC, "unknown", false, "none").by("kexec"))
+        .then(&[
             w(EXEC, "kexec", false, "now").by("systemctl"),
             pid1_final("kexec"),
-        ],
-        decide: Some("audit-only"),
-        decide_then: &["pending", "graceful"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "soft-reboot",
-        trigger: "systemctl soft-reboot (systemd 252 refuses it)",
-        end: End::StaysUp,
-        first: Some(w(EXEC, "soft-reboot", false, "now").by("systemctl")),
-        then: &[],
-        decide: Some("pending"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: true,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "sysrq-poweroff",
-        trigger: "echo o > /proc/sysrq-trigger",
-        end: End::PowerOff,
-        first: Some(w(KERNEL, "poweroff", true, "now")),
-        then: &[],
-        decide: Some("immediate"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: true,
-    },
-    Scenario {
-        name: "privileges",
-        trigger: "agent started under 4 capability sets (no shutdown)",
-        end: End::StaysUp,
-        first: None,
-        then: &[],
-        decide: None,
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "image-arms",
-        trigger: "the release image of the guest's arch under containerd (no shutdown)",
-        end: End::StaysUp,
-        first: None,
-        then: &[],
-        decide: None,
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: true,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "graceful-pods",
-        trigger: "systemctl poweroff, pods in 4 priority classes",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
-        decide: Some("pending"),
-        decide_then: &["graceful"],
-        container_only: false,
-        cluster_only: true,
-        quiet: false,
-        drains: true,
-        next_boot: false,
-    },
-    Scenario {
-        name: "user-poweroff",
-        trigger: "systemctl poweroff as nobody (logind refuses)",
-        end: End::StaysUp,
-        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-        then: &[],
-        decide: Some("pending"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: true,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "user-reboot-ff",
-        trigger: "reboot -ff, busybox reboot -f as nobody (EPERM)",
-        end: End::StaysUp,
-        first: Some(w(EXEC, "reboot", true, "now").by("reboot")),
-        then: &[w(EXEC, "reboot", true, "now").by("busybox")],
-        decide: Some("audit-only"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: true,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "block-root-poweroff",
-        trigger: "systemctl poweroff (no tty) under root's block inhibitor",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
-        decide: Some("pending"),
-        decide_then: &["graceful"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "block-weak-root-poweroff",
-        trigger: "systemctl poweroff (no tty) under root's block-weak inhibitor",
-        end: End::PowerOff,
-        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-        then: &[logind("poweroff"), job("poweroff"), pid1_final("poweroff")],
-        decide: Some("pending"),
-        decide_then: &["graceful"],
-        container_only: false,
-        cluster_only: false,
-        quiet: false,
-        drains: false,
-        next_boot: false,
-    },
-    Scenario {
-        name: "blocked-poweroff",
-        trigger: "systemctl poweroff --check-inhibitors=yes under a block inhibitor",
-        end: End::StaysUp,
-        first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-        then: &[],
-        decide: Some("pending"),
-        decide_then: &[],
-        container_only: false,
-        cluster_only: false,
-        quiet: true,
-        drains: false,
-        next_boot: false,
-    },
+        ])
+        .decide("audit-only")
+        .decide_then(&["pending", "graceful"]),
+    Scenario::new(
+        "soft-reboot",
+        "systemctl soft-reboot (systemd 252 refuses it)",
+        End::StaysUp,
+    )
+    .first(w(EXEC, "soft-reboot", false, "now").by("systemctl"))
+    .decide("pending")
+    .quiet(),
+    Scenario::new(
+        "sysrq-poweroff",
+        "echo o > /proc/sysrq-trigger",
+        End::PowerOff,
+    )
+    .first(w(KERNEL, "poweroff", true, "now"))
+    .decide("immediate")
+    .next_boot(),
+    Scenario::new(
+        "privileges",
+        "agent started under 4 capability sets (no shutdown)",
+        End::StaysUp,
+    ),
+    Scenario::new(
+        "image-arms",
+        "the release image of the guest's arch under containerd (no shutdown)",
+        End::StaysUp,
+    )
+    .quiet(),
+    Scenario::new(
+        "graceful-pods",
+        "systemctl poweroff, pods in 4 priority classes",
+        End::PowerOff,
+    )
+    .first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+    .then(&[logind("poweroff"), job("poweroff"), pid1_final("poweroff")])
+    .decide("pending")
+    .decide_then(&["graceful"])
+    .cluster_only()
+    .drains(),
+    Scenario::new(
+        "user-poweroff",
+        "systemctl poweroff as nobody (logind refuses)",
+        End::StaysUp,
+    )
+    .first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+    .decide("pending")
+    .quiet(),
+    Scenario::new(
+        "user-reboot-ff",
+        "reboot -ff, busybox reboot -f as nobody (EPERM)",
+        End::StaysUp,
+    )
+    .first(w(EXEC, "reboot", true, "now").by("reboot"))
+    .then(&[w(EXEC, "reboot", true, "now").by("busybox")])
+    .decide("audit-only")
+    .quiet(),
+    Scenario::new(
+        "block-root-poweroff",
+        "systemctl poweroff (no tty) under root's block inhibitor",
+        End::PowerOff,
+    )
+    .first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+    .then(&[logind("poweroff"), job("poweroff"), pid1_final("poweroff")])
+    .decide("pending")
+    .decide_then(&["graceful"]),
+    Scenario::new(
+        "block-weak-root-poweroff",
+        "systemctl poweroff (no tty) under root's block-weak inhibitor",
+        End::PowerOff,
+    )
+    .first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+    .then(&[logind("poweroff"), job("poweroff"), pid1_final("poweroff")])
+    .decide("pending")
+    .decide_then(&["graceful"]),
+    Scenario::new(
+        "blocked-poweroff",
+        "systemctl poweroff --check-inhibitors=yes under a block inhibitor",
+        End::StaysUp,
+    )
+    .first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+    .decide("pending")
+    .quiet(),
 ];
 
 pub fn print_list() {
@@ -759,20 +650,14 @@ const POWEROFF_247: &[Want] = &[logind("unknown"), job("poweroff"), pid1_final("
 const SIGRTMIN4_247: &[Want] = &[pid1_final("poweroff")];
 
 /// `block-root-poweroff` on systemd 257: logind refuses; nothing may drain.
-static BLOCK_ROOT_257: Scenario = Scenario {
-    name: "block-root-poweroff",
-    trigger: "systemctl poweroff (no tty) under root's block inhibitor: refused on 257",
-    end: End::StaysUp,
-    first: Some(w(EXEC, "poweroff", false, "now").by("systemctl")),
-    then: &[],
-    decide: Some("pending"),
-    decide_then: &[],
-    container_only: false,
-    cluster_only: false,
-    quiet: true,
-    drains: false,
-    next_boot: false,
-};
+static BLOCK_ROOT_257: Scenario = Scenario::new(
+    "block-root-poweroff",
+    "systemctl poweroff (no tty) under root's block inhibitor: refused on 257",
+    End::StaysUp,
+)
+.first(w(EXEC, "poweroff", false, "now").by("systemctl"))
+.decide("pending")
+.quiet();
 
 fn run_as(
     guest: &Guest,
