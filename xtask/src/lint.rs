@@ -14,6 +14,7 @@ use crate::{
 
 pub fn lint(root: &Path) -> Result<()> {
     let tools = setup::ensure(root)?;
+    setup::ensure_style_tools()?;
     run(cargo().current_dir(root).args(["fmt", "--all", "--check"]))
         .context("the workspace is not rustfmt-clean: run `cargo fmt --all`")?;
     // The crates outside the workspace, by their root files (rustfmt

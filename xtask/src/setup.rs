@@ -58,6 +58,28 @@ pub fn cache_dir() -> PathBuf {
         .join("lastgasp")
 }
 
+/// rustfmt and clippy for the toolchain that builds the workspace (a
+/// minimal profile lacks them), checked again after they are added.
+pub fn ensure_style_tools() -> Result<()> {
+    let have = |tool: &str| {
+        crate::cmd::cargo()
+            .args([tool, "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if have("fmt") && have("clippy") {
+        return Ok(());
+    }
+    eprintln!("xtask: adding rustfmt and clippy to the active toolchain");
+    output(rustup().args(["component", "add", "rustfmt", "clippy"]))
+        .context("by hand: rustup component add rustfmt clippy")?;
+    ensure!(
+        have("fmt") && have("clippy"),
+        "rustup component add rustfmt clippy did not make `cargo fmt` and `cargo clippy` work"
+    );
+    Ok(())
+}
+
 fn rustup() -> Command {
     let mut cmd = Command::new("rustup");
     clean_toolchain_env(&mut cmd);
