@@ -69,7 +69,7 @@ pub fn build(root: &Path, release: bool) -> Result<PathBuf> {
     Ok(Arch::Amd64.agent_binary(&target_dir(root), release))
 }
 
-fn build_ebpf(root: &Path, tools: &setup::Tools) -> Result<()> {
+pub fn build_ebpf(root: &Path, tools: &setup::Tools) -> Result<()> {
     let mut cmd = ebpf_cargo(root, tools, "build");
     cmd.env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
         .env("PATH", tools.path_with_linker()?);

@@ -7,7 +7,7 @@ use std::{path::Path, process::Command};
 use anyhow::{Context, Result};
 
 use crate::{
-    build::ebpf_cargo,
+    build::{build_ebpf, ebpf_cargo, ebpf_object},
     cmd::{cargo, run},
     setup,
 };
@@ -27,14 +27,19 @@ pub fn lint(root: &Path) -> Result<()> {
         .args(["--check", "--edition", "2021"])
         .args(&roots))
     .context("agent-ebpf or fuzz is not rustfmt-clean: run rustfmt on the files above")?;
-    run(cargo().current_dir(root).args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))
+    // The agent embeds the eBPF object: it is built first (as `build` does).
+    build_ebpf(root, &tools)?;
+    run(cargo()
+        .current_dir(root)
+        .args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env("LASTGASP_EBPF_OBJ", ebpf_object(root)))
     .context("clippy found something in the workspace")?;
     let mut ebpf = ebpf_cargo(root, &tools, "clippy");
     ebpf.args(["--", "-D", "warnings"]);

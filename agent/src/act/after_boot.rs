@@ -101,11 +101,11 @@ impl Actuator {
     pub(super) fn deliver_previous_boot(
         &self,
         c: Arc<Cluster>,
-        p: PreviousBoot,
+        mut p: PreviousBoot,
     ) -> JoinHandle<BootReport> {
         let (hands, host) = (self.hands.clone(), self.host.clone());
         tokio::spawn(async move {
-            let (report, found) = settle_with_node(&c, &hands, &host, &p).await;
+            let (report, found) = settle_with_node(&c, &hands, &host, &mut p).await;
             hands.metrics.count_boot_end(report.end.as_str());
             let mut note = previous_boot_note(&report, &p.pstore);
             if found {
@@ -144,7 +144,7 @@ async fn settle_with_node(
     c: &Cluster,
     hands: &super::Hands,
     host: &crate::decide::HostQuery,
-    p: &PreviousBoot,
+    p: &mut PreviousBoot,
 ) -> (BootReport, bool) {
     let on_node = match c.node.record().await {
         Ok(r) => r,
@@ -163,8 +163,7 @@ async fn settle_with_node(
                 boot_id: p.prev.clone(),
                 record: serde_json::to_value(&rec).unwrap_or_default(),
             };
-            let mut records = p.records.clone();
-            records.push(AuditRecord {
+            p.records.push(AuditRecord {
                 boot_id: p.current.clone(),
                 seq: 0,
                 written_at: SystemTime::now(),
@@ -173,7 +172,7 @@ async fn settle_with_node(
                     outcome: outcome.clone(),
                 },
             });
-            let with = report::classify(&records, &p.prev);
+            let with = report::classify(&p.records, &p.prev);
             if with != p.report {
                 hands.outcome(ep, outcome).await;
                 return (with, true);
