@@ -140,117 +140,32 @@ impl EbpfDetector {
     pub fn load(node: NodePidNs) -> Result<Self> {
         crate::node::require_bpf_caps()?;
         crate::node::ensure_tracefs()?;
-        let memlock = crate::node::bpf_memlock_limit();
         let mut report = Vec::new();
-
         // aya 0.14's `EbpfLoader::new()` parses the kernel's BTF itself, with
         // no way to take it out: drop that one at once. The programs carry no
-        // CO-RE relocations (the offsets below are the hand-done CO-RE), so
-        // the loader needs none. The file is read once, indexed for the
-        // offsets, and parsed once, after loading, for the fentry hooks: one
-        // parsed BTF alive at a time.
-        let mut loader = EbpfLoader::new();
-        loader.btf(None);
+        // CO-RE relocations (the offsets are the hand-done CO-RE), so the
+        // loader needs none. The file is read once, indexed for the offsets,
+        // and parsed once, after loading, for the fentry hooks: one parsed
+        // BTF alive at a time.
         let data = std::fs::read(KERNEL_BTF).with_context(|| format!("reading {KERNEL_BTF}"));
-        let offsets = match data
-            .as_ref()
-            .map_err(|e| anyhow::anyhow!("{e:#}"))
-            .and_then(|d| TaskOffsets::from_btf_bytes(d))
-        {
-            Ok(o) => Some(o),
-            Err(e) => {
-                report.push(HookReport {
-                    hook: "task offsets".into(),
-                    attach: KERNEL_BTF.into(),
-                    state: HookState::Degraded(format!(
-                        "no kernel BTF ({e:#}): exec without argv, actors without parent or credentials (who can reboot is judged by uid 0 alone)"
-                    )),
-                });
-                None
-            }
-        };
-        let o = offsets.unwrap_or_default();
-        let mut bpf = loader
-            .override_global("NODE_PIDNS_DEV", &node.dev, true)
-            .override_global("NODE_PIDNS_INO", &node.ino, true)
-            .override_global("NODE_INIT_PID", &node.init_pid, true)
-            .override_global("TASK_MM_OFF", &o.task_mm, true)
-            .override_global("MM_ARG_START_OFF", &o.mm_arg_start, true)
-            .override_global("MM_ARG_END_OFF", &o.mm_arg_end, true)
-            .override_global("TASK_REAL_PARENT_OFF", &o.task_real_parent, true)
-            .override_global("TASK_TGID_OFF", &o.task_tgid, true)
-            .override_global("TASK_COMM_OFF", &o.task_comm, true)
-            .override_global("TASK_CRED_OFF", &o.task_cred, true)
-            .override_global("CRED_EUID_OFF", &o.cred_euid, true)
-            .override_global("CRED_CAP_EFFECTIVE_OFF", &o.cred_cap_effective, true)
-            .override_global("CRED_USER_NS_OFF", &o.cred_user_ns, true)
-            .override_global("USER_NS_LEVEL_OFF", &o.user_ns_level, true)
-            .load(EBPF_OBJ)
-            .map_err(|e| match memlock {
-                Some(limit) => anyhow::Error::new(e).context(format!(
-                    "loading the eBPF object: {}",
-                    crate::node::memlock_advice(limit)
-                )),
-                None => anyhow::Error::new(e).context("loading the eBPF object"),
-            })?;
+        let offsets = task_offsets(data.as_deref(), &mut report);
+        let mut bpf = load_object(&node, &offsets)?;
         let kernel_btf = match data {
             Ok(d) => {
                 Btf::parse(&d, Endianness::default()).map_err(|e| format!("no kernel BTF: {e}"))
             }
             Err(e) => Err(format!("no kernel BTF: {e:#}")),
         };
-
         let mut tools: HashMap<_, [u8; common::TOOL_NAME_LEN], u32> =
             HashMap::try_from(bpf.map_mut("TOOLS").context("no TOOLS map")?)?;
         for (name, id) in common::TOOLS {
             tools.insert(common::tool_key(name.as_bytes()), id, 0)?;
         }
-
-        for hook in HOOKS {
-            match hook.attach {
-                Attach::Tracepoint {
-                    prog,
-                    category,
-                    name,
-                    required,
-                } => {
-                    let state = match attach_tracepoint(&mut bpf, prog, category, name) {
-                        Ok(()) => HookState::Armed,
-                        Err(e) => HookState::Unavailable(format!("{e:#}")),
-                    };
-                    if required && state != HookState::Armed {
-                        bail!("the kernel refused the {category}/{name} tracepoint, so lastgasp cannot work: {state}");
-                    }
-                    report.push(HookReport {
-                        hook: prog.to_string(),
-                        attach: format!("tracepoint {category}/{name}"),
-                        state,
-                    });
-                }
-                Attach::KernelFunctions(functions) => hooks::kernel::arm(
-                    &mut bpf,
-                    kernel_btf.as_ref().map_err(String::as_str),
-                    functions,
-                    &mut report,
-                ),
-            }
-        }
-
-        // A program no hook attaches is a hook half added (see README's
-        // "Adding a shutdown path").
-        let attached: Vec<String> = HOOKS.iter().flat_map(|h| h.attach.programs()).collect();
-        for (name, _) in bpf.programs() {
-            if !attached.iter().any(|a| a == name) {
-                report.push(HookReport {
-                    hook: name.to_string(),
-                    attach: "-".into(),
-                    state: HookState::Unavailable(
-                        "in the eBPF object, but no hook in agent/src/detect/hooks attaches it"
-                            .into(),
-                    ),
-                });
-            }
-        }
+        attach_hooks(
+            &mut bpf,
+            kernel_btf.as_ref().map_err(String::as_str),
+            &mut report,
+        )?;
 
         #[allow(unsafe_code)] // the loader: the ring buffer's fd into tokio
         let ring = |bpf: &mut Ebpf, name: &str| -> Result<AsyncFd<RingBuf<MapData>>> {
@@ -341,5 +256,105 @@ fn attach_tracepoint(bpf: &mut Ebpf, prog: &str, category: &str, name: &str) -> 
         .try_into()?;
     p.load()?;
     p.attach(category, name)?;
+    Ok(())
+}
+
+/// The kernel's struct offsets from its BTF; without them (said in the
+/// report) the programs run without argv, parents and credentials.
+fn task_offsets(btf: Result<&[u8], &anyhow::Error>, report: &mut Vec<HookReport>) -> TaskOffsets {
+    match btf
+        .map_err(|e| anyhow::anyhow!("{e:#}"))
+        .and_then(TaskOffsets::from_btf_bytes)
+    {
+        Ok(o) => o,
+        Err(e) => {
+            report.push(HookReport {
+                hook: "task offsets".into(),
+                attach: KERNEL_BTF.into(),
+                state: HookState::Degraded(format!(
+                    "no kernel BTF ({e:#}): exec without argv, actors without parent or credentials (who can reboot is judged by uid 0 alone)"
+                )),
+            });
+            TaskOffsets::default()
+        }
+    }
+}
+
+/// The object loaded with the node's identity and the offsets set.
+fn load_object(node: &NodePidNs, o: &TaskOffsets) -> Result<Ebpf> {
+    let memlock = crate::node::bpf_memlock_limit();
+    let mut loader = EbpfLoader::new();
+    loader.btf(None);
+    loader
+        .override_global("NODE_PIDNS_DEV", &node.dev, true)
+        .override_global("NODE_PIDNS_INO", &node.ino, true)
+        .override_global("NODE_INIT_PID", &node.init_pid, true)
+        .override_global("TASK_MM_OFF", &o.task_mm, true)
+        .override_global("MM_ARG_START_OFF", &o.mm_arg_start, true)
+        .override_global("MM_ARG_END_OFF", &o.mm_arg_end, true)
+        .override_global("TASK_REAL_PARENT_OFF", &o.task_real_parent, true)
+        .override_global("TASK_TGID_OFF", &o.task_tgid, true)
+        .override_global("TASK_COMM_OFF", &o.task_comm, true)
+        .override_global("TASK_CRED_OFF", &o.task_cred, true)
+        .override_global("CRED_EUID_OFF", &o.cred_euid, true)
+        .override_global("CRED_CAP_EFFECTIVE_OFF", &o.cred_cap_effective, true)
+        .override_global("CRED_USER_NS_OFF", &o.cred_user_ns, true)
+        .override_global("USER_NS_LEVEL_OFF", &o.user_ns_level, true)
+        .load(EBPF_OBJ)
+        .map_err(|e| match memlock {
+            Some(limit) => anyhow::Error::new(e).context(format!(
+                "loading the eBPF object: {}",
+                crate::node::memlock_advice(limit)
+            )),
+            None => anyhow::Error::new(e).context("loading the eBPF object"),
+        })
+}
+
+/// Every hook of `HOOKS` attached, each with its report line; a required
+/// tracepoint refused stops the start. A program no hook attaches is a hook
+/// half added (see README's "Adding a shutdown path"): reported unavailable.
+fn attach_hooks(
+    bpf: &mut Ebpf,
+    kernel_btf: Result<&Btf, &str>,
+    report: &mut Vec<HookReport>,
+) -> Result<()> {
+    for hook in HOOKS {
+        match hook.attach {
+            Attach::Tracepoint {
+                prog,
+                category,
+                name,
+                required,
+            } => {
+                let state = match attach_tracepoint(bpf, prog, category, name) {
+                    Ok(()) => HookState::Armed,
+                    Err(e) => HookState::Unavailable(format!("{e:#}")),
+                };
+                if required && state != HookState::Armed {
+                    bail!("the kernel refused the {category}/{name} tracepoint, so lastgasp cannot work: {state}");
+                }
+                report.push(HookReport {
+                    hook: prog.to_string(),
+                    attach: format!("tracepoint {category}/{name}"),
+                    state,
+                });
+            }
+            Attach::KernelFunctions(functions) => {
+                hooks::kernel::arm(bpf, kernel_btf, functions, report);
+            }
+        }
+    }
+    let attached: Vec<String> = HOOKS.iter().flat_map(|h| h.attach.programs()).collect();
+    for (name, _) in bpf.programs() {
+        if !attached.iter().any(|a| a == name) {
+            report.push(HookReport {
+                hook: name.to_string(),
+                attach: "-".into(),
+                state: HookState::Unavailable(
+                    "in the eBPF object, but no hook in agent/src/detect/hooks attaches it".into(),
+                ),
+            });
+        }
+    }
     Ok(())
 }
