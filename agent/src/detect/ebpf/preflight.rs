@@ -165,61 +165,7 @@ pub(crate) fn hooks(r: &mut Report, no_load: bool, caps: Option<u64>) {
         } else {
             "no CAP_BPF+CAP_PERFMON to load them"
         };
-        r.push(
-            Status::Warn,
-            "loaded",
-            format!("not loaded ({why}): predicted from tracefs, the kprobe PMU and BTF"),
-        );
-        let fs = tracefs();
-        for (_, cat, name, required) in Attach::tracepoints() {
-            if fs.is_none() && tracefs_mounted().is_some() {
-                r.push(
-                    Status::Info,
-                    name,
-                    format!("tracepoint {cat}/{name}: cannot tell (tracefs not readable here)"),
-                );
-                continue;
-            }
-            let present =
-                fs.is_some_and(|f| Path::new(f).join("events").join(cat).join(name).is_dir());
-            let status = match (present, required) {
-                (true, _) => Status::Ok,
-                (false, true) => Status::Fail,
-                (false, false) => Status::Warn,
-            };
-            r.push(
-                status,
-                name,
-                format!(
-                    "tracepoint {cat}/{name}: {}",
-                    if present {
-                        "should arm"
-                    } else {
-                        "will not arm"
-                    }
-                ),
-            );
-        }
-        let kprobes = Path::new("/sys/bus/event_source/devices/kprobe").is_dir();
-        let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
-        r.push(
-            if kprobes || btf {
-                Status::Info
-            } else {
-                Status::Warn
-            },
-            "kernel hooks",
-            format!(
-                "fentry {} (BTF {}; lockdown can still refuse it), kprobe {}",
-                if btf { "possible" } else { "impossible" },
-                if btf { "present" } else { "missing" },
-                if kprobes {
-                    "possible"
-                } else {
-                    "impossible (no kprobe PMU)"
-                }
-            ),
-        );
+        predicted_hooks(r, why);
         return;
     }
     let node = match node::NodePidNs::initial() {
@@ -232,65 +178,7 @@ pub(crate) fn hooks(r: &mut Report, no_load: bool, caps: Option<u64>) {
     let started = std::time::Instant::now();
     match EbpfDetector::load(node) {
         Ok(det) => {
-            let ms = started.elapsed().as_secs_f64() * 1e3;
-            r.push(
-                Status::Ok,
-                "loaded",
-                format!("the real loader armed and dropped the programs in {ms:.0} ms"),
-            );
-            for h in &det.report {
-                let required = Attach::tracepoints().any(|(prog, _, _, req)| prog == h.hook && req);
-                let (status, state) = match &h.state {
-                    HookState::Armed => (Status::Ok, "armed".to_string()),
-                    HookState::Degraded(why) => (Status::Warn, format!("armed, degraded: {why}")),
-                    HookState::Unavailable(why) if required => {
-                        (Status::Fail, format!("refused: {why}"))
-                    }
-                    HookState::Unavailable(why) => (Status::Warn, format!("refused: {why}")),
-                };
-                r.push(status, h.hook.clone(), format!("{}: {state}", h.attach));
-            }
-            let fentry = det
-                .report
-                .iter()
-                .any(|h| h.attach.starts_with("fentry ") && h.state == HookState::Armed);
-            let kprobe = det
-                .report
-                .iter()
-                .any(|h| h.attach.starts_with("kprobe ") && h.state == HookState::Armed);
-            // Why each attach method was refused, as the loader said (the
-            // first kernel hook's reason: they share their cause).
-            let refused = det.report.iter().find_map(|h| match &h.state {
-                HookState::Unavailable(why) if h.attach.starts_with("fentry|kprobe") => {
-                    Some(why.clone())
-                }
-                _ => None,
-            });
-            let part = |method: &str| -> Option<String> {
-                let why = refused.as_deref()?;
-                why.split("; ")
-                    .find_map(|p| p.strip_prefix(&format!("{method}: ")).map(String::from))
-            };
-            for (method, works) in [("fentry", fentry), ("kprobe", kprobe)] {
-                match (works, part(method)) {
-                    (true, _) => r.push(Status::Ok, method, "the kernel accepted it"),
-                    (false, Some(why)) => r.push(Status::Warn, method, format!("refused: {why}")),
-                    (false, None) => r.push(
-                        Status::Info,
-                        method,
-                        "not needed (the other method armed the kernel hooks)",
-                    ),
-                }
-            }
-            r.push(
-                if fentry || kprobe { Status::Ok } else { Status::Warn },
-                "kernel hooks",
-                match (fentry, kprobe) {
-                    (true, _) => "fentry works: the kernel's own power-off paths are seen".to_string(),
-                    (false, true) => "kprobes work (fentry refused): the kernel's own power-off paths are seen".into(),
-                    (false, false) => "neither fentry nor kprobes: only the tracepoints (reboot(2), exec, signals to PID 1) see a shutdown".into(),
-                },
-            );
+            loaded_hooks(r, &det, started);
             // Dropping the detector detaches and unloads everything.
             drop(det);
         }
@@ -300,6 +188,123 @@ pub(crate) fn hooks(r: &mut Report, no_load: bool, caps: Option<u64>) {
             format!("the real loader failed: {e:#}"),
         ),
     }
+}
+
+/// Without loading: what tracefs, the kprobe PMU and BTF predict.
+fn predicted_hooks(r: &mut Report, why: &str) {
+    r.push(
+        Status::Warn,
+        "loaded",
+        format!("not loaded ({why}): predicted from tracefs, the kprobe PMU and BTF"),
+    );
+    let fs = tracefs();
+    for (_, cat, name, required) in Attach::tracepoints() {
+        if fs.is_none() && tracefs_mounted().is_some() {
+            r.push(
+                Status::Info,
+                name,
+                format!("tracepoint {cat}/{name}: cannot tell (tracefs not readable here)"),
+            );
+            continue;
+        }
+        let present = fs.is_some_and(|f| Path::new(f).join("events").join(cat).join(name).is_dir());
+        let status = match (present, required) {
+            (true, _) => Status::Ok,
+            (false, true) => Status::Fail,
+            (false, false) => Status::Warn,
+        };
+        r.push(
+            status,
+            name,
+            format!(
+                "tracepoint {cat}/{name}: {}",
+                if present {
+                    "should arm"
+                } else {
+                    "will not arm"
+                }
+            ),
+        );
+    }
+    let kprobes = Path::new("/sys/bus/event_source/devices/kprobe").is_dir();
+    let btf = Path::new("/sys/kernel/btf/vmlinux").exists();
+    r.push(
+        if kprobes || btf {
+            Status::Info
+        } else {
+            Status::Warn
+        },
+        "kernel hooks",
+        format!(
+            "fentry {} (BTF {}; lockdown can still refuse it), kprobe {}",
+            if btf { "possible" } else { "impossible" },
+            if btf { "present" } else { "missing" },
+            if kprobes {
+                "possible"
+            } else {
+                "impossible (no kprobe PMU)"
+            }
+        ),
+    );
+}
+
+/// What the real loader armed, each hook and attach method.
+fn loaded_hooks(r: &mut Report, det: &EbpfDetector, started: std::time::Instant) {
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    r.push(
+        Status::Ok,
+        "loaded",
+        format!("the real loader armed and dropped the programs in {ms:.0} ms"),
+    );
+    for h in &det.report {
+        let required = Attach::tracepoints().any(|(prog, _, _, req)| prog == h.hook && req);
+        let (status, state) = match &h.state {
+            HookState::Armed => (Status::Ok, "armed".to_string()),
+            HookState::Degraded(why) => (Status::Warn, format!("armed, degraded: {why}")),
+            HookState::Unavailable(why) if required => (Status::Fail, format!("refused: {why}")),
+            HookState::Unavailable(why) => (Status::Warn, format!("refused: {why}")),
+        };
+        r.push(status, h.hook.clone(), format!("{}: {state}", h.attach));
+    }
+    let fentry = det
+        .report
+        .iter()
+        .any(|h| h.attach.starts_with("fentry ") && h.state == HookState::Armed);
+    let kprobe = det
+        .report
+        .iter()
+        .any(|h| h.attach.starts_with("kprobe ") && h.state == HookState::Armed);
+    // Why each attach method was refused, as the loader said (the
+    // first kernel hook's reason: they share their cause).
+    let refused = det.report.iter().find_map(|h| match &h.state {
+        HookState::Unavailable(why) if h.attach.starts_with("fentry|kprobe") => Some(why.clone()),
+        _ => None,
+    });
+    let part = |method: &str| -> Option<String> {
+        let why = refused.as_deref()?;
+        why.split("; ")
+            .find_map(|p| p.strip_prefix(&format!("{method}: ")).map(String::from))
+    };
+    for (method, works) in [("fentry", fentry), ("kprobe", kprobe)] {
+        match (works, part(method)) {
+            (true, _) => r.push(Status::Ok, method, "the kernel accepted it"),
+            (false, Some(why)) => r.push(Status::Warn, method, format!("refused: {why}")),
+            (false, None) => r.push(
+                Status::Info,
+                method,
+                "not needed (the other method armed the kernel hooks)",
+            ),
+        }
+    }
+    r.push(
+        if fentry || kprobe { Status::Ok } else { Status::Warn },
+        "kernel hooks",
+        match (fentry, kprobe) {
+            (true, _) => "fentry works: the kernel's own power-off paths are seen".to_string(),
+            (false, true) => "kprobes work (fentry refused): the kernel's own power-off paths are seen".into(),
+            (false, false) => "neither fentry nor kprobes: only the tracepoints (reboot(2), exec, signals to PID 1) see a shutdown".into(),
+        },
+    );
 }
 
 const CAPS: &[(u32, &str)] = &[
