@@ -204,7 +204,16 @@ pub struct NodeOutcome {
     pub guest: String,
 }
 
+const TRIGGER_NEVER_RAN: &str = "the trigger never ran";
+
 impl NodeOutcome {
+    /// The guest never reached the trigger: nothing was tested.
+    pub fn trigger_never_ran(&self) -> bool {
+        self.problems
+            .iter()
+            .any(|p| p.starts_with(TRIGGER_NEVER_RAN))
+    }
+
     pub fn failed(&self) -> bool {
         !self.problems.is_empty()
     }
@@ -674,7 +683,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
                 None => ": the kubelet never registered the Node".into(),
             }
         };
-        o.problems.push(format!("the trigger never ran{why}"));
+        o.problems.push(format!("{TRIGGER_NEVER_RAN}{why}"));
         return Ok(());
     };
     let end = kernel_end(run).map(|l| at(run, l.t));
