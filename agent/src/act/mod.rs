@@ -135,6 +135,11 @@ impl Actuator {
         self.host = host;
     }
 
+    /// How the host is asked whether a shutdown is under way.
+    pub fn host(&self) -> HostQuery {
+        self.host.clone()
+    }
+
     pub fn set_courier(&mut self, run_dir: PathBuf, server: Option<String>) {
         self.courier = Some((run_dir, server));
     }

@@ -42,7 +42,6 @@ pub struct Agent {
     metrics: Metrics,
     /// Print each signal as a JSON line (standalone mode).
     print: bool,
-    host: HostQuery,
     /// Whether logind or systemd can be reached now.
     host_reachable: Arc<dyn Fn() -> bool + Send + Sync>,
     /// The host's answers, by the episode asked about.
@@ -65,7 +64,6 @@ impl Agent {
             audit,
             metrics,
             print: false,
-            host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),
             host_reachable: Arc::new(|| true),
             answers: mpsc::channel(4),
         }
@@ -103,8 +101,7 @@ impl Agent {
         query: HostQuery,
         reachable: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Self {
-        self.act.set_host(query.clone());
-        self.host = query;
+        self.act.set_host(query);
         self.host_reachable = reachable;
         self
     }
@@ -237,7 +234,7 @@ impl Agent {
             Tick::Nothing => {}
             Tick::Decided(d) => self.decided(d).await,
             Tick::AskHost(id) => {
-                let (query, tx) = (self.host.clone(), self.answers.0.clone());
+                let (query, tx) = (self.act.host(), self.answers.0.clone());
                 tokio::spawn(async move {
                     let _ = tx.send((id, query().await)).await;
                 });
