@@ -77,25 +77,7 @@ pub async fn check_node(args: &CheckArgs) -> Report {
     let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok());
-    let config = args.config.as_ref().map(|p| crate::config::Config::load(p));
-    if let Some(Err(e)) = &config {
-        r.section("config");
-        r.push(Status::Fail, "file", format!("{e:#}"));
-    }
-    let config = config.and_then(std::result::Result::ok);
-    if let Some(c) = &config {
-        r.section("config");
-        match c.kubelet_graceful_shutdown() {
-            Ok(Some(on)) => r.push(Status::Fail, "kubelet", on),
-            Ok(None) if c.kubelet_config_path.is_some() => r.push(
-                Status::Ok,
-                "kubelet",
-                "the kubelet's graceful node shutdown is off",
-            ),
-            Ok(None) => {}
-            Err(e) => r.push(Status::Fail, "kubelet", format!("{e:#}")),
-        }
-    }
+    let config = config_section(&mut r, args);
     if want(Section::Kernel) {
         r.section(Section::Kernel.name());
         ebpf::preflight::kernel(&mut r);
@@ -110,20 +92,7 @@ pub async fn check_node(args: &CheckArgs) -> Report {
     }
     if want(Section::Dbus) {
         r.section(Section::Dbus.name());
-        if args.dbus.no_dbus {
-            r.push(Status::Info, "system bus", "--no-dbus: skipped");
-        } else {
-            let mut dbus = args.dbus.clone();
-            if dbus.inhibit_delay.is_none() {
-                if let Some(c) = &config {
-                    match c.buckets() {
-                        Ok(b) => dbus.inhibit_delay = Some(crate::grace::requested_delay(&b)),
-                        Err(e) => r.push(Status::Fail, "config", format!("{e:#}")),
-                    }
-                }
-            }
-            launch::preflight(&mut r, &dbus).await;
-        }
+        dbus_section(&mut r, args, config.as_ref()).await;
     }
     let node = config
         .as_ref()
@@ -136,30 +105,14 @@ pub async fn check_node(args: &CheckArgs) -> Report {
     };
     if want(Section::Cluster) {
         r.section(Section::Cluster.name());
-        match &client {
-            None => r.push(Status::Info, "permissions", "--standalone: skipped"),
-            Some(Err(e)) => r.push(Status::Fail, "cluster", e.clone()),
-            Some(Ok((client, url))) => {
-                let evict = config
-                    .as_ref()
-                    .is_some_and(|c| c.pod_removal == Removal::Evict);
-                kube::preflight::preflight(&mut r, client, url, evict).await;
-            }
-        }
-        if !args.standalone && args.config.is_none() {
-            r.push(
-                Status::Fail,
-                "config",
-                "cluster mode cannot start: it needs --config (the grace periods, at least)",
-            );
-        }
-        if !args.standalone && node.is_none() {
-            r.push(
-                Status::Fail,
-                "node name",
-                "cluster mode cannot start: no node name (nodeName in the config, or $NODE_NAME)",
-            );
-        }
+        cluster_section(
+            &mut r,
+            args,
+            config.as_ref(),
+            client.as_ref(),
+            node.as_deref(),
+        )
+        .await;
     }
     if want(Section::Fence) {
         r.section(Section::Fence.name());
@@ -179,6 +132,83 @@ pub async fn check_node(args: &CheckArgs) -> Report {
         }
     }
     r
+}
+
+/// The config file, when given: whether it loads, and whether the
+/// kubelet's own graceful node shutdown is off beside it.
+fn config_section(r: &mut Report, args: &CheckArgs) -> Option<crate::config::Config> {
+    let config = match crate::config::Config::load(args.config.as_ref()?) {
+        Ok(c) => c,
+        Err(e) => {
+            r.section("config");
+            r.push(Status::Fail, "file", format!("{e:#}"));
+            return None;
+        }
+    };
+    r.section("config");
+    match config.kubelet_graceful_shutdown() {
+        Ok(Some(on)) => r.push(Status::Fail, "kubelet", on),
+        Ok(None) if config.kubelet_config_path.is_some() => r.push(
+            Status::Ok,
+            "kubelet",
+            "the kubelet's graceful node shutdown is off",
+        ),
+        Ok(None) => {}
+        Err(e) => r.push(Status::Fail, "kubelet", format!("{e:#}")),
+    }
+    Some(config)
+}
+
+/// The system bus, logind and its delay (the config's buckets ask for one
+/// unless --inhibit-delay does).
+async fn dbus_section(r: &mut Report, args: &CheckArgs, config: Option<&crate::config::Config>) {
+    if args.dbus.no_dbus {
+        r.push(Status::Info, "system bus", "--no-dbus: skipped");
+        return;
+    }
+    let mut dbus = args.dbus.clone();
+    if dbus.inhibit_delay.is_none() {
+        if let Some(c) = config {
+            match c.buckets() {
+                Ok(b) => dbus.inhibit_delay = Some(crate::grace::requested_delay(&b)),
+                Err(e) => r.push(Status::Fail, "config", format!("{e:#}")),
+            }
+        }
+    }
+    launch::preflight(r, &dbus).await;
+}
+
+/// The agent's permissions on the API server, and what cluster mode needs
+/// to start.
+async fn cluster_section(
+    r: &mut Report,
+    args: &CheckArgs,
+    config: Option<&crate::config::Config>,
+    client: Option<&Result<(::kube::Client, String), String>>,
+    node: Option<&str>,
+) {
+    match client {
+        None => r.push(Status::Info, "permissions", "--standalone: skipped"),
+        Some(Err(e)) => r.push(Status::Fail, "cluster", e.clone()),
+        Some(Ok((client, url))) => {
+            let evict = config.is_some_and(|c| c.pod_removal == Removal::Evict);
+            kube::preflight::preflight(r, client, url, evict).await;
+        }
+    }
+    if !args.standalone && args.config.is_none() {
+        r.push(
+            Status::Fail,
+            "config",
+            "cluster mode cannot start: it needs --config (the grace periods, at least)",
+        );
+    }
+    if !args.standalone && node.is_none() {
+        r.push(
+            Status::Fail,
+            "node name",
+            "cluster mode cannot start: no node name (nodeName in the config, or $NODE_NAME)",
+        );
+    }
 }
 
 /// A client as `lastgasp run` builds it (no retries: a check answers once),

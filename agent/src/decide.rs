@@ -531,22 +531,10 @@ impl Decider {
     }
 
     fn decide_now(&mut self, s: &ShutdownSignal, path: Option<ShutdownPath>) -> Action {
+        if let Some(why) = cannot_happen(s) {
+            return Action::AuditOnly { why };
+        }
         let authority = authority(s);
-        if let Detail::Signal { result, .. } = &s.detail {
-            if result != "delivered" {
-                return Action::AuditOnly {
-                    why: format!("the signal was not delivered to PID 1 ({result})"),
-                };
-            }
-        }
-        if s.source == Source::Exec && s.forced && can_reboot(s) != Some(true) {
-            return Action::AuditOnly {
-                why: format!(
-                    "a forced request from a caller that cannot reboot ({}): it fails with EPERM",
-                    who(s)
-                ),
-            };
-        }
         // PID 1 running systemd-shutdown ends an orderly shutdown: it confirms
         // a graceful one, and means no time is left where none was seen.
         if is_pid1_shutdown(s)
@@ -556,37 +544,7 @@ impl Decider {
             return Action::Join;
         }
         if leaves_no_time(s) {
-            return match path {
-                Some(ShutdownPath::Immediate) => {
-                    let ep = self.current.as_mut().unwrap();
-                    confirm(ep, s, authority);
-                    if prove(ep, s) {
-                        Action::LastWord
-                    } else {
-                        Action::Join
-                    }
-                }
-                Some(ShutdownPath::Graceful | ShutdownPath::Scheduled) => {
-                    let ep = self.current.as_mut().unwrap();
-                    confirm(ep, s, authority);
-                    prove(ep, s);
-                    ep.path = ShutdownPath::Immediate;
-                    ep.forced |= s.forced;
-                    ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
-                    Action::Immediate { escalated: true }
-                }
-                None | Some(ShutdownPath::Pending) => {
-                    self.open_or_confirm(s, ShutdownPath::Immediate, authority);
-                    let ep = self.current.as_mut().unwrap();
-                    prove(ep, s);
-                    ep.marked = true;
-                    ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
-                    Action::Immediate { escalated: false }
-                }
-                Some(ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired) => {
-                    Action::Join
-                }
-            };
+            return self.no_time_left(s, path, authority);
         }
         // A request is not a shutdown: it waits for the host (logind or
         // polkit may refuse it, a block inhibitor may hold it), unless
@@ -597,6 +555,56 @@ impl Decider {
         if s.source == Source::Exec && (unsettled || !self.acts_alone(s)) {
             return self.pend(s, path);
         }
+        self.time_left(s, path, authority)
+    }
+
+    /// A shutdown that leaves no time: the last word, or an escalation.
+    fn no_time_left(
+        &mut self,
+        s: &ShutdownSignal,
+        path: Option<ShutdownPath>,
+        authority: Authority,
+    ) -> Action {
+        match path {
+            Some(ShutdownPath::Immediate) => {
+                let ep = self.current.as_mut().unwrap();
+                confirm(ep, s, authority);
+                if prove(ep, s) {
+                    Action::LastWord
+                } else {
+                    Action::Join
+                }
+            }
+            Some(ShutdownPath::Graceful | ShutdownPath::Scheduled) => {
+                let ep = self.current.as_mut().unwrap();
+                confirm(ep, s, authority);
+                prove(ep, s);
+                ep.path = ShutdownPath::Immediate;
+                ep.forced |= s.forced;
+                ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
+                Action::Immediate { escalated: true }
+            }
+            None | Some(ShutdownPath::Pending) => {
+                self.open_or_confirm(s, ShutdownPath::Immediate, authority);
+                let ep = self.current.as_mut().unwrap();
+                prove(ep, s);
+                ep.marked = true;
+                ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
+                Action::Immediate { escalated: false }
+            }
+            Some(ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired) => {
+                Action::Join
+            }
+        }
+    }
+
+    /// A shutdown with time for the graceful path.
+    fn time_left(
+        &mut self,
+        s: &ShutdownSignal,
+        path: Option<ShutdownPath>,
+        authority: Authority,
+    ) -> Action {
         let protected = s.source == Source::Logind || (self.lock_held && !s.bypasses_logind);
         let end = self.graceful_end(s);
         match path {
@@ -826,6 +834,23 @@ pub fn expected_life(s: &ShutdownSignal, bound: Duration) -> Duration {
 
 /// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services
 /// already stopped.
+/// Why a signal cannot end in a shutdown: a signal PID 1 never got, or a
+/// forced request from a caller the kernel refuses (EPERM).
+fn cannot_happen(s: &ShutdownSignal) -> Option<String> {
+    if let Detail::Signal { result, .. } = &s.detail {
+        if result != "delivered" {
+            return Some(format!("the signal was not delivered to PID 1 ({result})"));
+        }
+    }
+    if s.source == Source::Exec && s.forced && can_reboot(s) != Some(true) {
+        return Some(format!(
+            "a forced request from a caller that cannot reboot ({}): it fails with EPERM",
+            who(s)
+        ));
+    }
+    None
+}
+
 fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {
     let Detail::Exec { path, .. } = &s.detail else {
         return false;
@@ -1035,6 +1060,7 @@ mod tests {
     /// ids they belong to (0: none). `host` is whether logind/systemd can be
     /// reached.
     #[test]
+    #[allow(clippy::too_many_lines)] // a table
     fn decision_table() {
         // (name, host reachable, signals, the action each yields, the episode each joins)
         type Case = (

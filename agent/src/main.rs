@@ -1,5 +1,6 @@
 //! The `lastgasp` command: parses the command line, sets up logging and the
 //! runtime, and hands over. Wiring only.
+#![warn(clippy::too_many_lines)]
 use std::path::PathBuf;
 
 use anyhow::Result;

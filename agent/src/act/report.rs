@@ -51,46 +51,17 @@ pub struct BootReport {
 /// not count; the last one standing does.
 pub fn classify(records: &[AuditRecord], boot_id: &str) -> BootReport {
     let mine: Vec<&AuditRecord> = records.iter().filter(|r| r.boot_id == boot_id).collect();
-    let mut last: Option<Episode> = None;
-    for r in &mine {
-        if let Entry::Signal {
-            decision: Some(d), ..
-        } = &r.entry
-        {
-            if let Some(ep) = &d.episode {
-                last = Some(ep.clone());
-            }
-        }
-    }
     let outcomes = |id: u32| {
         mine.iter().filter_map(move |r| match &r.entry {
             Entry::Outcome { episode, outcome } if *episode == id => Some(outcome),
             _ => None,
         })
     };
-    // What the Node held of this boot, found after a later boot: an episode
-    // the log does not know (its record did not reach the disk) is the
-    // boot's end; one the log knows as its last was delivered.
-    let found = found_on_node(records, boot_id);
-    let same = |a: &Episode, b: &Episode| {
-        a.id == b.id && a.timeline.first().map(|t| t.at) == b.timeline.first().map(|t| t.at)
-    };
-    let known = |f: &Episode| {
-        mine.iter().any(|r| {
-            matches!(&r.entry, Entry::Signal { decision: Some(d), .. }
-                if d.episode.as_ref().is_some_and(|e| same(e, f)))
-        })
-    };
-    let mut adopted = false;
-    let mut acknowledged = false;
-    if let Some(f) = found {
-        if !known(&f) {
-            last = Some(f);
-            adopted = true;
-        } else if last.as_ref().is_some_and(|l| same(l, &f)) {
-            acknowledged = true;
-        }
-    }
+    let LastEpisode {
+        last,
+        adopted,
+        acknowledged,
+    } = last_episode(records, &mine, boot_id);
     let delivered_late = records.iter().any(|r| {
         matches!(&r.entry, Entry::Outcome { outcome: Outcome::DeliveredLate { boot_id: b }, episode }
             if b == boot_id && last.as_ref().is_some_and(|e| e.id == *episode))
@@ -139,6 +110,55 @@ pub fn classify(records: &[AuditRecord], boot_id: &str) -> BootReport {
     }
     report.episode = Some(ep);
     report
+}
+
+/// The episode that ended a boot, as its records and the Node tell it.
+struct LastEpisode {
+    last: Option<Episode>,
+    /// Found on the Node only (its record did not reach the disk).
+    adopted: bool,
+    /// Found on the Node and the log's last: it was delivered.
+    acknowledged: bool,
+}
+
+/// The boot's last recorded episode. What the Node held of this boot, found
+/// after a later boot: an episode the log does not know is the boot's end;
+/// one the log knows as its last was delivered.
+fn last_episode(records: &[AuditRecord], mine: &[&AuditRecord], boot_id: &str) -> LastEpisode {
+    let mut last: Option<Episode> = None;
+    for r in mine {
+        if let Entry::Signal {
+            decision: Some(d), ..
+        } = &r.entry
+        {
+            if let Some(ep) = &d.episode {
+                last = Some(ep.clone());
+            }
+        }
+    }
+    let same = |a: &Episode, b: &Episode| {
+        a.id == b.id && a.timeline.first().map(|t| t.at) == b.timeline.first().map(|t| t.at)
+    };
+    let known = |f: &Episode| {
+        mine.iter().any(|r| {
+            matches!(&r.entry, Entry::Signal { decision: Some(d), .. }
+                if d.episode.as_ref().is_some_and(|e| same(e, f)))
+        })
+    };
+    let (mut adopted, mut acknowledged) = (false, false);
+    if let Some(f) = found_on_node(records, boot_id) {
+        if !known(&f) {
+            last = Some(f);
+            adopted = true;
+        } else if last.as_ref().is_some_and(|l| same(l, &f)) {
+            acknowledged = true;
+        }
+    }
+    LastEpisode {
+        last,
+        adopted,
+        acknowledged,
+    }
 }
 
 /// The newest episode of `boot_id` found on the Node after a later boot.
@@ -252,6 +272,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // a table of boots
     fn each_way_a_boot_can_end() {
         let g = Action::Graceful {
             deadline: None,

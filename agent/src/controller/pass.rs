@@ -122,18 +122,7 @@ impl Controller {
         {
             self.fences.pop_front();
         }
-        let (leases, server_now) = if nodes.iter().any(|n| rule::wants_lease(n)) {
-            match self.leases_now().await {
-                Ok(l) => l,
-                Err(e) => {
-                    self.metrics.pass_errors.inc();
-                    tracing::warn!("reading the node Leases: {e:#}; no fence this pass");
-                    (BTreeMap::new(), now)
-                }
-            }
-        } else {
-            (BTreeMap::new(), now)
-        };
+        let (leases, server_now) = self.leases_if_wanted(&nodes, now).await;
         let mut fenced = nodes.iter().filter(|n| fenced_by_us(n)).count();
         self.metrics.fenced.set(fenced as i64);
         let present: BTreeSet<String> = nodes.iter().map(|n| n.name_any()).collect();
@@ -142,47 +131,11 @@ impl Controller {
         let mut work: Vec<(String, Work)> = Vec::new();
         for node in nodes {
             let name = node.name_any();
-            if newly
-                && fenced_by_us(&node)
-                && node
-                    .annotations()
-                    .get(FENCED_BOOT_ANNOTATION)
-                    .map(String::as_str)
-                    == boot_id(&node)
-            {
-                // An earlier leader's fence of this boot: its pods may not
-                // all be deleted.
+            if newly && left_unrecovered(&node) {
                 self.unrecovered.insert(name.clone());
             }
             let verdict = judge(&node, leases.get(name.as_str()), server_now, &self.cfg);
-            if let Verdict::Nothing { why } = &verdict {
-                if !why.is_empty() {
-                    tracing::debug!(node = %name, "not fenced: {why}");
-                }
-            }
-            let w = match verdict {
-                Verdict::Fence { why } => self.control(&node, why, term.paused, now, &mut fenced),
-                Verdict::Untaint => Some(Work::Untaint),
-                Verdict::BackOnSameBoot => {
-                    self.metrics.count_action("kept-same-boot");
-                    self.record(&name, Verdict::BackOnSameBoot);
-                    self.tell(&name, EventType::Warning, KEPT_SAME_BOOT,
-                        "Ready again on the boot it was fenced in: it did not go down. Check its workloads and storage, then remove the taint by hand".into())
-                }
-                Verdict::Contradicted { why } => {
-                    self.metrics.count_action("contradicted");
-                    self.tell(
-                        &name,
-                        EventType::Warning,
-                        "ShutdownRecordContradicted",
-                        format!("{why}: not fenced on that record"),
-                    )
-                }
-                Verdict::Wait { .. } | Verdict::Fenced | Verdict::Nothing { .. } => {
-                    self.told.remove(&name);
-                    None
-                }
-            };
+            let w = self.work_for(&node, verdict, term.paused, now, &mut fenced);
             let w = w.or_else(|| {
                 (self.unrecovered.contains(&name) && fenced_by_us(&node) && !term.paused)
                     .then_some(Work::Recover)
@@ -191,6 +144,78 @@ impl Controller {
                 work.push((name, w));
             }
         }
+        self.execute(work).await;
+        Ok(true)
+    }
+
+    /// The kubelets' Leases and the server's time, when some node's verdict
+    /// needs them; none (so no fence) when they cannot be read.
+    async fn leases_if_wanted(
+        &mut self,
+        nodes: &[std::sync::Arc<Node>],
+        now: SystemTime,
+    ) -> (BTreeMap<String, Lease>, SystemTime) {
+        if !nodes.iter().any(|n| rule::wants_lease(n)) {
+            return (BTreeMap::new(), now);
+        }
+        match self.leases_now().await {
+            Ok(l) => l,
+            Err(e) => {
+                self.metrics.pass_errors.inc();
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "node Leases not read: no fence this pass"
+                );
+                (BTreeMap::new(), now)
+            }
+        }
+    }
+
+    /// What one node's verdict asks of the writer, or tells in an Event.
+    fn work_for(
+        &mut self,
+        node: &Node,
+        verdict: Verdict,
+        paused: bool,
+        now: SystemTime,
+        fenced: &mut usize,
+    ) -> Option<Work> {
+        let name = node.name_any();
+        match verdict {
+            Verdict::Fence { why } => self.control(node, why, paused, now, fenced),
+            Verdict::Untaint => Some(Work::Untaint),
+            Verdict::BackOnSameBoot => {
+                self.metrics.count_action("kept-same-boot");
+                self.record(&name, Verdict::BackOnSameBoot);
+                self.tell(&name, EventType::Warning, KEPT_SAME_BOOT,
+                    "Ready again on the boot it was fenced in: it did not go down. Check its workloads and storage, then remove the taint by hand".into())
+            }
+            Verdict::Contradicted { why } => {
+                self.metrics.count_action("contradicted");
+                self.tell(
+                    &name,
+                    EventType::Warning,
+                    "ShutdownRecordContradicted",
+                    format!("{why}: not fenced on that record"),
+                )
+            }
+            Verdict::Nothing { why } => {
+                if !why.is_empty() {
+                    tracing::debug!(node = %name, "not fenced: {why}");
+                }
+                self.told.remove(&name);
+                None
+            }
+            Verdict::Wait { .. } | Verdict::Fenced => {
+                self.told.remove(&name);
+                None
+            }
+        }
+    }
+
+    /// The writes, side by side (at most `concurrency`), each within
+    /// [`WORK_BUDGET`].
+    async fn execute(&mut self, work: Vec<(String, Work)>) {
         let writer = self.writer.clone();
         let done: Vec<(String, Work, Result<Done>)> = futures::stream::iter(work)
             .map(|(name, w)| {
@@ -210,7 +235,6 @@ impl Controller {
         for (name, w, r) in done {
             self.settle(name, w, r);
         }
-        Ok(true)
     }
 
     /// A fence the rule allows, through the operator's controls: what is
@@ -374,4 +398,14 @@ impl std::fmt::Debug for Controller {
             .field("leading", &self.leading)
             .finish()
     }
+}
+
+/// An earlier leader's fence of this boot: its pods may not all be deleted.
+fn left_unrecovered(node: &Node) -> bool {
+    fenced_by_us(node)
+        && node
+            .annotations()
+            .get(FENCED_BOOT_ANNOTATION)
+            .map(String::as_str)
+            == boot_id(node)
 }

@@ -169,86 +169,19 @@ pub async fn run(
     metrics: &Metrics,
 ) -> Result<GracefulReport> {
     let t0 = Instant::now();
-    let started = SystemTime::now();
     let ms = move || t0.elapsed().as_millis() as u64;
+    let started = SystemTime::now();
     let mut report = GracefulReport {
         started: Some(started),
         ..Default::default()
     };
-    // The kubelet-compatible state file is a record for others: a disk that
-    // refuses it must not stop the drain.
-    if let Err(e) = write_state(&opts.state_file, started, None) {
-        metrics.audit_failures.inc();
-        tracing::error!(
-            error = format!("{e:#}"),
-            "graceful shutdown state file NOT written (the drain goes on)"
-        );
-    }
+    state_file(opts, metrics, started, None);
     metrics.graceful_start.set(unix_secs(started));
+    announce_start(nc, opts, ep, record).await;
 
-    let how = ep
-        .timeline
-        .first()
-        .map(|e| e.summary.clone())
-        .unwrap_or_default();
-    let message = format!("graceful {} shutdown (episode {}): {how}", ep.kind, ep.id);
-    // The taint and the record in one patch, then the condition (see
-    // set_taint_and_record); the Event beside them.
-    let ((t, c), e) = tokio::join!(
-        async {
-            let t = nc.set_taint_and_record(true, Some(record)).await;
-            (t, nc.set_graceful(&message, opts.removal).await)
-        },
-        nc.event(
-            EventType::Normal,
-            "Shutdown",
-            format!("Shutdown manager detected shutdown event: {message}")
-        ),
-    );
-    for r in [t, c, e] {
-        if let Err(err) = r {
-            tracing::error!("graceful start: {err:#}");
-        }
-    }
-
-    // The pods as the warm watch has them: no list at shutdown time.
-    let mut by_bucket: Vec<Vec<Arc<Pod>>> = vec![Vec::new(); opts.buckets.len()];
-    for pod in nc.pods.state() {
-        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let priority = pod.spec.as_ref().and_then(|s| s.priority);
-        let b = bucket_index(&opts.buckets, priority);
-        // The agent's own pod stays: it must live to the kernel's end and
-        // send its last word (the proof of death the controller fences on).
-        let kept = if opts.own_pod.as_ref() == Some(&(ns.clone(), name.clone())) {
-            Some("skipped-self")
-        } else if is_mirror(&pod) {
-            Some("skipped-mirror")
-        } else if is_finished(&pod) {
-            Some("skipped-finished")
-        } else if opts.removal == Removal::None {
-            Some("skipped-announce-only")
-        } else {
-            opts.keep.why(&pod)
-        };
-        if let Some(how) = kept {
-            report.pods.push(PodOutcome {
-                namespace: ns,
-                name,
-                priority,
-                bucket: opts.buckets[b].priority,
-                grace_seconds: 0,
-                how: how.into(),
-                note: None,
-                requested_ms: ms(),
-                gone_ms: None,
-            });
-            continue;
-        }
-        by_bucket[b].push(pod);
-    }
-
-    for (i, bucket) in opts.buckets.iter().enumerate() {
-        let pods = &by_bucket[i];
+    let (kept, by_bucket) = sort_pods(nc, opts, ms());
+    report.pods = kept;
+    for (bucket, pods) in opts.buckets.iter().zip(&by_bucket) {
         if pods.is_empty() {
             continue;
         }
@@ -262,28 +195,79 @@ pub async fn run(
                 .map(|p| terminate(nc, opts.removal, bucket, p, deadline, ms)),
         )
         .await;
-        let timed_out = outcomes.iter().any(|o| o.gone_ms.is_none());
         report.buckets.push(BucketRun {
             priority: bucket.priority,
             seconds: bucket.seconds,
             pods: pods.len(),
             started_ms,
             ended_ms: ms(),
-            timed_out,
+            timed_out: outcomes.iter().any(|o| o.gone_ms.is_none()),
         });
         report.pods.extend(outcomes);
     }
 
     let ended = SystemTime::now();
-    if let Err(e) = write_state(&opts.state_file, started, Some(ended)) {
+    state_file(opts, metrics, started, Some(ended));
+    metrics.graceful_end.set(unix_secs(ended));
+    report.ended = Some(ended);
+    announce_end(nc, opts, &report).await;
+    Ok(report)
+}
+
+/// The kubelet-compatible state file is a record for others: a disk that
+/// refuses it must not stop the drain.
+fn state_file(
+    opts: &GracefulOptions,
+    metrics: &Metrics,
+    started: SystemTime,
+    ended: Option<SystemTime>,
+) {
+    if let Err(e) = write_state(&opts.state_file, started, ended) {
         metrics.audit_failures.inc();
         tracing::error!(
             error = format!("{e:#}"),
-            "graceful shutdown state file NOT written"
+            "graceful shutdown state file NOT written (the drain goes on)"
         );
     }
-    metrics.graceful_end.set(unix_secs(ended));
-    report.ended = Some(ended);
+}
+
+/// The taint and the record in one patch, then the condition (see
+/// `set_taint_and_record`); the Event beside them.
+async fn announce_start(
+    nc: &NodeClient,
+    opts: &GracefulOptions,
+    ep: &Episode,
+    record: &crate::record::ShutdownRecord,
+) {
+    let how = ep
+        .timeline
+        .first()
+        .map(|e| e.summary.clone())
+        .unwrap_or_default();
+    let message = format!("graceful {} shutdown (episode {}): {how}", ep.kind, ep.id);
+    let ((t, c), e) = tokio::join!(
+        async {
+            let t = nc.set_taint_and_record(true, Some(record)).await;
+            (t, nc.set_graceful(&message, opts.removal).await)
+        },
+        nc.event(
+            EventType::Normal,
+            "Shutdown",
+            format!("Shutdown manager detected shutdown event: {message}")
+        ),
+    );
+    for r in [t, c, e] {
+        if let Err(err) = r {
+            tracing::error!(
+                error = format!("{err:#}"),
+                "graceful start not fully written"
+            );
+        }
+    }
+}
+
+/// The drain's end: the condition says drained or not, and an Event.
+async fn announce_end(nc: &NodeClient, opts: &GracefulOptions, report: &GracefulReport) {
     let note = format!(
         "graceful shutdown done: {} pods terminated, {} still running",
         report.terminated(),
@@ -301,10 +285,65 @@ pub async fn run(
     );
     for r in [d, e] {
         if let Err(err) = r {
-            tracing::error!("graceful end: {err:#}");
+            tracing::error!(error = format!("{err:#}"), "graceful end not fully written");
         }
     }
-    Ok(report)
+}
+
+/// The pods as the warm watch has them (no list at shutdown time): the ones
+/// that stay, as outcomes, and the rest by bucket.
+fn sort_pods(
+    nc: &NodeClient,
+    opts: &GracefulOptions,
+    now_ms: u64,
+) -> (Vec<PodOutcome>, Vec<Vec<Arc<Pod>>>) {
+    let mut kept = Vec::new();
+    let mut by_bucket: Vec<Vec<Arc<Pod>>> = vec![Vec::new(); opts.buckets.len()];
+    for pod in nc.pods.state() {
+        let b = bucket_index(&opts.buckets, pod.spec.as_ref().and_then(|s| s.priority));
+        match why_kept(opts, &pod) {
+            Some(how) => kept.push(PodOutcome {
+                how: how.into(),
+                grace_seconds: 0,
+                ..PodOutcome::of(&pod, opts.buckets[b].priority, now_ms)
+            }),
+            None => by_bucket[b].push(pod),
+        }
+    }
+    (kept, by_bucket)
+}
+
+fn why_kept(opts: &GracefulOptions, pod: &Pod) -> Option<&'static str> {
+    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    // The agent's own pod stays: it must live to the kernel's end and send
+    // its last word (the proof of death the controller fences on).
+    if opts.own_pod.as_ref() == Some(&(ns, name)) {
+        Some("skipped-self")
+    } else if is_mirror(pod) {
+        Some("skipped-mirror")
+    } else if is_finished(pod) {
+        Some("skipped-finished")
+    } else if opts.removal == Removal::None {
+        Some("skipped-announce-only")
+    } else {
+        opts.keep.why(pod)
+    }
+}
+
+impl PodOutcome {
+    fn of(pod: &Pod, bucket: i32, now_ms: u64) -> Self {
+        PodOutcome {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            priority: pod.spec.as_ref().and_then(|s| s.priority),
+            bucket,
+            grace_seconds: 0,
+            how: "delete".into(),
+            note: None,
+            requested_ms: now_ms,
+            gone_ms: None,
+        }
+    }
 }
 
 /// Removes one pod and waits until it is gone or `deadline` passes.
@@ -316,97 +355,28 @@ async fn terminate(
     deadline: Instant,
     ms: impl Fn() -> u64,
 ) -> PodOutcome {
-    let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
     let own_grace = pod
         .spec
         .as_ref()
         .and_then(|s| s.termination_grace_period_seconds);
-    let grace = pod_grace_seconds(bucket, own_grace);
-    let api: Api<Pod> = Api::namespaced(nc.client.clone(), &ns);
     let mut out = PodOutcome {
-        namespace: ns.clone(),
-        name: name.clone(),
-        priority: pod.spec.as_ref().and_then(|s| s.priority),
-        bucket: bucket.priority,
-        grace_seconds: grace,
-        how: "delete".into(),
-        note: None,
-        requested_ms: ms(),
-        gone_ms: None,
+        grace_seconds: pod_grace_seconds(bucket, own_grace),
+        ..PodOutcome::of(pod, bucket.priority, ms())
     };
-    let delete_options = |grace: i64| K8sDeleteOptions {
-        grace_period_seconds: Some(grace.max(0)),
-        preconditions: Some(K8sPreconditions {
-            uid: pod.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    let delete = |grace: i64| DeleteParams {
-        grace_period_seconds: Some(grace.max(0) as u32),
-        preconditions: Some(Preconditions {
-            uid: pod.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-
+    let (ns, name) = (out.namespace.clone(), out.name.clone());
+    let api: Api<Pod> = Api::namespaced(nc.client.clone(), &ns);
     let sent = match removal {
         // Announce only: `run` never asks; nothing is sent.
         Removal::None => {
             out.how = "skipped-announce-only".into();
             return out;
         }
-        Removal::Delete => send_delete(&api, &name, &delete(grace)).await,
-        Removal::Evict => {
-            out.how = "evict".into();
-            let fallback_at = deadline
-                - Duration::from_secs_f64(bucket.seconds.max(0) as f64 * EVICT_FALLBACK_SHARE);
-            loop {
-                // Built by hand: kube 5's EvictParams serialises its delete
-                // options as `delete_options`, which the API server ignores
-                // (the grace period would be lost).
-                let eviction = Eviction {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(ns.clone()),
-                        ..Default::default()
-                    },
-                    delete_options: Some(delete_options(grace)),
-                };
-                let sent = api
-                    .create_subresource::<_, kube::core::Status>(
-                        "eviction",
-                        &name,
-                        &PostParams::default(),
-                        &eviction,
-                    )
-                    .await;
-                let refusal = match sent {
-                    Ok(_) => break Ok(()),
-                    Err(kube::Error::Api(s)) if s.code == 404 => break Ok(()),
-                    // 429: a disruption budget says no; the causes name it.
-                    Err(kube::Error::Api(s)) if s.code == 429 => status_text(&s),
-                    Err(e) if retryable(&e) => e.to_string(),
-                    Err(e) => break Err(e),
-                };
-                out.note = Some(refusal.clone());
-                if Instant::now() + EVICT_RETRY >= fallback_at {
-                    let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
-                    let grace = grace.min(left);
-                    tracing::warn!(pod = %format!("{ns}/{name}"), refusal = %refusal,
-                        "eviction still refused with the bucket's time nearly out: deleting");
-                    out.how = "delete-after-pdb".into();
-                    out.grace_seconds = grace;
-                    break send_delete(&api, &name, &delete(grace)).await;
-                }
-                tokio::time::sleep(EVICT_RETRY).await;
-            }
-        }
+        Removal::Delete => send_delete(&api, pod, out.grace_seconds).await,
+        Removal::Evict => evict(&api, pod, bucket, deadline, &mut out).await,
     };
     out.requested_ms = ms();
     if let Err(e) = sent {
-        tracing::error!(pod = %format!("{ns}/{name}"), "removal failed: {e}");
+        tracing::error!(pod = %format!("{ns}/{name}"), error = %e, "removal failed");
         out.note = Some(format!("removal failed: {e}"));
         return out;
     }
@@ -424,6 +394,66 @@ async fn terminate(
     }
 }
 
+/// Evicts `pod`, retrying while a disruption budget refuses, and deletes it
+/// once the bucket's time is nearly out.
+async fn evict(
+    api: &Api<Pod>,
+    pod: &Pod,
+    bucket: &Bucket,
+    deadline: Instant,
+    out: &mut PodOutcome,
+) -> Result<(), kube::Error> {
+    out.how = "evict".into();
+    let fallback_at =
+        deadline - Duration::from_secs_f64(bucket.seconds.max(0) as f64 * EVICT_FALLBACK_SHARE);
+    // Built by hand: kube 5's EvictParams serialises its delete options as
+    // `delete_options`, which the API server ignores (the grace period would
+    // be lost).
+    let eviction = Eviction {
+        metadata: ObjectMeta {
+            name: Some(out.name.clone()),
+            namespace: Some(out.namespace.clone()),
+            ..Default::default()
+        },
+        delete_options: Some(K8sDeleteOptions {
+            grace_period_seconds: Some(out.grace_seconds.max(0)),
+            preconditions: Some(K8sPreconditions {
+                uid: pod.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        }),
+    };
+    loop {
+        let sent = api
+            .create_subresource::<_, kube::core::Status>(
+                "eviction",
+                &out.name,
+                &PostParams::default(),
+                &eviction,
+            )
+            .await;
+        let refusal = match sent {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            // 429: a disruption budget says no; the causes name it.
+            Err(kube::Error::Api(s)) if s.code == 429 => status_text(&s),
+            Err(e) if retryable(&e) => e.to_string(),
+            Err(e) => return Err(e),
+        };
+        out.note = Some(refusal.clone());
+        if Instant::now() + EVICT_RETRY >= fallback_at {
+            let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+            out.grace_seconds = out.grace_seconds.min(left);
+            out.how = "delete-after-pdb".into();
+            tracing::warn!(pod = %format!("{}/{}", out.namespace, out.name), refusal = %refusal,
+                "eviction still refused with the bucket's time nearly out: deleting");
+            return send_delete(api, pod, out.grace_seconds).await;
+        }
+        tokio::time::sleep(EVICT_RETRY).await;
+    }
+}
+
 /// A Status's message and its causes (where an eviction names the budget).
 fn status_text(s: &kube::core::Status) -> String {
     let mut text = s.message.clone();
@@ -433,8 +463,17 @@ fn status_text(s: &kube::core::Status) -> String {
     text
 }
 
-async fn send_delete(api: &Api<Pod>, name: &str, dp: &DeleteParams) -> Result<(), kube::Error> {
-    match super::retry::retry("delete pod", || api.delete(name, dp)).await {
+async fn send_delete(api: &Api<Pod>, pod: &Pod, grace: i64) -> Result<(), kube::Error> {
+    let dp = DeleteParams {
+        grace_period_seconds: Some(grace.max(0) as u32),
+        preconditions: Some(Preconditions {
+            uid: pod.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let name = pod.name_any();
+    match super::retry::retry("delete pod", || api.delete(&name, &dp)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e),

@@ -28,6 +28,21 @@ fn tracefs_mounted() -> Option<String> {
 
 /// The kernel: tracefs and the hooks' tracepoints, BTF, kprobes.
 pub(crate) fn kernel(r: &mut Report) {
+    version(r);
+    let fs = tracepoints(r);
+    kprobes(r, fs);
+    btf(r);
+    match std::fs::read_to_string("/sys/kernel/security/lockdown") {
+        Ok(l) => r.push(Status::Info, "lockdown", l.trim().to_string()),
+        Err(_) => r.push(
+            Status::Info,
+            "lockdown",
+            "unknown (securityfs not mounted or no lockdown LSM)",
+        ),
+    }
+}
+
+fn version(r: &mut Report) {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
     match read("/proc/sys/kernel/osrelease") {
         Ok(rel) => r.push(
@@ -45,6 +60,10 @@ pub(crate) fn kernel(r: &mut Report) {
             format!("/proc/sys/kernel/osrelease: {e}"),
         ),
     }
+}
+
+/// tracefs (mounted if it is not) and each hook's tracepoint in it.
+fn tracepoints(r: &mut Report) -> Option<&'static str> {
     let mut fs = tracefs();
     let unreadable = if fs.is_none() {
         tracefs_mounted()
@@ -89,6 +108,10 @@ pub(crate) fn kernel(r: &mut Report) {
             }
         }
     }
+    fs
+}
+
+fn kprobes(r: &mut Report, fs: Option<&str>) {
     // aya attaches kprobes through the perf `kprobe` PMU.
     let pmu = Path::new("/sys/bus/event_source/devices/kprobe");
     let events = fs.map(|f| Path::new(f).join("kprobe_events"));
@@ -112,6 +135,10 @@ pub(crate) fn kernel(r: &mut Report) {
             ),
         );
     }
+}
+
+/// BTF, and the task offsets the exec hook reads through it.
+fn btf(r: &mut Report) {
     let btf = Path::new("/sys/kernel/btf/vmlinux");
     match std::fs::metadata(btf) {
         Ok(m) => r.push(
@@ -141,14 +168,6 @@ pub(crate) fn kernel(r: &mut Report) {
             Status::Warn,
             "task offsets",
             format!("not resolved ({e:#}): exec signals without argv, actors without parent"),
-        ),
-    }
-    match std::fs::read_to_string("/sys/kernel/security/lockdown") {
-        Ok(l) => r.push(Status::Info, "lockdown", l.trim().to_string()),
-        Err(_) => r.push(
-            Status::Info,
-            "lockdown",
-            "unknown (securityfs not mounted or no lockdown LSM)",
         ),
     }
 }
@@ -344,6 +363,11 @@ pub(crate) fn privileges(r: &mut Report, caps: Option<u64>, paranoid: Option<i32
             }
         ),
     );
+    perf_paranoid(r, paranoid);
+    needed_caps(r, caps, paranoid);
+}
+
+fn perf_paranoid(r: &mut Report, paranoid: Option<i32>) {
     match paranoid {
         Some(p) => r.push(
             Status::Info,
@@ -363,6 +387,11 @@ pub(crate) fn privileges(r: &mut Report, caps: Option<u64>, paranoid: Option<i32
             "cannot read /proc/sys/kernel/perf_event_paranoid",
         ),
     }
+}
+
+/// Each capability loading and attaching needs: held, stood in for, or
+/// missing.
+fn needed_caps(r: &mut Report, caps: u64, paranoid: Option<i32>) {
     let has = |c| node::has_cap(caps, c);
     let admin = has(CAP_SYS_ADMIN);
     for (cap, name, why) in [

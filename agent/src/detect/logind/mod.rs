@@ -286,67 +286,13 @@ impl LogindDetector {
         let conn = &link;
         let first = self.sessions == 0;
         self.sessions += 1;
-        // Subscribed before reading state, so nothing falls in between.
         let Streams {
             mut prepare,
             mut changed,
             mut owner_changed,
             mut others,
-        } = match self.streams.take() {
-            Some(s) => s,
-            None => {
-                let s = subscribe(&link.conn, self.cfg.bus.as_deref()).await?;
-                self.owner = bus::name_owner(&link.conn, LOGIND).await?;
-                s
-            }
-        };
-        if self.owner.is_none() {
-            anyhow::bail!("{}", StartError::NoLogind);
-        }
-        if !self.configured {
-            if let Some(want) = self.cfg.want_delay {
-                config::ensure_inhibit_delay(&link.host, &self.cfg.logind_root, want).await?;
-            }
-            self.configured = true;
-        }
-
-        match link.host.current_inhibit_delay().await {
-            Ok(d) => self.delay_max = d.min(DELAY_CAP),
-            Err(e) => tracing::warn!(error = %e, "logind: reading InhibitDelayMaxUSec"),
-        }
-        if self.wants_lock() && (!first || self.lock.is_none()) {
-            self.relock(conn).await;
-        }
-        // The agent may start, or come back, in the middle of a shutdown.
-        let preparing = link.host.logind.preparing_for_shutdown().await?;
-        if preparing && !self.episode.as_ref().is_some_and(|e| e.from_logind) {
-            let (wall, boot_ns) = now_pair();
-            tracing::warn!("logind: a shutdown is already under way");
-            let kind = self.kind(conn).await;
-            // Its start is unknown: the deadline is at most a full delay away.
-            let deadline = self.begin(Instant::now(), wall, self.delay_max, true);
-            let s = signal(
-                kind,
-                Effect::Now,
-                Some(deadline),
-                wall,
-                boot_ns,
-                None,
-                "PreparingForShutdown",
-            );
-            if tx.send(s).await.is_err() {
-                return Ok(Flow::Stop);
-            }
-        } else if !preparing && self.episode.as_ref().is_some_and(|e| e.from_logind) && !first {
-            tracing::warn!("logind: the shutdown was called off while the bus was away");
-            if let Some(f) = self
-                .cancel(conn, tx, None, None, "PreparingForShutdown")
-                .await
-            {
-                return Ok(f);
-            }
-        }
-        if let Some(f) = self.check_scheduled(conn, tx, None).await {
+        } = self.subscribed(conn).await?;
+        if let Some(f) = self.catch_up(conn, tx, first).await? {
             return Ok(f);
         }
         if let Some(h) = &self.health {
@@ -370,20 +316,9 @@ impl LogindDetector {
                     let m = m.ok_or_else(|| anyhow::anyhow!("the bus connection closed"))??;
                     self.owner_changed(&m);
                 }
-                Some(()) = self.release_rx.recv() => {
-                    self.release("graceful work done");
-                    self.relock_unless_logind_waits(conn).await;
-                }
-                Some(()) = self.relock_rx.recv() => {
-                    if self.episode.take().is_some() || self.lock.is_none() {
-                        tracing::info!("logind: the shutdown did not come: delay lock taken again");
-                        self.relock(conn).await;
-                    }
-                }
-                _ = sleep_until_opt(due) => {
-                    self.release("deadline near");
-                    self.relock_unless_logind_waits(conn).await;
-                }
+                Some(()) = self.release_rx.recv() => self.release_and_relock(conn, "graceful work done").await,
+                Some(()) = self.relock_rx.recv() => self.relock_after_no_shutdown(conn).await,
+                _ = sleep_until_opt(due) => self.release_and_relock(conn, "deadline near").await,
                 m = changed.next() => {
                     let m = m.ok_or_else(|| anyhow::anyhow!("the bus connection closed"))??;
                     let value = scheduled_from_changed(&m);
@@ -410,6 +345,113 @@ impl LogindDetector {
                 },
                 _ = tx.closed() => return Ok(Flow::Stop),
             }
+        }
+    }
+
+    /// The signals subscribed to (before any state is read, so nothing falls
+    /// in between), logind's owner known and its delay configured.
+    async fn subscribed(&mut self, link: &Link) -> anyhow::Result<Streams> {
+        let streams = match self.streams.take() {
+            Some(s) => s,
+            None => {
+                let s = subscribe(&link.conn, self.cfg.bus.as_deref()).await?;
+                self.owner = bus::name_owner(&link.conn, LOGIND).await?;
+                s
+            }
+        };
+        if self.owner.is_none() {
+            anyhow::bail!("{}", StartError::NoLogind);
+        }
+        if !self.configured {
+            if let Some(want) = self.cfg.want_delay {
+                config::ensure_inhibit_delay(&link.host, &self.cfg.logind_root, want).await?;
+            }
+            self.configured = true;
+        }
+        Ok(streams)
+    }
+
+    /// The lock taken and logind's state read: the agent may start, or come
+    /// back, in the middle of a shutdown, or after one was called off.
+    async fn catch_up(
+        &mut self,
+        conn: &Link,
+        tx: &mpsc::Sender<ShutdownSignal>,
+        first: bool,
+    ) -> anyhow::Result<Option<Flow>> {
+        match conn.host.current_inhibit_delay().await {
+            Ok(d) => self.delay_max = d.min(DELAY_CAP),
+            Err(e) => tracing::warn!(error = %e, "logind: InhibitDelayMaxUSec not read"),
+        }
+        if self.wants_lock() && (!first || self.lock.is_none()) {
+            self.relock(conn).await;
+        }
+        let preparing = conn.host.logind.preparing_for_shutdown().await?;
+        if preparing && !self.episode.as_ref().is_some_and(|e| e.from_logind) {
+            let (wall, boot_ns) = now_pair();
+            tracing::warn!("logind: a shutdown is already under way");
+            let kind = self.kind(conn).await;
+            // Its start is unknown: the deadline is at most a full delay away.
+            let deadline = self.begin(Instant::now(), wall, self.delay_max, true);
+            let s = signal(
+                kind,
+                Effect::Now,
+                Some(deadline),
+                wall,
+                boot_ns,
+                None,
+                "PreparingForShutdown",
+            );
+            if tx.send(s).await.is_err() {
+                return Ok(Some(Flow::Stop));
+            }
+        } else if !preparing && self.episode.as_ref().is_some_and(|e| e.from_logind) && !first {
+            tracing::warn!("logind: the shutdown was called off while the bus was away");
+            if let Some(f) = self
+                .cancel(conn, tx, None, None, "PreparingForShutdown")
+                .await
+            {
+                return Ok(Some(f));
+            }
+        }
+        Ok(self.check_scheduled(conn, tx, None).await)
+    }
+
+    /// logind's limit as it is now: another drop-in (the kubelet's) may have
+    /// raised it since the agent started.
+    async fn reread_delay_max(&mut self, conn: &Link) {
+        let read = tokio::time::timeout(
+            Duration::from_millis(500),
+            conn.host.current_inhibit_delay(),
+        )
+        .await;
+        match read {
+            Ok(Ok(d)) if d.min(DELAY_CAP) != self.delay_max => {
+                tracing::info!(from = %secs(self.delay_max), to = %secs(d), "logind: InhibitDelayMaxUSec changed since it was read");
+                self.delay_max = d.min(DELAY_CAP);
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                error = %e,
+                using = %secs(self.delay_max),
+                "logind: InhibitDelayMaxUSec not re-read"
+            ),
+            Err(_) => tracing::warn!(
+                using = %secs(self.delay_max),
+                "logind: re-reading InhibitDelayMaxUSec timed out"
+            ),
+        }
+    }
+
+    async fn release_and_relock(&mut self, conn: &Link, why: &str) {
+        self.release(why);
+        self.relock_unless_logind_waits(conn).await;
+    }
+
+    async fn relock_after_no_shutdown(&mut self, conn: &Link) {
+        if self.episode.take().is_some() || self.lock.is_none() {
+            tracing::info!("logind: the shutdown did not come: delay lock taken again");
+            self.relock(conn).await;
         }
     }
 
@@ -512,17 +554,7 @@ impl LogindDetector {
             .sender()
             .map(std::string::ToString::to_string)
             .unwrap_or_default();
-        let start: bool = match m.body().deserialize() {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(
-                    sender,
-                    signature = %m.body().signature(),
-                    "logind: malformed PrepareForShutdown ignored (it carries one boolean): {e}"
-                );
-                return None;
-            }
-        };
+        let start = prepare_arg(&m, &sender)?;
         let from_logind = self.is_loginds(&m);
         if !from_logind && !self.cfg.trust_unowned {
             self.report_forged(&conn.conn, &sender, start, (wall, boot_ns), tx)
@@ -573,28 +605,7 @@ impl LogindDetector {
         } else {
             Kind::Unknown
         };
-        // logind's limit as it is now: another drop-in (the kubelet's) may
-        // have raised it since the agent started.
-        match tokio::time::timeout(
-            Duration::from_millis(500),
-            conn.host.current_inhibit_delay(),
-        )
-        .await
-        {
-            Ok(Ok(d)) if d.min(DELAY_CAP) != self.delay_max => {
-                tracing::info!(from = %secs(self.delay_max), to = %secs(d), "logind: InhibitDelayMaxUSec changed since it was read");
-                self.delay_max = d.min(DELAY_CAP);
-            }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(
-                "logind: re-reading InhibitDelayMaxUSec: {e}; using {}",
-                secs(self.delay_max)
-            ),
-            Err(_) => tracing::warn!(
-                "logind: re-reading InhibitDelayMaxUSec timed out; using {}",
-                secs(self.delay_max)
-            ),
-        }
+        self.reread_delay_max(conn).await;
         let deadline = self.begin(received, wall, self.delay_max, from_logind);
         tracing::info!(
             sender,
@@ -1000,6 +1011,23 @@ async fn sleep_until_opt(t: Option<Instant>) {
     match t {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
+    }
+}
+
+/// PrepareForShutdown's one boolean; a malformed signal is logged and
+/// ignored.
+fn prepare_arg(m: &Message, sender: &str) -> Option<bool> {
+    match m.body().deserialize() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::warn!(
+                sender,
+                signature = %m.body().signature(),
+                error = %e,
+                "logind: malformed PrepareForShutdown ignored (it carries one boolean)"
+            );
+            None
+        }
     }
 }
 

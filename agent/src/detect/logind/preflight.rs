@@ -28,61 +28,10 @@ pub(crate) async fn preflight(r: &mut Report, host: &Host, root: &Path, want: Op
             format!("reading InhibitDelayMaxUSec: {e}"),
         ),
     }
-    let order = if settings.is_empty() {
-        format!(
-            "no file under {} sets InhibitDelayMaxSec (logind's default: 5s)",
-            root.display()
-        )
-    } else {
-        let n = settings.len();
-        settings
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let win = if i + 1 == n { " (wins)" } else { "" };
-                format!("{}: {}{win}", s.file.display(), s.value)
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    r.push(Status::Info, "drop-ins", order);
-
+    r.push(Status::Info, "drop-ins", read_order(root, &settings));
     // Listed before the check takes (and closes) a lock of its own.
     if let Ok(list) = host.logind.list_inhibitors().await {
-        {
-            // The kubelet's graceful node shutdown holds its own lock: two
-            // drains would race for the same pods.
-            for (what, who, why, mode, _, pid) in &list {
-                if mode == "delay"
-                    && what.split(':').any(|w| w == "shutdown")
-                    && (who.to_lowercase().contains("kubelet")
-                        || why.to_lowercase().contains("kubelet"))
-                {
-                    r.push(
-                        Status::Fail,
-                        "kubelet lock",
-                        format!(
-                            "the kubelet (pid {pid}) holds a shutdown delay lock: its graceful node shutdown is on; \
-                             set shutdownGracePeriod and shutdownGracePeriodCriticalPods to 0 in its KubeletConfiguration and restart it"
-                        ),
-                    );
-                }
-            }
-            let held: Vec<String> = list
-                .iter()
-                .filter(|(what, _, _, mode, _, _)| {
-                    mode == "delay" && what.split(':').any(|w| w == "shutdown")
-                })
-                .map(|(_, who, _, _, _, pid)| format!("{who} (pid {pid})"))
-                .collect();
-            if !held.is_empty() {
-                r.push(
-                    Status::Info,
-                    "held locks",
-                    format!("shutdown delay locks held now: {}", held.join(", ")),
-                );
-            }
-        }
+        held_locks(r, &list);
     }
     match lock::take_lock(host).await {
         Ok(fd) => {
@@ -115,6 +64,59 @@ pub(crate) async fn preflight(r: &mut Report, host: &Host, root: &Path, want: Op
                 format!("a {t} is scheduled for {at}"),
             );
         }
+    }
+}
+
+/// The drop-ins that set InhibitDelayMaxSec, in logind's read order.
+fn read_order(root: &Path, settings: &[Setting]) -> String {
+    if settings.is_empty() {
+        return format!(
+            "no file under {} sets InhibitDelayMaxSec (logind's default: 5s)",
+            root.display()
+        );
+    }
+    let n = settings.len();
+    settings
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let win = if i + 1 == n { " (wins)" } else { "" };
+            format!("{}: {}{win}", s.file.display(), s.value)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The shutdown delay locks held now; the kubelet's fails the check: two
+/// drains would race for the same pods.
+fn held_locks(r: &mut Report, list: &[crate::bus::logind::InhibitorEntry]) {
+    let shutdown_delay =
+        |what: &str, mode: &str| mode == "delay" && what.split(':').any(|w| w == "shutdown");
+    for (what, who, why, mode, _, pid) in list {
+        if shutdown_delay(what, mode)
+            && (who.to_lowercase().contains("kubelet") || why.to_lowercase().contains("kubelet"))
+        {
+            r.push(
+                Status::Fail,
+                "kubelet lock",
+                format!(
+                    "the kubelet (pid {pid}) holds a shutdown delay lock: its graceful node shutdown is on; \
+                     set shutdownGracePeriod and shutdownGracePeriodCriticalPods to 0 in its KubeletConfiguration and restart it"
+                ),
+            );
+        }
+    }
+    let held: Vec<String> = list
+        .iter()
+        .filter(|(what, _, _, mode, _, _)| shutdown_delay(what, mode))
+        .map(|(_, who, _, _, _, pid)| format!("{who} (pid {pid})"))
+        .collect();
+    if !held.is_empty() {
+        r.push(
+            Status::Info,
+            "held locks",
+            format!("shutdown delay locks held now: {}", held.join(", ")),
+        );
     }
 }
 

@@ -136,39 +136,65 @@ pub(super) enum Request {
     Unit(Kind),
 }
 
-pub(super) fn systemctl(args: &[&[u8]], now: SystemTime) -> Intent {
-    let (mut force, mut remote, mut system, mut offline, mut dry_run) =
-        (0u8, false, true, false, false);
-    let mut when = None;
-    let mut words = Vec::new();
-    // In argv order, like getopt: help and --when=cancel|show act at once.
+/// systemctl's options as they bear on a shutdown, and its words (the
+/// verb, then its operands).
+#[derive(Default)]
+struct SystemctlArgs<'a> {
+    force: u8,
+    remote: bool,
+    user: bool,
+    offline: bool,
+    dry_run: bool,
+    when: Option<&'a [u8]>,
+    words: Vec<&'a [u8]>,
+}
+
+/// The options, in argv order like getopt: help and --when=cancel|show act
+/// at once (the `Err`).
+fn systemctl_args<'a>(args: &[&'a [u8]]) -> Result<SystemctlArgs<'a>, Intent> {
+    let mut a = SystemctlArgs::default();
     for tok in tokenize(args, &SYSTEMCTL) {
         match tok {
-            Tok::Bad => return Intent::unclear(),
-            Tok::Pos(_, word) => words.push(word),
+            Tok::Bad => return Err(Intent::unclear()),
+            Tok::Pos(_, word) => a.words.push(word),
             Tok::Short(b'h', _) | Tok::Long("help" | "version", _) => {
-                return Intent::nothing(Kind::Unknown, "only prints help")
+                return Err(Intent::nothing(Kind::Unknown, "only prints help"))
             }
             Tok::Long("when", value) => match value.unwrap_or_default() {
-                b"" | b"cancel" => return Intent::new(Kind::Unknown, Effect::Cancel, false, false),
-                b"show" => return Intent::nothing(Kind::Unknown, "shows the scheduled shutdown"),
-                value => when = Some(value),
+                b"" | b"cancel" => {
+                    return Err(Intent::new(Kind::Unknown, Effect::Cancel, false, false))
+                }
+                b"show" => {
+                    return Err(Intent::nothing(
+                        Kind::Unknown,
+                        "shows the scheduled shutdown",
+                    ))
+                }
+                value => a.when = Some(value),
             },
-            Tok::Short(b'f', _) | Tok::Long("force", _) => force = force.saturating_add(1),
-            Tok::Short(b'H', _) | Tok::Long("host", _) => remote = true,
+            Tok::Short(b'f', _) | Tok::Long("force", _) => a.force = a.force.saturating_add(1),
+            Tok::Short(b'H', _) | Tok::Long("host", _) => a.remote = true,
             Tok::Short(b'M', machine) | Tok::Long("machine", machine) => {
-                remote |= machine != Some(b".host");
+                a.remote |= machine != Some(b".host");
             }
-            Tok::Long("user" | "global", _) => system = false,
-            Tok::Long("system", _) => system = true,
-            Tok::Short(b'C', _) | Tok::Long("capsule", _) => system = false,
-            Tok::Long("root" | "image", _) => offline = true,
-            Tok::Long("dry-run", _) => dry_run = true,
+            Tok::Long("user" | "global" | "capsule", _) | Tok::Short(b'C', _) => {
+                a.user = true;
+            }
+            Tok::Long("system", _) => a.user = false,
+            Tok::Long("root" | "image", _) => a.offline = true,
+            Tok::Long("dry-run", _) => a.dry_run = true,
             _ => {}
         }
     }
+    Ok(a)
+}
 
-    let Some((&verb, operands)) = words.split_first() else {
+pub(super) fn systemctl(args: &[&[u8]], now: SystemTime) -> Intent {
+    let a = match systemctl_args(args) {
+        Ok(a) => a,
+        Err(intent) => return intent,
+    };
+    let Some((&verb, operands)) = a.words.split_first() else {
         return Intent::nothing(Kind::Unknown, "no verb: lists units");
     };
     let Some(verb) = utf8(verb) else {
@@ -199,16 +225,16 @@ pub(super) fn systemctl(args: &[&[u8]], now: SystemTime) -> Intent {
         }
         Request::Verb(kind) | Request::Unit(kind) => kind,
     };
-    if remote {
+    if a.remote {
         return Intent::nothing(kind, "targets another machine");
     }
-    if !system {
+    if a.user {
         return Intent::nothing(Kind::Unknown, "not the system manager");
     }
-    if offline {
+    if a.offline {
         return Intent::nothing(Kind::Unknown, "refused with --root or --image");
     }
-    if dry_run {
+    if a.dry_run {
         return Intent::nothing(kind, "dry run");
     }
 
@@ -218,14 +244,14 @@ pub(super) fn systemctl(args: &[&[u8]], now: SystemTime) -> Intent {
         // stops nothing and kills every process, waiting for each up to its
         // timeout); `-ff` skips systemd too, calling reboot(2) at once.
         // systemd's soft-reboot ignores it and asks logind.
-        Request::Verb(kind) if force >= 2 && kind != Kind::SoftReboot => {
+        Request::Verb(kind) if a.force >= 2 && kind != Kind::SoftReboot => {
             Intent::new(kind, Effect::Now, true, true).calling_reboot()
         }
-        Request::Verb(kind) if force == 1 && kind != Kind::SoftReboot => {
+        Request::Verb(kind) if a.force == 1 && kind != Kind::SoftReboot => {
             Intent::new(kind, Effect::Now, true, true)
         }
         Request::Verb(kind) => {
-            let effect = match when {
+            let effect = match a.when {
                 None => Effect::Now,
                 Some(value) => match utf8(value) {
                     None => return Intent::unclear(),
