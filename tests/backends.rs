@@ -29,9 +29,9 @@ use lastgasp::{
         audit::{self, Entry, Outcome},
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            lastgasp::LastGasp,
             NodeClient, Use, TAINT_KEY,
         },
+        last_gasp::LastGasp,
         metrics::Metrics,
     },
     decide::{Action, Decider, Episode},

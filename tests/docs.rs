@@ -575,3 +575,57 @@ fn anchors_are_made_as_github_makes_them() {
     );
     let _ = doccmd::words;
 }
+
+/// Every source file the docs name in backticks (`hooks/exec/{mod,tools}.rs`
+/// included) is in the repository: a file that moves takes its mentions with
+/// it.
+#[test]
+fn every_source_file_the_docs_name_exists() {
+    fn rs_files(dir: &std::path::Path, root: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if p.is_dir() && !matches!(name.as_str(), "target" | ".git" | "node_modules") {
+                rs_files(&p, root, out);
+            } else if name.ends_with(".rs") {
+                out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let root = repo();
+    let mut files = Vec::new();
+    rs_files(&root, &root, &mut files);
+    let exists = |name: &str| {
+        files
+            .iter()
+            .any(|f| f == name || f.ends_with(&format!("/{name}")))
+    };
+    let (mut missing, mut n) = (Vec::new(), 0);
+    for f in doc_files() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (i, token) in text.split('`').enumerate() {
+            if i % 2 == 0 || !token.ends_with(".rs") || token.contains([' ', '<']) {
+                continue;
+            }
+            let names: Vec<String> = match (token.find('{'), token.find('}')) {
+                (Some(a), Some(b)) if a < b => token[a + 1..b]
+                    .split(',')
+                    .map(|alt| format!("{}{alt}{}", &token[..a], &token[b + 1..]))
+                    .collect(),
+                _ => vec![token.to_string()],
+            };
+            for name in names {
+                n += 1;
+                if !exists(&name) {
+                    missing.push(format!("{}: `{token}`: no {name}", f.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "files the docs name that are not there:\n{}",
+        missing.join("\n")
+    );
+    assert!(n > 20, "only {n} file names found: the scan is broken");
+}

@@ -13,9 +13,9 @@ use lastgasp::{
     act::{
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            lastgasp::{LastGasp, Refusal},
             NodeClient, CONDITION, RECORD_ANNOTATION, TAINT_KEY,
         },
+        last_gasp::{LastGasp, Refusal},
         metrics::Metrics,
     },
     decide::{Action, Decider, Episode},

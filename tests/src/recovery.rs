@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::{api::DeleteParams, Api, Client};
 use lastgasp::{
-    act::kube::lastgasp::LastGasp,
+    act::last_gasp::LastGasp,
     act::LAST_GASP_BOUND,
     controller::{Controller, ControllerConfig},
     decide::{self, Decider},

@@ -193,12 +193,12 @@ pub async fn warm_clients(
     node: &str,
 ) -> (
     lastgasp::act::kube::NodeClient,
-    lastgasp::act::kube::lastgasp::LastGasp,
+    lastgasp::act::last_gasp::LastGasp,
 ) {
     let nc = lastgasp::act::kube::NodeClient::start(double.client_without_retry().await, node)
         .await
         .expect("node client");
-    let lg = lastgasp::act::kube::lastgasp::LastGasp::start(
+    let lg = lastgasp::act::last_gasp::LastGasp::start(
         double.client_without_retry().await,
         double.client_without_retry().await,
         node,

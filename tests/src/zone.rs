@@ -25,9 +25,9 @@ use kube::{
     Api, Client, ResourceExt,
 };
 use lastgasp::{
-    act::kube::{
-        lastgasp::{LastGasp, NotDelivered, Refusal},
-        record_params, Use, RECORD_ANNOTATION,
+    act::{
+        kube::{record_params, Use, RECORD_ANNOTATION},
+        last_gasp::{LastGasp, NotDelivered, Refusal},
     },
     controller::{Controller, ControllerConfig, OUT_OF_SERVICE_KEY},
     decide::Decider,
@@ -872,7 +872,7 @@ async fn gasp(
 async fn before(
     lg: &LastGasp,
     rec: &ShutdownRecord,
-    bodies: &lastgasp::act::kube::lastgasp::Bodies,
+    bodies: &lastgasp::act::last_gasp::Bodies,
     dark: Instant,
 ) -> Gasp {
     let mut evidence = bodies.taint.clone();

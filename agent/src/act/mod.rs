@@ -28,7 +28,7 @@ pub mod audit;
 pub mod courier;
 mod graceful_run;
 pub mod kube;
-mod last_gasp;
+pub mod last_gasp;
 pub mod metrics;
 pub mod report;
 mod unwind;
@@ -38,7 +38,8 @@ pub use after_boot::AfterBoot;
 use self::{
     audit::{AuditLog, Outcome},
     graceful_run::GracefulRun,
-    kube::{graceful::GracefulOptions, lastgasp::LastGasp, NodeClient},
+    kube::{graceful::GracefulOptions, NodeClient},
+    last_gasp::LastGasp,
     metrics::Metrics,
 };
 
@@ -334,7 +335,7 @@ impl Actuator {
             return;
         };
         let record = self.hands.record(hook, ep);
-        let (reason, message) = kube::lastgasp::message(hook, ep.kind, false);
+        let (reason, message) = last_gasp::message(hook, ep.kind, false);
         let evidence = c
             .lastgasp
             .bodies(reason, &message, &record, SystemTime::now())

@@ -1,6 +1,7 @@
-//! The agent's one loop body: each `ShutdownSignal` is enriched, decided,
-//! audited (fsync'd before it acts, or for the last gasp while its patches
-//! leave) and then acted on (`act::Actuator`); time passing is decided too
+//! The agent's one loop (`turn`) and its body (`Agent::handle`): each
+//! `ShutdownSignal` is enriched, decided, audited (fsync'd before it acts,
+//! or for the last gasp while its patches leave) and then acted on
+//! (`act::Actuator`); time passing is decided too
 //! (pending requests expire, episodes past their end are checked with the
 //! host and unwound). Detection → decision → action, one way.
 //!
@@ -10,12 +11,15 @@
 use std::{
     path::PathBuf,
     sync::Arc,
-    time::{Instant, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Result;
 use serde_json::json;
-use tokio::sync::{mpsc, watch, Mutex};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::{mpsc, watch, Mutex},
+};
 
 use crate::{
     act::{
@@ -24,7 +28,13 @@ use crate::{
         Actuator, AfterBoot, Cluster,
     },
     decide::{self, Action, Decider, Decision, DecisionPolicy, HostAnswer, HostQuery, Tick},
-    detect::{actor, clock, logind::LogindHandle, shutdown_hook},
+    detect::{
+        actor, clock,
+        ebpf::{Drops, EbpfDetector},
+        logind::LogindHandle,
+        shutdown_hook,
+    },
+    health::Health,
     signal::{Scope, ShutdownSignal, Source},
 };
 
@@ -141,6 +151,8 @@ impl Agent {
         if let Some(a) = s.actor.as_mut() {
             actor::enrich_with(a, !hurry);
         }
+        // What systemd-shutdown's hook will send, once PID 1 has become it.
+        let hook = final_stage_hook(&s);
         let enriched = t.elapsed();
         if let Some(held) = self.act.lock_held() {
             self.decider.set_lock_held(held);
@@ -167,7 +179,7 @@ impl Agent {
         tracing::info!(source = %s.source, kind = %s.kind, forced = s.forced, scope = %s.scope,
             pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()),
             action = %d.action, episode = d.episode.as_ref().map(|e| e.id), "shutdown signal");
-        if let Some(hook) = final_stage_hook(&s) {
+        if let Some(hook) = hook {
             let hd = self.decider.clone().decide(&hook);
             self.act.leave_courier_kit(&hook, &hd).await;
         }
@@ -267,6 +279,120 @@ impl Agent {
     }
 }
 
+/// What the loop reads: the kernel's records, the buses' and the hook's
+/// signals, the cluster half's arrival (cluster mode), the hook's paths.
+struct Inputs {
+    det: EbpfDetector,
+    dbus_rx: mpsc::Receiver<ShutdownSignal>,
+    joined: Option<watch::Receiver<Option<Arc<Cluster>>>>,
+    hook: Option<shutdown_hook::HookPaths>,
+}
+
+/// The loop: detect → decide → act, fairly (a flood of records, bounded per
+/// batch, node scope first, cannot starve the buses, the host's answers or
+/// the heartbeat), until SIGTERM or SIGINT.
+async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Health) -> Result<()> {
+    let Inputs {
+        mut det,
+        mut dbus_rx,
+        joined,
+        hook,
+    } = inputs;
+    let mut join_pending = joined.is_some();
+    let (_keep, mut joined) = match joined {
+        Some(j) => (None, j),
+        None => {
+            let (tx, rx) = watch::channel(None);
+            (Some(tx), rx)
+        }
+    };
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut drops = Drops::default();
+    let (mut stopping, mut told) = (false, false);
+    loop {
+        if stopping && !agent.graceful_running() {
+            break;
+        }
+        tokio::select! {
+            batch = det.next_batch() => {
+                for s in batch? {
+                    agent.handle(s).await?;
+                }
+            }
+            Some(s) = dbus_rx.recv() => {
+                let from_hook = s.source == Source::ShutdownHook;
+                let d = agent.handle(s).await?;
+                // systemd-shutdown waits for this before its reboot(2); the
+                // hook puts the answer in the kernel's log.
+                if let (true, Some(paths)) = (from_hook, &hook) {
+                    let note = match agent.take_delivery() {
+                        Some(o) => serde_json::to_string(&o).unwrap_or_default(),
+                        None => d.action.to_string(),
+                    };
+                    shutdown_hook::acknowledge(&paths.run_dir, &note);
+                }
+            }
+            answer = agent.next_answer() => agent.host_answer(answer).await,
+            Ok(()) = joined.changed(), if join_pending => {
+                let c = joined.borrow_and_update().clone();
+                if let Some(c) = c {
+                    tracing::info!("the cluster half joined: the API server answered and the warm watches listed");
+                    join_pending = false;
+                    agent.join_cluster(c).await;
+                }
+            }
+            _ = tick.tick() => {
+                health.beat();
+                metrics.graceful_path_armed.set(i64::from(health.armed(crate::detect::logind::PART)));
+                agent.tick(SystemTime::now()).await;
+                drops = report_drops(&det, drops, metrics);
+            }
+            // A graceful run under way is finished first (the pod's
+            // terminationGracePeriodSeconds bounds it); signals are still
+            // handled meanwhile, so an escalation still sends the last gasp.
+            _ = term.recv() => stopping = true,
+            _ = int.recv() => stopping = true,
+        }
+        if stopping && agent.graceful_running() && !told {
+            tracing::info!("asked to stop: finishing the graceful run first");
+            told = true;
+        }
+    }
+    tracing::info!(ring_buffer_drops = det.drops(), "stopping");
+    Ok(())
+}
+
+/// Kernel records lost since `before`: logged and counted when they grew.
+fn report_drops(det: &EbpfDetector, before: Drops, metrics: &Metrics) -> Drops {
+    let now = det.drops_by_cause();
+    if now.hook_errors != before.hook_errors {
+        let by_hook: Vec<String> = now
+            .hook_errors_by_label()
+            .filter(|(_, n)| *n > 0)
+            .map(|(hook, n)| format!("{hook} {n}"))
+            .collect();
+        tracing::warn!(
+            hooks = by_hook.join(", "),
+            "kernel records a hook failed to write (totals)"
+        );
+        metrics.set_hook_errors(now.hook_errors_by_label());
+    }
+    if now.by_label() != before.by_label() {
+        tracing::warn!(
+            capable_full = now.capable_full,
+            node_full = now.node_full,
+            node_rate_limited = now.node_rate_limited,
+            container_full = now.container_full,
+            container_rate_limited = now.container_rate_limited,
+            "kernel records lost (totals)"
+        );
+        metrics.set_ringbuf_drops(&now.by_label());
+    }
+    now
+}
+
 /// PID 1 has become systemd-shutdown: the signal its hook will send.
 fn final_stage_hook(s: &ShutdownSignal) -> Option<ShutdownSignal> {
     use shutdown_hook::FINAL_STAGE_COMM;
@@ -275,7 +401,10 @@ fn final_stage_hook(s: &ShutdownSignal) -> Option<ShutdownSignal> {
         && s.actor
             .as_ref()
             .is_some_and(|a| a.pid == 1 && a.comm == FINAL_STAGE_COMM);
-    let verb = shutdown_hook::verb(s.kind).filter(|_| pid1_became_shutdown)?;
+    if !pid1_became_shutdown {
+        return None;
+    }
+    let verb = shutdown_hook::verb(s.kind)?;
     Some(shutdown_hook::signal(
         verb,
         FINAL_STAGE_COMM,

@@ -6,20 +6,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
-use tokio::signal::unix::{signal, SignalKind};
-
-use super::Agent;
+use super::{turn, Agent, Inputs};
 use crate::act::Cluster;
 use crate::{
     act::{
         audit::AuditLog,
-        kube::{self, graceful::GracefulOptions, lastgasp::LastGasp, NodeClient, Use},
+        kube::{self, graceful::GracefulOptions, NodeClient, Use},
+        last_gasp::LastGasp,
         metrics::Metrics,
     },
     config::Config,
     detect::{
-        ebpf::{Drops, EbpfDetector},
+        ebpf::EbpfDetector,
         hooks::HookState,
         host::HostProbe,
         launch::{self, DbusArgs},
@@ -29,6 +27,7 @@ use crate::{
     http::{self, Listen},
     node::{self, NodePidNs},
 };
+use anyhow::{Context, Result};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -341,120 +340,6 @@ fn start_shutdown_hook(
     });
     let run_dir = paths.run_dir.clone();
     (Some(paths), Some(run_dir))
-}
-
-/// What the loop reads: the kernel's records, the buses' and the hook's
-/// signals, the cluster half's arrival (cluster mode), the hook's paths.
-struct Inputs {
-    det: EbpfDetector,
-    dbus_rx: tokio::sync::mpsc::Receiver<crate::signal::ShutdownSignal>,
-    joined: Option<tokio::sync::watch::Receiver<Option<Arc<Cluster>>>>,
-    hook: Option<shutdown_hook::HookPaths>,
-}
-
-/// The loop: detect → decide → act, fairly (a flood of records, bounded per
-/// batch, node scope first, cannot starve the buses, the host's answers or
-/// the heartbeat), until SIGTERM or SIGINT.
-async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Health) -> Result<()> {
-    let Inputs {
-        mut det,
-        mut dbus_rx,
-        joined,
-        hook,
-    } = inputs;
-    let mut join_pending = joined.is_some();
-    let (_keep, mut joined) = match joined {
-        Some(j) => (None, j),
-        None => {
-            let (tx, rx) = tokio::sync::watch::channel(None);
-            (Some(tx), rx)
-        }
-    };
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut drops = Drops::default();
-    let (mut stopping, mut told) = (false, false);
-    loop {
-        if stopping && !agent.graceful_running() {
-            break;
-        }
-        tokio::select! {
-            batch = det.next_batch() => {
-                for s in batch? {
-                    agent.handle(s).await?;
-                }
-            }
-            Some(s) = dbus_rx.recv() => {
-                let from_hook = s.source == crate::signal::Source::ShutdownHook;
-                let d = agent.handle(s).await?;
-                // systemd-shutdown waits for this before its reboot(2); the
-                // hook puts the answer in the kernel's log.
-                if let (true, Some(paths)) = (from_hook, &hook) {
-                    let note = match agent.take_delivery() {
-                        Some(o) => serde_json::to_string(&o).unwrap_or_default(),
-                        None => d.action.to_string(),
-                    };
-                    shutdown_hook::acknowledge(&paths.run_dir, &note);
-                }
-            }
-            answer = agent.next_answer() => agent.host_answer(answer).await,
-            Ok(()) = joined.changed(), if join_pending => {
-                let c = joined.borrow_and_update().clone();
-                if let Some(c) = c {
-                    tracing::info!("the cluster half joined: the API server answered and the warm watches listed");
-                    join_pending = false;
-                    agent.join_cluster(c).await;
-                }
-            }
-            _ = tick.tick() => {
-                health.beat();
-                metrics.graceful_path_armed.set(i64::from(health.armed(crate::detect::logind::PART)));
-                agent.tick(std::time::SystemTime::now()).await;
-                drops = report_drops(&det, drops, metrics);
-            }
-            // A graceful run under way is finished first (the pod's
-            // terminationGracePeriodSeconds bounds it); signals are still
-            // handled meanwhile, so an escalation still sends the last gasp.
-            _ = term.recv() => stopping = true,
-            _ = int.recv() => stopping = true,
-        }
-        if stopping && agent.graceful_running() && !told {
-            tracing::info!("asked to stop: finishing the graceful run first");
-            told = true;
-        }
-    }
-    tracing::info!(ring_buffer_drops = det.drops(), "stopping");
-    Ok(())
-}
-
-/// Kernel records lost since `before`: logged and counted when they grew.
-fn report_drops(det: &EbpfDetector, before: Drops, metrics: &Metrics) -> Drops {
-    let now = det.drops_by_cause();
-    if now.hook_errors != before.hook_errors {
-        let by_hook: Vec<String> = now
-            .hook_errors_by_label()
-            .filter(|(_, n)| *n > 0)
-            .map(|(hook, n)| format!("{hook} {n}"))
-            .collect();
-        tracing::warn!(
-            hooks = by_hook.join(", "),
-            "kernel records a hook failed to write (totals)"
-        );
-        metrics.set_hook_errors(now.hook_errors_by_label());
-    }
-    if now.by_label() != before.by_label() {
-        tracing::warn!(
-            capable_full = now.capable_full,
-            node_full = now.node_full,
-            node_rate_limited = now.node_rate_limited,
-            container_full = now.container_full,
-            container_rate_limited = now.container_rate_limited,
-            "kernel records lost (totals)"
-        );
-        metrics.set_ringbuf_drops(&now.by_label());
-    }
-    now
 }
 
 /// Cluster mode: the clients (kube's own retries off: ours know the

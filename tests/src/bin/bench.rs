@@ -741,7 +741,8 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize, real: bool) -> Result<
         act::Cluster,
         act::{
             audit::AuditLog,
-            kube::{graceful::GracefulOptions, lastgasp::LastGasp, NodeClient},
+            kube::{graceful::GracefulOptions, NodeClient},
+            last_gasp::LastGasp,
             metrics::Metrics,
         },
         agent::Agent,

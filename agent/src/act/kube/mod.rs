@@ -1,7 +1,6 @@
 //! What the cluster sees: the node's condition and taint, Events, and the
 //! graceful termination of the node's pods.
 pub mod graceful;
-pub mod lastgasp;
 pub(crate) mod preflight;
 pub(crate) mod retry;
 
