@@ -820,20 +820,6 @@ pub fn leaves_no_time(s: &ShutdownSignal) -> bool {
         || is_pid1_shutdown(s)
 }
 
-/// How long the node is expected to live after `s`, at most `bound` (the
-/// last gasp's own budget): none once the kernel itself is powering off (a
-/// reboot(2) from the node, the kernel's power-off functions). The last
-/// gasp sends nothing again past it.
-pub fn expected_life(s: &ShutdownSignal, bound: Duration) -> Duration {
-    if matches!(s.source, Source::RebootSyscall | Source::KernelHook) {
-        Duration::ZERO
-    } else {
-        bound
-    }
-}
-
-/// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services
-/// already stopped.
 /// Why a signal cannot end in a shutdown: a signal PID 1 never got, or a
 /// forced request from a caller the kernel refuses (EPERM).
 fn cannot_happen(s: &ShutdownSignal) -> Option<String> {
@@ -851,6 +837,8 @@ fn cannot_happen(s: &ShutdownSignal) -> Option<String> {
     None
 }
 
+/// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services
+/// already stopped.
 fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {
     let Detail::Exec { path, .. } = &s.detail else {
         return false;
@@ -1702,27 +1690,6 @@ mod tests {
             "graceful",
             "a bypassing job is not protected by our lock"
         );
-    }
-
-    /// Once the kernel itself is powering off, the last gasp has no time
-    /// for a retry or the condition; anything before it has its bound.
-    #[test]
-    fn the_node_has_no_time_once_the_kernel_powers_off() {
-        let b = Duration::from_secs(2);
-        for (source, life) in [
-            (Source::RebootSyscall, Duration::ZERO),
-            (Source::KernelHook, Duration::ZERO),
-            (Source::Exec, b),
-            (Source::SignalPid1, b),
-            (Source::Logind, b),
-            (Source::Systemd, b),
-        ] {
-            assert_eq!(
-                expected_life(&sig(source, Poweroff, true, Effect::Now), b),
-                life,
-                "{source:?}"
-            );
-        }
     }
 
     #[test]
