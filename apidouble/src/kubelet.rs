@@ -93,12 +93,7 @@ pub fn finish(st: &mut State, ns: &str, name: &str, killed: bool) -> bool {
         && !matches!(s(&p, &["status", "phase"]), Some("Failed" | "Succeeded"))
     {
         let now = now_time();
-        let containers: Vec<Value> = get(&p, &["spec", "containers"])
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let statuses: Vec<Value> = containers
-            .iter()
+        let statuses: Vec<Value> = containers(&p)
             .map(|c| {
                 let started = get(&pod, &["status", "containerStatuses"])
                     .and_then(Value::as_array)
@@ -135,12 +130,7 @@ pub fn finish(st: &mut State, ns: &str, name: &str, killed: bool) -> bool {
 fn start(st: &mut State, pod: &Value) {
     let now = now_time();
     let mut p = pod.clone();
-    let containers: Vec<Value> = get(&p, &["spec", "containers"])
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let statuses: Vec<Value> = containers
-        .iter()
+    let statuses: Vec<Value> = containers(&p)
         .map(|c| {
             json!({
                 "name": c.get("name").cloned().unwrap_or(json!("")),
@@ -251,4 +241,12 @@ pub(crate) async fn run(shared: Arc<Shared>) {
             _ = sleep => {}
         }
     }
+}
+
+/// The pod's containers (none when the spec lists none).
+fn containers(pod: &Value) -> impl Iterator<Item = &Value> {
+    get(pod, &["spec", "containers"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
 }

@@ -1012,29 +1012,12 @@ pub fn delete(
     let Some(old) = st.get(stored.storage, &ns, name).cloned() else {
         return Err(ApiError::not_found(def, name));
     };
-    if let Some(uid) = &opts.precond_uid {
-        if uid != uid_of(&old) {
-            return Err(ApiError::precondition_conflict(
-                stored,
-                name,
-                &format!(
-                    "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
-                    uid_of(&old)
-                ),
-            ));
-        }
-    }
-    if let Some(rv) = &opts.precond_rv {
-        if rv != rv_of(&old) {
-            return Err(ApiError::precondition_conflict(
-                stored,
-                name,
-                &format!(
-                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
-                    rv_of(&old)
-                ),
-            ));
-        }
+    if let Some(why) = util::precondition_mismatch(
+        opts.precond_uid.as_deref(),
+        opts.precond_rv.as_deref(),
+        &old,
+    ) {
+        return Err(ApiError::precondition_conflict(stored, name, &why));
     }
     let requested = opts.grace.map(|g| if g < 0 { 1 } else { g });
     let pending_finalizers = !finalizers_of(&old).is_empty();
@@ -1153,31 +1136,25 @@ pub fn set_pod_condition(
     message: &str,
 ) -> bool {
     let now = now_time();
-    let st = util::obj_mut(pod, &["status"]);
-    let conds = st.entry("conditions").or_insert_with(|| json!([]));
-    if !conds.is_array() {
-        *conds = json!([]);
-    }
-    let arr = conds.as_array_mut().expect("array");
-    if let Some(c) = arr
-        .iter_mut()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(ctype))
-    {
-        let same = c.get("status").and_then(Value::as_str) == Some(status)
-            && c.get("reason").and_then(Value::as_str).unwrap_or("") == reason
-            && c.get("message").and_then(Value::as_str).unwrap_or("") == message;
-        if same {
-            return false;
+    let arr = match util::condition_mut(pod, ctype) {
+        Ok(c) => {
+            let same = c.get("status").and_then(Value::as_str) == Some(status)
+                && c.get("reason").and_then(Value::as_str).unwrap_or("") == reason
+                && c.get("message").and_then(Value::as_str).unwrap_or("") == message;
+            if same {
+                return false;
+            }
+            let cm = c.as_object_mut().expect("condition object");
+            if cm.get("status").and_then(Value::as_str) != Some(status) {
+                cm.insert("lastTransitionTime".into(), json!(now));
+            }
+            cm.insert("status".into(), json!(status));
+            set_or_remove(cm, "reason", reason);
+            set_or_remove(cm, "message", message);
+            return true;
         }
-        let cm = c.as_object_mut().expect("condition object");
-        if cm.get("status").and_then(Value::as_str) != Some(status) {
-            cm.insert("lastTransitionTime".into(), json!(now));
-        }
-        cm.insert("status".into(), json!(status));
-        set_or_remove(cm, "reason", reason);
-        set_or_remove(cm, "message", message);
-        return true;
-    }
+        Err(arr) => arr,
+    };
     let mut c = Map::new();
     c.insert("type".into(), json!(ctype));
     c.insert("status".into(), json!(status));

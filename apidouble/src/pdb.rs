@@ -230,33 +230,12 @@ fn add_condition_and_delete(
             .get("pods", ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(pods_def(), name))?;
-        if let Some(uid) = opts.precond_uid.as_deref().filter(|u| !u.is_empty()) {
-            if uid != uid_of(&latest) {
-                return Err(ApiError::conflict_on(
-                    "Pod",
-                    "",
-                    "Pod",
-                    name,
-                    &format!(
-                        "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
-                        uid_of(&latest)
-                    ),
-                ));
-            }
-        }
-        if let Some(rv) = opts.precond_rv.as_deref().filter(|r| !r.is_empty()) {
-            if rv != rv_of(&latest) {
-                return Err(ApiError::conflict_on(
-                    "Pod",
-                    "",
-                    "Pod",
-                    name,
-                    &format!(
-                        "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
-                        rv_of(&latest)
-                    ),
-                ));
-            }
+        if let Some(why) = crate::util::precondition_mismatch(
+            opts.precond_uid.as_deref().filter(|u| !u.is_empty()),
+            opts.precond_rv.as_deref().filter(|r| !r.is_empty()),
+            &latest,
+        ) {
+            return Err(ApiError::conflict_on("Pod", "", "Pod", name, &why));
         }
         let mut pod = latest.clone();
         if ops::set_pod_condition(
@@ -301,28 +280,20 @@ fn set_condition(
     message: &str,
     observed_generation: i64,
 ) {
-    let st = crate::util::obj_mut(obj, &["status"]);
-    let conds = st.entry("conditions").or_insert_with(|| json!([]));
-    if !conds.is_array() {
-        *conds = json!([]);
-    }
-    let arr = conds.as_array_mut().expect("array");
-    if let Some(c) = arr
-        .iter_mut()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(ctype))
-    {
-        if c.get("status").and_then(Value::as_str) != Some(status) {
-            c["lastTransitionTime"] = json!(now_time());
+    match crate::util::condition_mut(obj, ctype) {
+        Ok(c) => {
+            if c.get("status").and_then(Value::as_str) != Some(status) {
+                c["lastTransitionTime"] = json!(now_time());
+            }
+            c["status"] = json!(status);
+            c["reason"] = json!(reason);
+            c["message"] = json!(message);
+            c["observedGeneration"] = json!(observed_generation);
         }
-        c["status"] = json!(status);
-        c["reason"] = json!(reason);
-        c["message"] = json!(message);
-        c["observedGeneration"] = json!(observed_generation);
-    } else {
-        arr.push(json!({
+        Err(arr) => arr.push(json!({
             "type": ctype, "status": status, "reason": reason, "message": message,
             "observedGeneration": observed_generation, "lastTransitionTime": now_time()
-        }));
+        })),
     }
 }
 

@@ -124,3 +124,42 @@ pub fn drop_empty_meta_maps(v: &mut Value) {
         }
     }
 }
+
+/// The `type: ctype` entry of `obj.status.conditions` (the list made when
+/// missing or not a list), or the list to push a new one onto.
+pub fn condition_mut<'a>(
+    obj: &'a mut Value,
+    ctype: &str,
+) -> Result<&'a mut Value, &'a mut Vec<Value>> {
+    let conds = obj_mut(obj, &["status"])
+        .entry("conditions")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !conds.is_array() {
+        *conds = Value::Array(Vec::new());
+    }
+    let arr = conds.as_array_mut().expect("array");
+    match arr
+        .iter()
+        .position(|c| c.get("type").and_then(Value::as_str) == Some(ctype))
+    {
+        Some(i) => Ok(&mut arr[i]),
+        None => Err(arr),
+    }
+}
+
+/// Why a delete's preconditions fail on `obj` (the API server's words), if
+/// they do.
+pub fn precondition_mismatch(uid: Option<&str>, rv: Option<&str>, obj: &Value) -> Option<String> {
+    if let Some(uid) = uid.filter(|u| *u != uid_of(obj)) {
+        return Some(format!(
+            "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
+            uid_of(obj)
+        ));
+    }
+    rv.filter(|r| *r != rv_of(obj)).map(|rv| {
+        format!(
+            "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
+            rv_of(obj)
+        )
+    })
+}

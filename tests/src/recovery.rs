@@ -10,10 +10,9 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::{api::DeleteParams, Api, Client};
 use lastgasp::{
-    act::last_gasp::LastGasp,
-    act::LAST_GASP_BOUND,
+    act::last_gasp::{self, LastGasp},
     controller::{Controller, ControllerConfig},
-    decide::{self, Decider},
+    decide::Decider,
     record::ShutdownRecord,
     signal::ShutdownSignal,
 };
@@ -102,7 +101,7 @@ pub async fn episode_record(
     let sig = signals.last().context("a signal")?;
     let record = ShutdownRecord::new(boot_id, sig, &ep);
     let bodies = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
-    let death = std::time::Instant::now() + decide::expected_life(sig, LAST_GASP_BOUND);
+    let death = std::time::Instant::now() + last_gasp::expected_life(sig);
     let sent = lg.send(&bodies, death).await?;
     Ok(sent.evidence_done)
 }

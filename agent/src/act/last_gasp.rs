@@ -143,7 +143,7 @@ fn since_detection(s: &ShutdownSignal, wall_ms: f64) -> f64 {
 /// gasp's own bound: none once the kernel itself is powering off (a
 /// reboot(2) from the node, the kernel's power-off functions). The last
 /// gasp sends nothing again past it.
-fn expected_life(s: &ShutdownSignal) -> Duration {
+pub fn expected_life(s: &ShutdownSignal) -> Duration {
     if matches!(s.source, Source::RebootSyscall | Source::KernelHook) {
         Duration::ZERO
     } else {
