@@ -29,19 +29,20 @@ use lastgasp::{
         audit::{self, Entry, Outcome},
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            NodeClient, Use, TAINT_KEY,
+            NodeClient, Use, CONDITION, TAINT_KEY,
         },
         last_gasp::LastGasp,
         metrics::Metrics,
     },
     decide::{Action, Decider, Episode},
     grace::Bucket,
-    record::{self, Closing, ShutdownRecord},
+    record::{Closing, ShutdownRecord},
     signal::ShutdownSignal,
 };
 use lastgasp_apidouble::ApiDouble;
 use lastgasp_tests::{
     controlplane::{self, ControlPlane},
+    nodes::{self, record, status_reason, taint_keys},
     nodesim::{self, Sim},
     support::{agent_at, forced_exec, logind_signal, rt},
 };
@@ -94,12 +95,8 @@ impl Backend {
     async fn node(&self, name: &str) {
         match self {
             Backend::Double(d) => {
-                d.create_value(json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-                    "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
-                }))
-                .unwrap();
+                d.create_value(nodes::node(name).hostname_label().json())
+                    .unwrap();
             }
             Backend::Real { cp, sim } => {
                 sim.add_node(name).await.unwrap();
@@ -230,30 +227,6 @@ async fn running(admin: &Client, ns: &str, n: usize) {
     }
 }
 
-fn taints(n: &Node) -> Vec<String> {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|t| t.key)
-        .collect()
-}
-
-fn shutdown_condition(n: &Node) -> Option<(String, String)> {
-    n.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "ShutdownInProgress")
-        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
-}
-
-fn record(n: &Node) -> Option<ShutdownRecord> {
-    record::of_node(n)?.ok()
-}
-
 fn episode() -> (ShutdownSignal, Episode) {
     let s = logind_signal();
     let ep = Decider::new().decide(&s).episode.unwrap();
@@ -297,13 +270,13 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
     assert!(matches!(d.action, Action::Immediate { escalated: false }));
     let n = nodes.get(&node).await.unwrap();
     assert_eq!(
-        shutdown_condition(&n),
+        status_reason(&n, CONDITION),
         Some(("True".into(), "ForcedShutdown".into()))
     );
     assert!(
-        taints(&n).contains(&TAINT_KEY.to_string()),
+        taint_keys(&n).contains(&TAINT_KEY.to_string()),
         "{:?}",
-        taints(&n)
+        taint_keys(&n)
     );
     let rec = record(&n).expect("the record annotation");
     assert_eq!(rec.boot_id, "boot-1");
@@ -328,13 +301,13 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
     loop {
         let n = nodes.get(&node).await.unwrap();
         let back = record(&n).is_some_and(|r| r.closed.is_some_and(|c| c.how == Closing::Back));
-        if back && !taints(&n).contains(&TAINT_KEY.to_string()) {
+        if back && !taint_keys(&n).contains(&TAINT_KEY.to_string()) {
             break;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "the marks were not cleared: {:?} {:?}",
-            taints(&n),
+            taint_keys(&n),
             record(&n)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -370,17 +343,17 @@ async fn cancel_undoes_the_marks(b: Backend, node: String) {
         .unwrap();
     nc.set_taint(true).await.unwrap();
     let n = nodes.get(&node).await.unwrap();
-    assert!(taints(&n).contains(&TAINT_KEY.to_string()));
+    assert!(taint_keys(&n).contains(&TAINT_KEY.to_string()));
     graceful::cancel(&nc, &ep).await.unwrap();
     let n = nodes.get(&node).await.unwrap();
     assert_eq!(
-        shutdown_condition(&n).map(|c| c.0),
+        status_reason(&n, CONDITION).map(|c| c.0),
         Some("False".to_string())
     );
     assert!(
-        !taints(&n).contains(&TAINT_KEY.to_string()),
+        !taint_keys(&n).contains(&TAINT_KEY.to_string()),
         "{:?}",
-        taints(&n)
+        taint_keys(&n)
     );
 }
 both!(cancel_undoes_the_marks);

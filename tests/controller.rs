@@ -29,12 +29,12 @@ async fn cluster(names: &[&str]) -> ApiDouble {
     let double = ApiDouble::start().await.unwrap();
     for name in names {
         double
-            .create_value(json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name},
-                "status": {"conditions": [{"type": "Ready", "status": "Unknown"}],
-                    "nodeInfo": {"bootID": format!("{name}-boot")}}
-            }))
+            .create_value(
+                lastgasp_tests::nodes::node(name)
+                    .ready("Unknown")
+                    .boot(&format!("{name}-boot"))
+                    .json(),
+            )
             .unwrap();
         double
             .create_value(json!({

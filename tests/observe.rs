@@ -489,10 +489,7 @@ const NODE: &str = "n1";
 async fn last_gasp_latency_and_failures_are_measured() {
     let double = ApiDouble::start().await.unwrap();
     double
-        .create_value(json!({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }))
+        .create_value(lastgasp_tests::nodes::node(NODE).json())
         .unwrap();
     let dir = std::env::temp_dir().join(format!("lastgasp-observe-lg-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -826,12 +823,12 @@ async fn controller_counts_its_lease_and_actions() {
     use lastgasp_tests::support::{kernel_poweroff, put_lease, put_record, record_of};
     let double = ApiDouble::start().await.unwrap();
     double
-        .create_value(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": NODE},
-            "status": {"conditions": [{"type": "Ready", "status": "False"}],
-                       "nodeInfo": {"bootID": "b1"}}
-        }))
+        .create_value(
+            lastgasp_tests::nodes::node(NODE)
+                .ready("False")
+                .boot("b1")
+                .json(),
+        )
         .unwrap();
     // Powered off a minute ago: the kernel's proof, its kubelet silent since.
     let minute_ago = SystemTime::now() - Duration::from_secs(60);
@@ -889,10 +886,7 @@ async fn sigterm_waits_for_the_graceful_run_under_way() {
     let node = "n-sigterm";
     let double = ApiDouble::start().await.unwrap();
     double
-        .create_value(json!({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }))
+        .create_value(lastgasp_tests::nodes::node(node).json())
         .unwrap();
     double
         .create_value(json!({
@@ -1028,10 +1022,7 @@ async fn the_last_gasp_bypasses_an_unreachable_service_vip() {
     let node = "n-direct";
     let double = ApiDouble::start().await.unwrap();
     double
-        .create_value(json!({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }))
+        .create_value(lastgasp_tests::nodes::node(node).json())
         .unwrap();
     let dir = std::env::temp_dir().join(format!("lastgasp-direct-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1110,14 +1101,8 @@ async fn the_last_gasp_bypasses_an_unreachable_service_vip() {
             >= 2
     });
     let n: k8s_openapi::api::core::v1::Node = double.get("", node).unwrap();
-    let cond = n
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.type_ == "ShutdownInProgress")
-        .map(|c| (c.status, c.reason));
-    assert_eq!(cond, Some(("True".into(), Some("ForcedShutdown".into()))));
+    let cond = lastgasp_tests::nodes::status_reason(&n, "ShutdownInProgress");
+    assert_eq!(cond, Some(("True".into(), "ForcedShutdown".into())));
     let _ = child.kill();
     let _ = child.wait();
     std::fs::remove_dir_all(&dir).ok();
@@ -1607,10 +1592,7 @@ async fn an_api_server_down_from_the_start_blinds_nothing() {
         .await
         .unwrap();
     double
-        .create_value(json!({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-        }))
+        .create_value(lastgasp_tests::nodes::node(node).json())
         .unwrap();
     let came = Instant::now();
     let logs = agent.logs.clone();

@@ -267,13 +267,7 @@ async fn evidence_enforced(admin: &Client, node: &str) {
 }
 
 fn condition_of(node: &Node, type_: &str) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .cloned()
+    lastgasp_tests::nodes::condition(node, type_).cloned()
 }
 
 /// Expects the request to be refused with 403 and `why` in the message.

@@ -306,6 +306,22 @@ impl EpisodeKey {
     }
 }
 
+#[cfg(any(test, feature = "fixtures"))]
+impl ShutdownRecord {
+    /// The record the agent writes in `boot_id` after `signals` (for tests):
+    /// the episode they open, from the decision core, with the proof the
+    /// last one carries.
+    pub fn after(boot_id: &str, signals: &[crate::signal::ShutdownSignal]) -> Self {
+        let mut d = crate::decide::Decider::new();
+        let ep = signals
+            .iter()
+            .filter_map(|s| d.decide(s).episode)
+            .last()
+            .expect("the signals open an episode");
+        Self::new(boot_id, signals.last().expect("a signal"), &ep)
+    }
+}
+
 /// The record annotation of `node`, if any; `Err` when it is there and
 /// unreadable.
 pub fn of_node(node: &k8s_openapi::api::core::v1::Node) -> Option<Result<ShutdownRecord, String>> {

@@ -654,14 +654,7 @@ fn create_decoded(
             .unwrap_or("")
             .to_string();
         if gen.is_empty() {
-            return Err(ApiError::invalid(
-                def,
-                "",
-                vec![FieldErr::required(
-                    "metadata.name",
-                    "name or generateName is required",
-                )],
-            ));
+            return Err(ApiError::name_required(def));
         }
         set_meta(&mut obj, "name", json!(util::generate_name(&gen)));
     }
@@ -720,14 +713,7 @@ pub fn seed(st: &mut State, obj: Value) -> ApiResult<(&'static ResourceDef, Valu
         .map_err(ApiError::bad_request)?;
     let def = def.stored_def();
     if name_of(&obj).is_empty() {
-        return Err(ApiError::invalid(
-            def,
-            "",
-            vec![FieldErr::required(
-                "metadata.name",
-                "name or generateName is required",
-            )],
-        ));
+        return Err(ApiError::name_required(def));
     }
     if def.namespaced && util::ns_of(&obj).is_empty() {
         set_meta(&mut obj, "namespace", json!("default"));

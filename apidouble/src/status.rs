@@ -186,6 +186,12 @@ impl ApiError {
         Self::invalid_kind(&def.qualified_kind(), def.group, def.kind, name, errs)
     }
 
+    /// A create or update whose object has no name (nor a generateName).
+    pub fn name_required(def: &ResourceDef) -> Self {
+        let err = FieldErr::required("metadata.name", "name or generateName is required");
+        Self::invalid(def, "", vec![err])
+    }
+
     pub fn invalid_kind(
         qualified_kind: &str,
         group: &str,

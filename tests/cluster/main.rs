@@ -24,7 +24,10 @@ use lastgasp::{
     signal::{Scope, ShutdownSignal, Source},
 };
 use lastgasp_apidouble::{ApiDouble, Fault};
-use lastgasp_tests::support::{agent_at, forced_exec, logind_signal, record_of};
+use lastgasp_tests::{
+    nodes::{self, taint_keys},
+    support::{agent_at, forced_exec, logind_signal, record_of},
+};
 use serde_json::json;
 
 const NODE: &str = "n1";
@@ -42,12 +45,10 @@ fn put_record(s: &Setup, v: &str) {
 }
 
 fn node() -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
-        "spec": {"taints": [{"key": "example.com/other", "value": "x", "effect": "PreferNoSchedule"}]},
-        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
-    })
+    nodes::node(NODE)
+        .hostname_label()
+        .taint("example.com/other", "x", "PreferNoSchedule")
+        .json()
 }
 
 fn pod(
@@ -157,23 +158,7 @@ fn deletions(double: &ApiDouble) -> Vec<(String, i64)> {
 }
 
 fn condition(n: &Node) -> Option<(String, String)> {
-    n.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == CONDITION)
-        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
-}
-
-fn taint_keys(n: &Node) -> Vec<String> {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|t| t.key)
-        .collect()
+    nodes::status_reason(n, CONDITION)
 }
 
 /// `podRemoval: none` announces only (condition, taint, record, Events) and

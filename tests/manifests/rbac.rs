@@ -82,11 +82,7 @@ fn assert_rbac_exact(who: &str, grants: &[Grant], requests: &[RequestRecord]) {
 const NODE: &str = "n1";
 
 fn node() -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": NODE},
-        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
-    })
+    lastgasp_tests::nodes::node(NODE).json()
 }
 
 fn pod(ns: &str, name: &str, priority: i32, labels: Value) -> Value {

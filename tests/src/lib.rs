@@ -2,6 +2,7 @@
 pub mod bus;
 pub mod controlplane;
 pub mod doccmd;
+pub mod nodes;
 pub mod nodesim;
 pub mod recovery;
 pub mod render;

@@ -12,7 +12,6 @@ use kube::{api::DeleteParams, Api, Client};
 use lastgasp::{
     act::last_gasp::{self, LastGasp},
     controller::{Controller, ControllerConfig},
-    decide::Decider,
     record::ShutdownRecord,
     signal::ShutdownSignal,
 };
@@ -92,14 +91,8 @@ pub async fn episode_record(
     signals: &[ShutdownSignal],
 ) -> Result<Duration> {
     let lg = LastGasp::start(client.clone(), client.clone(), node).await?;
-    let mut d = Decider::new();
-    let ep = signals
-        .iter()
-        .filter_map(|s| d.decide(s).episode)
-        .last()
-        .context("the signals open an episode")?;
     let sig = signals.last().context("a signal")?;
-    let record = ShutdownRecord::new(boot_id, sig, &ep);
+    let record = ShutdownRecord::after(boot_id, signals);
     let bodies = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
     let death = std::time::Instant::now() + last_gasp::expected_life(sig);
     let sent = lg.send(&bodies, death).await?;

@@ -226,11 +226,7 @@ pub fn agent_at(
 /// The agent's record of `sig` in `boot`, as `Agent::record` writes it (its
 /// episode, with the proof of death `sig` carries, from the decision core).
 pub fn record_of(boot: &str, sig: &ShutdownSignal) -> lastgasp::record::ShutdownRecord {
-    let ep = lastgasp::decide::Decider::new()
-        .decide(sig)
-        .episode
-        .expect("the signal opens an episode");
-    lastgasp::record::ShutdownRecord::new(boot, sig, &ep)
+    lastgasp::record::ShutdownRecord::after(boot, std::slice::from_ref(sig))
 }
 
 /// A caller that can reboot: uid 0 with CAP_SYS_BOOT, in the node's PID

@@ -30,7 +30,6 @@ use lastgasp::{
         last_gasp::{LastGasp, NotDelivered, Refusal},
     },
     controller::{Controller, ControllerConfig, OUT_OF_SERVICE_KEY},
-    decide::Decider,
     record::ShutdownRecord,
     signal::ShutdownSignal,
 };
@@ -39,6 +38,7 @@ use serde_json::{json, Value};
 use crate::{
     controlplane::{cpu_of, ControlPlane},
     nodesim::random_below,
+    support::record_of,
 };
 
 pub const NS: &str = "lastgasp";
@@ -237,15 +237,6 @@ pub async fn token(admin: &Client, sa: &str, node: Option<&Node>) -> Result<Stri
         .status
         .and_then(|s| s.token)
         .context("the TokenRequest answered no token")
-}
-
-/// The agent's record for `sig` in `boot_id`, as `Agent::record` writes it.
-pub fn record(sig: &ShutdownSignal, boot_id: &str) -> Result<ShutdownRecord> {
-    let ep = Decider::new()
-        .decide(sig)
-        .episode
-        .context("a forced power-off opens an episode")?;
-    Ok(ShutdownRecord::new(boot_id, sig, &ep))
 }
 
 impl Bench {
@@ -582,7 +573,7 @@ impl Bench {
             .map(|(_, boot, lg, _)| {
                 let sig = sig.clone();
                 async move {
-                    let rec = record(&sig, &boot)?;
+                    let rec = record_of(&boot, &sig);
                     let bodies =
                         lg.bodies("ForcedShutdown", "poweroff -f (zone bench)", &rec, sig.at);
                     if arm == Arm::Before {
@@ -796,16 +787,7 @@ async fn gasp(
     // Each agent builds its writes on its own node's CPU: here, before the
     // instant, so that the bench's CPU does not stand in for theirs.
     sig.at = SystemTime::now() + dark.saturating_duration_since(Instant::now());
-    let rec = match record(&sig, boot) {
-        Ok(r) => r,
-        Err(e) => {
-            return Gasp {
-                accepted: None,
-                refused: Some(Refusal::Transport(format!("{e:#}"))),
-                writes: 0,
-            }
-        }
-    };
+    let rec = record_of(boot, &sig);
     let bodies = lg.bodies("ForcedShutdown", "poweroff -f (zone bench)", &rec, sig.at);
     tokio::time::sleep_until(dark.into()).await;
     let (sent, event) = if arm == Arm::Before {

@@ -390,7 +390,6 @@ mod tests {
 
     use super::*;
     use crate::{
-        decide::Decider,
         record::{Closing, RECORD_ANNOTATION, RECORD_MANAGER},
         signal::{Actor, Detail, ShutdownSignal, Source},
     };
@@ -440,13 +439,7 @@ mod tests {
 
     /// The record the agent writes for these signals, in boot b1.
     fn record(signals: &[ShutdownSignal]) -> ShutdownRecord {
-        let mut d = Decider::new();
-        let ep = signals
-            .iter()
-            .filter_map(|s| d.decide(s).episode)
-            .last()
-            .unwrap();
-        ShutdownRecord::new("b1", signals.last().unwrap(), &ep)
+        ShutdownRecord::after("b1", signals)
     }
 
     /// A Node of boot b1, Ready `ready` since `ready_at`, with `rec` written

@@ -752,10 +752,7 @@ async fn last_gasp_latency(rows: &mut Vec<Row>, n: usize, real: bool) -> Result<
     // The same agent path against the API double or the real kube-apiserver
     // (etcd on this machine's disk, admin token: no admission policy).
     let double = ApiDouble::start().await?;
-    let node = serde_json::json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench"},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]}
-    });
+    let node = lastgasp_tests::nodes::node("bench").json();
     let (watch, client) = if real {
         let Some(cp) = lastgasp_tests::controlplane::shared("bench last gasp (real server)") else {
             return Ok(());
