@@ -119,7 +119,7 @@ impl Actuator {
     /// Counted, logged, audited: the next boot delivers it.
     async fn failed(&mut self, ep: &Episode, error: String) {
         self.hands.metrics.last_gasp_failures.inc();
-        tracing::error!("last gasp failed: {error}; it will be delivered after the next boot");
+        tracing::error!(%error, "last gasp failed: it will be delivered after the next boot");
         let outcome = Outcome::LastGaspFailed { error };
         self.last_delivery = Some(outcome.clone());
         self.hands.outcome(ep.id, outcome).await;

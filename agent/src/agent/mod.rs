@@ -222,7 +222,10 @@ impl Agent {
             Ok(_) if beside => match audit.sync_beside() {
                 Ok(job) => Some(tokio::task::spawn_blocking(job)),
                 Err(e) => {
-                    tracing::warn!("{e:#}: syncing before the last gasp");
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "audit record synced before the last gasp, not beside it"
+                    );
                     if let Err(e) = audit.flush() {
                         self.metrics.audit_failures.inc();
                         tracing::error!(error = format!("{e:#}"), "audit record NOT synced");

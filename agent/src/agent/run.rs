@@ -203,7 +203,7 @@ fn load_config(args: &RunArgs) -> Result<Config> {
     match cfg.kubelet_graceful_shutdown() {
         Ok(Some(on)) => tracing::error!("{on}: two drains would race for the same pods"),
         Ok(None) => {}
-        Err(e) => tracing::error!("{e:#}"),
+        Err(e) => tracing::error!(error = format!("{e:#}"), "the kubelet's config NOT read"),
     }
     Ok(cfg)
 }
@@ -296,7 +296,9 @@ async fn start_cluster_half(
                 Err(e) => {
                     health.lost("api-server", &format!("{e:#}; trying again"));
                     tracing::warn!(
-                        "the cluster half cannot start yet: {e:#}; trying again in {wait:?}"
+                        error = format!("{e:#}"),
+                        again_in = ?wait,
+                        "the cluster half cannot start yet"
                     );
                 }
             }
@@ -325,7 +327,7 @@ fn start_shutdown_hook(
         return (None, None);
     };
     if let Err(e) = shutdown_hook::start(&paths, node, tx.clone()) {
-        tracing::warn!("systemd-shutdown's hook NOT installed ({e:#}): the last word of a shutdown through systemd races the kernel's power-off");
+        tracing::warn!(error = format!("{e:#}"), "systemd-shutdown's hook NOT installed: the last word of a shutdown through systemd races the kernel's power-off");
         return (Some(paths), None);
     }
     if args.standalone {
@@ -335,7 +337,7 @@ fn start_shutdown_hook(
     let (hook_dir, run_dir) = (paths.hook_dir.clone(), paths.run_dir.clone());
     std::thread::spawn(move || {
         if let Err(e) = crate::act::courier::install(&hook_dir, &run_dir) {
-            tracing::warn!("no courier ({e:#}): a shutdown that kills the agent before systemd-shutdown's hook loses its last word");
+            tracing::warn!(error = format!("{e:#}"), "no courier: a shutdown that kills the agent before systemd-shutdown's hook loses its last word");
         }
     });
     let run_dir = paths.run_dir.clone();

@@ -74,7 +74,7 @@ pub async fn lift_all(client: Client) -> Result<Vec<String>> {
                     )
                     .await
                     {
-                        tracing::warn!(node = %name, "the condition was not cleared: {e}");
+                        tracing::warn!(node = %name, error = %e, "the condition NOT cleared");
                     }
                     lifted.push(name);
                     break;
@@ -84,7 +84,7 @@ pub async fn lift_all(client: Client) -> Result<Vec<String>> {
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => break,
                 Err(e) => {
-                    tracing::error!(node = %name, "fence not lifted: {e}");
+                    tracing::error!(node = %name, error = %e, "fence NOT lifted");
                     failed.push(name);
                     break;
                 }

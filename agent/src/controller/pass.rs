@@ -353,7 +353,7 @@ impl Controller {
                     // Not fenced: it counts against nobody's limit.
                     self.fences.pop_back();
                 }
-                tracing::warn!(node = %name, work = ?w, "controller action failed: {e:#}");
+                tracing::warn!(node = %name, work = ?w, error = format!("{e:#}"), "controller action failed");
             }
         }
     }
@@ -372,7 +372,7 @@ impl Controller {
             }
             Err(e) => {
                 self.unrecovered.insert(name.to_string());
-                tracing::warn!(node = %name, "deleting the fenced node's pods: {e:#}");
+                tracing::warn!(node = %name, error = format!("{e:#}"), "the fenced node's pods NOT all deleted");
             }
         }
     }

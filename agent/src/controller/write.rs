@@ -222,7 +222,7 @@ impl Writer {
                     Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                     Err(e) => {
                         failed += 1;
-                        tracing::warn!(node = %name, pod = %pod.name_any(), "grace-0 delete: {e}");
+                        tracing::warn!(node = %name, pod = %pod.name_any(), error = %e, "grace-0 delete failed");
                     }
                 }
             }
@@ -260,7 +260,9 @@ impl Writer {
         if let Err(e) = set_condition(&self.nodes, node, mark, message).await {
             tracing::warn!(
                 node,
-                "the {FENCED_CONDITION} condition was not written: {e}"
+                condition = FENCED_CONDITION,
+                error = %e,
+                "condition NOT written"
             );
         }
     }

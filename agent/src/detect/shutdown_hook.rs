@@ -155,8 +155,9 @@ pub fn acknowledge(run_dir: &Path, note: &str) {
     let note: String = note.chars().filter(|c| !c.is_control()).take(400).collect();
     if let Err(e) = fs::write(&done, note) {
         tracing::warn!(
-            "answering systemd-shutdown's hook ({}): {e}",
-            done.display()
+            path = %done.display(),
+            error = %e,
+            "systemd-shutdown's hook NOT answered"
         );
     }
 }

@@ -139,7 +139,7 @@ impl SystemdDetector {
                     // `health` logs a loss once, not at every try.
                     match &self.health {
                         Some(h) => h.lost(PART, &why),
-                        None => tracing::warn!("systemd: {why}"),
+                        None => tracing::warn!(%why, "systemd: detector lost"),
                     }
                 }
             }

@@ -342,7 +342,9 @@ impl NodeClient {
                     tracing::warn!(
                         boot = key.boot_id,
                         episode = key.id,
-                        "closing the shutdown record: {e}; again in {wait:?}"
+                        error = %e,
+                        again_in = ?wait,
+                        "the shutdown record NOT closed yet"
                     );
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(Duration::from_secs(30));

@@ -253,7 +253,7 @@ impl LogindDetector {
             // `health` logs a loss once, not at every try.
             match &self.health {
                 Some(h) => h.lost(PART, &why),
-                None => tracing::warn!("logind: {why}"),
+                None => tracing::warn!(%why, "logind: detector lost"),
             }
             self.link = None;
             self.streams = None;
@@ -339,7 +339,7 @@ impl LogindDetector {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!("logind: the connection watching other peers' PrepareForShutdown failed ({e}); forgeries are no longer reported until the bus reconnects");
+                        tracing::warn!(error = %e, "logind: the connection watching other peers' PrepareForShutdown failed: forgeries are no longer reported until the bus reconnects");
                         others = None;
                     }
                 },
@@ -930,7 +930,7 @@ async fn subscribe(conn: &Connection, address: Option<&str>) -> zbus::Result<Str
             .await?,
         ),
         Err(e) => {
-            tracing::warn!("logind: no second bus connection to watch for forged PrepareForShutdown ({e}): forgeries go unreported");
+            tracing::warn!(error = %e, "logind: no second bus connection to watch for forged PrepareForShutdown: forgeries go unreported");
             None
         }
     };
