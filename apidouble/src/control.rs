@@ -57,18 +57,7 @@ pub async fn handle(
     let segs: Vec<&str> = path.trim_matches('/').split('/').skip(1).collect();
     let double = crate::ApiDouble::handle_for(shared.clone());
     match (method.clone(), segs.as_slice()) {
-        (Method::GET, ["log"]) => {
-            let mut out = String::new();
-            for r in double.requests() {
-                out.push_str(&r.to_json().to_string());
-                out.push('\n');
-            }
-            Response::builder()
-                .status(200)
-                .header(header::CONTENT_TYPE, "application/x-ndjson")
-                .body(Full::new(Bytes::from(out)).boxed_unsync())
-                .expect("response")
-        }
+        (Method::GET, ["log"]) => request_log(&double),
         (Method::DELETE, ["log"]) => {
             double.clear_requests();
             ok(json!({}))
@@ -109,38 +98,7 @@ pub async fn handle(
                 Ok(v) => v,
                 Err(r) => return *r,
             };
-            let k = double.kubelet();
-            match rest {
-                [] => {
-                    if let Some(b) = v.get("autoFinish").and_then(Value::as_bool) {
-                        k.set_auto_finish(b);
-                    }
-                    if let Some(b) = v.get("autoStart").and_then(Value::as_bool) {
-                        k.set_auto_start(b);
-                    }
-                    if let Some(ms) = v.get("defaultTerminationMs").and_then(Value::as_u64) {
-                        k.set_default_termination(Duration::from_millis(ms));
-                    }
-                    ok(json!({}))
-                }
-                ["pods", ns, name] => {
-                    if let Some(ms) = v.get("terminationMs").and_then(Value::as_u64) {
-                        k.set_termination(ns, name, Duration::from_millis(ms));
-                    }
-                    if v.get("hang").and_then(Value::as_bool) == Some(true) {
-                        k.hang(ns, name);
-                    }
-                    ok(json!({}))
-                }
-                ["nodes", node] => {
-                    k.set_node_running(
-                        node,
-                        v.get("running").and_then(Value::as_bool).unwrap_or(true),
-                    );
-                    ok(json!({}))
-                }
-                _ => error_response(&ApiError::path_not_found()),
-            }
+            kubelet(&double, rest, &v)
         }
         (Method::PUT, ["access"]) => {
             let v = match body_json(body) {
@@ -167,4 +125,55 @@ pub async fn handle(
         }
         _ => error_response(&ApiError::path_not_found()),
     }
+}
+
+/// `PUT /control/kubelet[/pods/NS/NAME | /nodes/NODE]`: the simulated
+/// kubelet's settings.
+fn kubelet(double: &crate::ApiDouble, rest: &[&str], v: &Value) -> Response<Body> {
+    let k = double.kubelet();
+    match rest {
+        [] => {
+            if let Some(b) = v.get("autoFinish").and_then(Value::as_bool) {
+                k.set_auto_finish(b);
+            }
+            if let Some(b) = v.get("autoStart").and_then(Value::as_bool) {
+                k.set_auto_start(b);
+            }
+            if let Some(ms) = v.get("defaultTerminationMs").and_then(Value::as_u64) {
+                k.set_default_termination(Duration::from_millis(ms));
+            }
+            ok(json!({}))
+        }
+        ["pods", ns, name] => {
+            if let Some(ms) = v.get("terminationMs").and_then(Value::as_u64) {
+                k.set_termination(ns, name, Duration::from_millis(ms));
+            }
+            if v.get("hang").and_then(Value::as_bool) == Some(true) {
+                k.hang(ns, name);
+            }
+            ok(json!({}))
+        }
+        ["nodes", node] => {
+            k.set_node_running(
+                node,
+                v.get("running").and_then(Value::as_bool).unwrap_or(true),
+            );
+            ok(json!({}))
+        }
+        _ => error_response(&ApiError::path_not_found()),
+    }
+}
+
+/// `GET /control/log`: every request seen, one JSON line each.
+fn request_log(double: &crate::ApiDouble) -> Response<Body> {
+    let mut out = String::new();
+    for r in double.requests() {
+        out.push_str(&r.to_json().to_string());
+        out.push('\n');
+    }
+    Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Full::new(Bytes::from(out)).boxed_unsync())
+        .expect("response")
 }

@@ -8,6 +8,7 @@
 //! double.inject(Fault::status(503).times(2).path_prefix("/api/v1/nodes"));
 //! # Ok(()) }
 //! ```
+#![warn(clippy::too_many_lines)]
 
 mod access;
 mod control;

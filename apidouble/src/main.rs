@@ -2,6 +2,7 @@
 //!
 //! Serves the Kubernetes API double until SIGINT/SIGTERM. FILE is a JSON
 //! object, a JSON array of objects, or a `List` with `items`.
+#![warn(clippy::too_many_lines)]
 
 use std::net::SocketAddr;
 

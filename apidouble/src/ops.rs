@@ -123,92 +123,100 @@ fn validate(
         }
     }
     match def.storage {
-        "pods" => {
-            let containers = get(obj, &["spec", "containers"]).and_then(Value::as_array);
-            match containers {
-                None => errs.push(FieldErr::required("spec.containers", "")),
-                Some(cs) if cs.is_empty() => errs.push(FieldErr::required("spec.containers", "")),
-                Some(cs) => {
-                    for (i, c) in cs.iter().enumerate() {
-                        let n = c.get("name").and_then(Value::as_str).unwrap_or("");
-                        if n.is_empty() {
-                            errs.push(FieldErr::required(
-                                &format!("spec.containers[{i}].name"),
-                                "",
-                            ));
-                        } else if !is_label(n) {
-                            errs.push(FieldErr::invalid(
-                                &format!("spec.containers[{i}].name"),
-                                &json!(n),
-                                DNS1123_LABEL_MSG,
-                            ));
-                        }
-                        if c.get("image")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .is_empty()
-                            && old.is_none()
-                        {
-                            errs.push(FieldErr::required(
-                                &format!("spec.containers[{i}].image"),
-                                "",
-                            ));
-                        }
-                    }
-                }
-            }
-            if let Some(old) = old {
-                if let Some(e) = pod_spec_update_error(old, obj) {
-                    errs.push(e);
-                }
-            }
-        }
-        "poddisruptionbudgets" => {
-            let spec = obj.get("spec");
-            let min = spec
-                .and_then(|s| s.get("minAvailable"))
-                .filter(|v| !v.is_null());
-            let max = spec
-                .and_then(|s| s.get("maxUnavailable"))
-                .filter(|v| !v.is_null());
-            if min.is_some() && max.is_some() {
-                errs.push(FieldErr::invalid(
-                    "spec",
-                    &spec.cloned().unwrap_or(Value::Null),
-                    "minAvailable and maxUnavailable cannot be both set",
-                ));
-            }
-            for (field, v) in [("spec.minAvailable", min), ("spec.maxUnavailable", max)] {
-                if let Some(v) = v {
-                    match int_or_percent(v, 100, true) {
-                        Some(n) if n < 0 => errs.push(FieldErr::invalid(field, v, "must be greater than or equal to 0")),
-                        None => errs.push(FieldErr::invalid(field, v, "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')")),
-                        _ => {
-                            if let Some(p) = v.as_str().and_then(|s| s.strip_suffix('%')).and_then(|p| p.parse::<i64>().ok()) {
-                                if p > 100 {
-                                    errs.push(FieldErr::invalid(field, v, "must not be greater than 100%"));
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        "leases" => {
-            if let Some(d) = get(obj, &["spec", "leaseDurationSeconds"]).and_then(Value::as_i64) {
-                if d <= 0 {
-                    errs.push(FieldErr::invalid(
-                        "spec.leaseDurationSeconds",
-                        &json!(d),
-                        "must be greater than 0",
-                    ));
-                }
-            }
-        }
+        "pods" => validate_pod(obj, old, &mut errs),
+        "poddisruptionbudgets" => validate_pdb(obj, &mut errs),
+        "leases" => validate_lease(obj, &mut errs),
         "events" => errs.extend(validate_event(obj, events_v1_create)),
         _ => {}
     }
     errs
+}
+
+/// ValidatePod / ValidatePodUpdate, the parts the tests reach.
+fn validate_pod(obj: &Value, old: Option<&Value>, errs: &mut Vec<FieldErr>) {
+    let containers = get(obj, &["spec", "containers"]).and_then(Value::as_array);
+    match containers {
+        None => errs.push(FieldErr::required("spec.containers", "")),
+        Some(cs) if cs.is_empty() => errs.push(FieldErr::required("spec.containers", "")),
+        Some(cs) => {
+            for (i, c) in cs.iter().enumerate() {
+                let n = c.get("name").and_then(Value::as_str).unwrap_or("");
+                if n.is_empty() {
+                    errs.push(FieldErr::required(
+                        &format!("spec.containers[{i}].name"),
+                        "",
+                    ));
+                } else if !is_label(n) {
+                    errs.push(FieldErr::invalid(
+                        &format!("spec.containers[{i}].name"),
+                        &json!(n),
+                        DNS1123_LABEL_MSG,
+                    ));
+                }
+                if c.get("image")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .is_empty()
+                    && old.is_none()
+                {
+                    errs.push(FieldErr::required(
+                        &format!("spec.containers[{i}].image"),
+                        "",
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(old) = old {
+        if let Some(e) = pod_spec_update_error(old, obj) {
+            errs.push(e);
+        }
+    }
+}
+
+/// ValidatePodDisruptionBudgetSpec.
+fn validate_pdb(obj: &Value, errs: &mut Vec<FieldErr>) {
+    let spec = obj.get("spec");
+    let min = spec
+        .and_then(|s| s.get("minAvailable"))
+        .filter(|v| !v.is_null());
+    let max = spec
+        .and_then(|s| s.get("maxUnavailable"))
+        .filter(|v| !v.is_null());
+    if min.is_some() && max.is_some() {
+        errs.push(FieldErr::invalid(
+            "spec",
+            &spec.cloned().unwrap_or(Value::Null),
+            "minAvailable and maxUnavailable cannot be both set",
+        ));
+    }
+    for (field, v) in [("spec.minAvailable", min), ("spec.maxUnavailable", max)] {
+        if let Some(v) = v {
+            match int_or_percent(v, 100, true) {
+                Some(n) if n < 0 => errs.push(FieldErr::invalid(field, v, "must be greater than or equal to 0")),
+                None => errs.push(FieldErr::invalid(field, v, "a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')")),
+                _ => {
+                    if let Some(p) = v.as_str().and_then(|s| s.strip_suffix('%')).and_then(|p| p.parse::<i64>().ok()) {
+                        if p > 100 {
+                            errs.push(FieldErr::invalid(field, v, "must not be greater than 100%"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn validate_lease(obj: &Value, errs: &mut Vec<FieldErr>) {
+    if let Some(d) = get(obj, &["spec", "leaseDurationSeconds"]).and_then(Value::as_i64) {
+        if d <= 0 {
+            errs.push(FieldErr::invalid(
+                "spec.leaseDurationSeconds",
+                &json!(d),
+                "must be greater than 0",
+            ));
+        }
+    }
 }
 
 /// ValidateEventCreate / legacyValidateEvent (pkg/apis/core/validation/events.go).
@@ -268,53 +276,59 @@ fn validate_event(ev: &Value, strict_v1: bool) -> Vec<FieldErr> {
         }
     }
     if strict_v1 {
-        if !has_event_time {
-            errs.push(FieldErr::required("eventTime", ""));
-        }
-        let t = st(&["type"]);
-        if t != "Normal" && t != "Warning" {
-            errs.push(FieldErr::invalid(
-                "type",
-                &json!(""),
-                &format!("has invalid value: {t}"),
-            ));
-        }
-        for (core, v1) in [
-            ("firstTimestamp", "deprecatedFirstTimestamp"),
-            ("lastTimestamp", "deprecatedLastTimestamp"),
-        ] {
-            if get(ev, &[core]).is_some() {
-                errs.push(FieldErr::invalid(v1, &json!(""), "needs to be unset"));
-            }
-        }
-        if get(ev, &["count"]).and_then(Value::as_i64).unwrap_or(0) != 0 {
-            errs.push(FieldErr::invalid(
-                "deprecatedCount",
-                &json!(""),
-                "needs to be unset",
-            ));
-        }
-        if !st(&["source", "component"]).is_empty() || !st(&["source", "host"]).is_empty() {
-            errs.push(FieldErr::invalid(
-                "deprecatedSource",
-                &json!(""),
-                "needs to be unset",
-            ));
-        }
-        if let Some(series) = get(ev, &["series"]) {
-            if series.get("count").and_then(Value::as_i64).unwrap_or(0) < 2 {
-                errs.push(FieldErr::invalid(
-                    "series.count",
-                    &json!(""),
-                    "should be at least 2",
-                ));
-            }
-            if series.get("lastObservedTime").is_none_or(Value::is_null) {
-                errs.push(FieldErr::required("series.lastObservedTime", ""));
-            }
-        }
+        validate_event_v1(ev, has_event_time, &mut errs);
     }
     errs
+}
+
+/// What events.k8s.io/v1 adds: the v1 fields set, the core ones unset.
+fn validate_event_v1(ev: &Value, has_event_time: bool, errs: &mut Vec<FieldErr>) {
+    let st = |p: &[&str]| s(ev, p).unwrap_or("").to_string();
+    if !has_event_time {
+        errs.push(FieldErr::required("eventTime", ""));
+    }
+    let t = st(&["type"]);
+    if t != "Normal" && t != "Warning" {
+        errs.push(FieldErr::invalid(
+            "type",
+            &json!(""),
+            &format!("has invalid value: {t}"),
+        ));
+    }
+    for (core, v1) in [
+        ("firstTimestamp", "deprecatedFirstTimestamp"),
+        ("lastTimestamp", "deprecatedLastTimestamp"),
+    ] {
+        if get(ev, &[core]).is_some() {
+            errs.push(FieldErr::invalid(v1, &json!(""), "needs to be unset"));
+        }
+    }
+    if get(ev, &["count"]).and_then(Value::as_i64).unwrap_or(0) != 0 {
+        errs.push(FieldErr::invalid(
+            "deprecatedCount",
+            &json!(""),
+            "needs to be unset",
+        ));
+    }
+    if !st(&["source", "component"]).is_empty() || !st(&["source", "host"]).is_empty() {
+        errs.push(FieldErr::invalid(
+            "deprecatedSource",
+            &json!(""),
+            "needs to be unset",
+        ));
+    }
+    if let Some(series) = get(ev, &["series"]) {
+        if series.get("count").and_then(Value::as_i64).unwrap_or(0) < 2 {
+            errs.push(FieldErr::invalid(
+                "series.count",
+                &json!(""),
+                "should be at least 2",
+            ));
+        }
+        if series.get("lastObservedTime").is_none_or(Value::is_null) {
+            errs.push(FieldErr::required("series.lastObservedTime", ""));
+        }
+    }
 }
 
 /// ValidatePodUpdate's "pod updates may not change fields other than ..." rule.
@@ -751,6 +765,39 @@ pub fn seed(st: &mut State, obj: Value) -> ApiResult<(&'static ResourceDef, Valu
 
 // ---------------------------------------------------------------- update
 
+/// rest.BeforeUpdate: system fields, the stored managedFields (this
+/// write's entry is stamped later, if it changes anything) and, through the
+/// main resource, the status are not changed by updates.
+fn keep_system_fields(def: &ResourceDef, sub: Sub, old: &Value, obj: &mut Value) {
+    for key in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
+        match get(old, &["metadata", key]) {
+            Some(v) => set_meta(obj, key, v.clone()),
+            None => remove_meta(obj, key),
+        }
+    }
+    match get(old, &["metadata", "managedFields"]) {
+        Some(v) => set_meta(obj, "managedFields", v.clone()),
+        None => remove_meta(obj, "managedFields"),
+    }
+    remove_meta(obj, "selfLink");
+    if sub == Sub::Main && def.has_status {
+        match old.get("status") {
+            Some(s) => obj["status"] = s.clone(),
+            None => {
+                if let Some(m) = obj.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+    }
+}
+
 /// PUT (and the tail of PATCH): `new` is in stored form, decoded.
 #[allow(clippy::too_many_arguments)]
 pub fn update(
@@ -803,36 +850,7 @@ pub fn update(
         Sub::Main => new,
         Sub::Status => status_update_merge(def, &old, &new),
     };
-    // rest.BeforeUpdate: system fields are not changed by updates.
-    for key in [
-        "uid",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-        "generation",
-    ] {
-        match get(&old, &["metadata", key]) {
-            Some(v) => set_meta(&mut obj, key, v.clone()),
-            None => remove_meta(&mut obj, key),
-        }
-    }
-    // The stored entries stay; this write's is stamped below if it changes
-    // anything.
-    match get(&old, &["metadata", "managedFields"]) {
-        Some(v) => set_meta(&mut obj, "managedFields", v.clone()),
-        None => remove_meta(&mut obj, "managedFields"),
-    }
-    remove_meta(&mut obj, "selfLink");
-    if sub == Sub::Main && def.has_status {
-        match old.get("status") {
-            Some(s) => obj["status"] = s.clone(),
-            None => {
-                if let Some(m) = obj.as_object_mut() {
-                    m.remove("status");
-                }
-            }
-        }
-    }
+    keep_system_fields(def, sub, &old, &mut obj);
     if def.generation && sub == Sub::Main && old.get("spec") != obj.get("spec") {
         set_meta(&mut obj, "generation", json!(generation(&old) + 1));
     }
@@ -986,6 +1004,29 @@ fn pod_grace(pod: &Value, requested: Option<i64>) -> i64 {
     period
 }
 
+/// A second delete with a shorter grace period `p` than the current `cur`:
+/// the deletion moves earlier (never before now; a period cut short to now
+/// becomes 1 s unless it is 0). The object and its new period.
+fn shortened(old: &Value, cur: i64, p: i64) -> (Value, i64) {
+    let ts = s(old, &["metadata", "deletionTimestamp"]).and_then(util::parse_time);
+    let mut period = p;
+    let now = jiff::Timestamp::now();
+    let mut new_ts = ts
+        .and_then(|t| t.checked_sub(jiff::SignedDuration::from_secs(cur)).ok())
+        .and_then(|t| t.checked_add(jiff::SignedDuration::from_secs(p)).ok())
+        .unwrap_or(now);
+    if new_ts < now {
+        new_ts = now;
+        if period != 0 {
+            period = 1;
+        }
+    }
+    let mut obj = old.clone();
+    set_meta(&mut obj, "deletionTimestamp", json!(util::fmt_time(new_ts)));
+    set_meta(&mut obj, "deletionGracePeriodSeconds", json!(period));
+    (obj, period)
+}
+
 pub fn delete(
     st: &mut State,
     def: &'static ResourceDef,
@@ -1037,22 +1078,7 @@ pub fn delete(
                     return Ok(remove(st, old));
                 }
                 (Some(cur), Some(p)) if p < cur => {
-                    let ts = s(&old, &["metadata", "deletionTimestamp"]).and_then(util::parse_time);
-                    let mut period = p;
-                    let now = jiff::Timestamp::now();
-                    let mut new_ts = ts
-                        .and_then(|t| t.checked_sub(jiff::SignedDuration::from_secs(cur)).ok())
-                        .and_then(|t| t.checked_add(jiff::SignedDuration::from_secs(p)).ok())
-                        .unwrap_or(now);
-                    if new_ts < now {
-                        new_ts = now;
-                        if period != 0 {
-                            period = 1;
-                        }
-                    }
-                    let mut obj = old.clone();
-                    set_meta(&mut obj, "deletionTimestamp", json!(util::fmt_time(new_ts)));
-                    set_meta(&mut obj, "deletionGracePeriodSeconds", json!(period));
+                    let (obj, period) = shortened(&old, cur, p);
                     let obj = write(st, obj);
                     if period == 0 && !pending_finalizers {
                         return Ok(remove(st, obj));
@@ -1066,17 +1092,7 @@ pub fn delete(
         let deadline = jiff::Timestamp::now()
             .checked_add(jiff::SignedDuration::from_secs(period))
             .unwrap_or_else(|_| jiff::Timestamp::now());
-        let mut obj = old.clone();
-        set_meta(
-            &mut obj,
-            "deletionTimestamp",
-            json!(util::fmt_time(deadline)),
-        );
-        set_meta(&mut obj, "deletionGracePeriodSeconds", json!(period));
-        if generation(&obj) > 0 {
-            let g = generation(&obj) + 1;
-            set_meta(&mut obj, "generation", json!(g));
-        }
+        let obj = marked_for_deletion(&old, &util::fmt_time(deadline), period);
         if !dry {
             st.terminating_since
                 .insert(uid_of(&old).to_string(), Instant::now());
@@ -1092,16 +1108,23 @@ pub fn delete(
         if is_deleting(&old) {
             return Ok(Deleted::Pending(old));
         }
-        let mut obj = old.clone();
-        set_meta(&mut obj, "deletionTimestamp", json!(now_time()));
-        set_meta(&mut obj, "deletionGracePeriodSeconds", json!(0));
-        if generation(&obj) > 0 {
-            let g = generation(&obj) + 1;
-            set_meta(&mut obj, "generation", json!(g));
-        }
+        let obj = marked_for_deletion(&old, &now_time(), 0);
         return Ok(Deleted::Pending(write(st, obj)));
     }
     Ok(remove(st, old))
+}
+
+/// `old` with its deletion set for `at` after `period` seconds (its
+/// generation moves on, where it has one).
+fn marked_for_deletion(old: &Value, at: &str, period: i64) -> Value {
+    let mut obj = old.clone();
+    set_meta(&mut obj, "deletionTimestamp", json!(at));
+    set_meta(&mut obj, "deletionGracePeriodSeconds", json!(period));
+    if generation(&obj) > 0 {
+        let g = generation(&obj) + 1;
+        set_meta(&mut obj, "generation", json!(g));
+    }
+    obj
 }
 
 /// The `Status` a delete returns for kinds that do not return the object.

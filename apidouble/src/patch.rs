@@ -120,6 +120,36 @@ fn strip_directives(v: &Value) -> Value {
     }
 }
 
+/// `$deleteFromPrimitiveList/<field>` and `$setElementOrder/<field>`.
+fn list_directives(
+    def: &ResourceDef,
+    orig: &mut Map<String, Value>,
+    patch: &Map<String, Value>,
+    path: &str,
+) -> Result<(), ApiError> {
+    for (k, pv) in patch {
+        if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
+            let Some(del) = pv.as_array() else {
+                return Err(smp_err(
+                    "invalid patch: $deleteFromPrimitiveList must be a list",
+                ));
+            };
+            if let Some(Value::Array(list)) = orig.get_mut(field) {
+                list.retain(|x| !del.contains(x));
+            }
+        } else if let Some(field) = k.strip_prefix("$setElementOrder/") {
+            let Some(order) = pv.as_array() else {
+                return Err(smp_err("invalid patch: $setElementOrder must be a list"));
+            };
+            let rule = def.list_rule(&join(path, field));
+            if let Some(Value::Array(list)) = orig.get_mut(field) {
+                reorder(list, order, rule);
+            }
+        }
+    }
+    Ok(())
+}
+
 fn merge_map(
     def: &ResourceDef,
     orig: &mut Map<String, Value>,
@@ -190,27 +220,7 @@ fn merge_map(
             }
         }
     }
-    // $deleteFromPrimitiveList/<field> and $setElementOrder/<field>
-    for (k, pv) in patch {
-        if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            let Some(del) = pv.as_array() else {
-                return Err(smp_err(
-                    "invalid patch: $deleteFromPrimitiveList must be a list",
-                ));
-            };
-            if let Some(Value::Array(list)) = orig.get_mut(field) {
-                list.retain(|x| !del.contains(x));
-            }
-        } else if let Some(field) = k.strip_prefix("$setElementOrder/") {
-            let Some(order) = pv.as_array() else {
-                return Err(smp_err("invalid patch: $setElementOrder must be a list"));
-            };
-            let rule = def.list_rule(&join(path, field));
-            if let Some(Value::Array(list)) = orig.get_mut(field) {
-                reorder(list, order, rule);
-            }
-        }
-    }
+    list_directives(def, orig, patch, path)?;
     if let Some(keep) = retain {
         orig.retain(|k, _| keep.iter().any(|r| r == k));
     }

@@ -383,28 +383,7 @@ pub fn sync_namespace(st: &mut State, ns: &str) {
                 continue;
             }
         };
-        // buildDisruptedPodMap
-        let mut disrupted = Map::new();
-        if let Some(old) = old_status.get("disruptedPods").and_then(Value::as_object) {
-            for (pname, t) in old {
-                let Some(p) = pods.iter().find(|p| name_of(p) == pname) else {
-                    continue;
-                };
-                if crate::util::is_deleting(p) {
-                    continue;
-                }
-                let Some(ts) = t.as_str().and_then(crate::util::parse_time) else {
-                    continue;
-                };
-                let expiry = ts
-                    .checked_add(jiff::SignedDuration::from_secs(DELETION_TIMEOUT_SECS))
-                    .unwrap_or(ts);
-                if expiry < now {
-                    continue;
-                }
-                disrupted.insert(pname.clone(), t.clone());
-            }
-        }
+        let disrupted = disrupted_pods(&old_status, &pods, now);
         let healthy = pods
             .iter()
             .filter(|p| {
@@ -433,6 +412,33 @@ pub fn sync_namespace(st: &mut State, ns: &str) {
             st.replace("poddisruptionbudgets", new);
         }
     }
+}
+
+/// buildDisruptedPodMap: the budget's disrupted pods still present, not
+/// deleting, and within their deletion timeout.
+fn disrupted_pods(old_status: &Value, pods: &[Value], now: jiff::Timestamp) -> Map<String, Value> {
+    let mut disrupted = Map::new();
+    if let Some(old) = old_status.get("disruptedPods").and_then(Value::as_object) {
+        for (pname, t) in old {
+            let Some(p) = pods.iter().find(|p| name_of(p) == pname) else {
+                continue;
+            };
+            if crate::util::is_deleting(p) {
+                continue;
+            }
+            let Some(ts) = t.as_str().and_then(crate::util::parse_time) else {
+                continue;
+            };
+            let expiry = ts
+                .checked_add(jiff::SignedDuration::from_secs(DELETION_TIMEOUT_SECS))
+                .unwrap_or(ts);
+            if expiry < now {
+                continue;
+            }
+            disrupted.insert(pname.clone(), t.clone());
+        }
+    }
+    disrupted
 }
 
 /// getExpectedPodCount: (expectedCount, desiredHealthy).

@@ -167,19 +167,10 @@ fn valid_value(v: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
-fn parse_req(part: &str) -> Result<Req, String> {
+/// A set-based requirement (`key in (a,b)`, `key notin (a,b)`), if `part`
+/// is one.
+fn set_based(part: &str) -> Result<Option<Req>, String> {
     let err = |m: &str| format!("unable to parse requirement: {m}");
-    if let Some(key) = part.strip_prefix('!') {
-        let key = key.trim();
-        if !valid_key(key) {
-            return Err(err(&format!("invalid label key \"{key}\"")));
-        }
-        return Ok(Req {
-            key: key.into(),
-            op: Op::NotExists,
-        });
-    }
-    // set-based: "key in (a,b)" / "key notin (a,b)"
     let words: Vec<&str> = part.splitn(2, char::is_whitespace).collect();
     if words.len() == 2 {
         let rest = words[1].trim_start();
@@ -204,11 +195,29 @@ fn parse_req(part: &str) -> Result<Req, String> {
             if let Some(bad) = vals.iter().find(|v| !valid_value(v)) {
                 return Err(err(&format!("invalid label value: \"{bad}\"")));
             }
-            return Ok(Req {
+            return Ok(Some(Req {
                 key: key.into(),
                 op: if is_in { Op::In(vals) } else { Op::NotIn(vals) },
-            });
+            }));
         }
+    }
+    Ok(None)
+}
+
+fn parse_req(part: &str) -> Result<Req, String> {
+    let err = |m: &str| format!("unable to parse requirement: {m}");
+    if let Some(key) = part.strip_prefix('!') {
+        let key = key.trim();
+        if !valid_key(key) {
+            return Err(err(&format!("invalid label key \"{key}\"")));
+        }
+        return Ok(Req {
+            key: key.into(),
+            op: Op::NotExists,
+        });
+    }
+    if let Some(req) = set_based(part)? {
+        return Ok(req);
     }
     for (tok, mk) in [("!=", 0u8), ("==", 1), ("=", 1), (">", 2), ("<", 3)] {
         if let Some(idx) = part.find(tok) {

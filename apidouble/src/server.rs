@@ -60,6 +60,23 @@ fn parse_query(q: &str) -> Query {
     form_urlencoded::parse(q.as_bytes()).into_owned().collect()
 }
 
+/// The request routed, its answer as `PartialObjectMetadata` when the
+/// client asked for that (a GET that is not a watch).
+async fn answer(
+    shared: &Arc<Shared>,
+    method: &Method,
+    path: &str,
+    req: &Req<'_>,
+    accept: Option<&str>,
+) -> Response<Body> {
+    let resp = route(shared, method, path, req).await;
+    let watch = req.q.contains_key("watch") || path.contains("/watch/");
+    if as_partial_metadata(accept) && *method == Method::GET && !watch && resp.status() == 200 {
+        return partial_metadata(resp).await;
+    }
+    resp
+}
+
 async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
@@ -70,21 +87,18 @@ async fn handle(
     let path = parts.uri.path().to_string();
     let query_raw = parts.uri.query().unwrap_or("").to_string();
     let method = parts.method.as_str().to_string();
-    let ct = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(String::from);
-    let accept = parts
-        .headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .map(String::from);
-    let ua = parts
-        .headers
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .map(String::from);
+    let text = |name| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let (ct, accept, ua) = (
+        text(header::CONTENT_TYPE),
+        text(header::ACCEPT),
+        text(header::USER_AGENT),
+    );
     let body = match incoming.collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return Err(DroppedByFault),
@@ -103,14 +117,10 @@ async fn handle(
         path: path.clone(),
         query: query_raw.clone(),
         content_type: ct.clone(),
-        body: if body.is_empty() {
-            None
-        } else {
-            Some(
-                serde_json::from_slice(&body)
-                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into())),
-            )
-        },
+        body: (!body.is_empty()).then(|| {
+            serde_json::from_slice(&body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()))
+        }),
         status: 0,
         fault: None,
         watch: is_watch,
@@ -146,16 +156,7 @@ async fn handle(
                 body: &body,
                 manager: manager(&query, ua.as_deref()),
             };
-            let mut resp = route(&shared, &parts.method, &path, &req).await;
-            let watch = query.contains_key("watch") || path.contains("/watch/");
-            if as_partial_metadata(accept.as_deref())
-                && parts.method == Method::GET
-                && !watch
-                && resp.status() == 200
-            {
-                resp = partial_metadata(resp).await;
-            }
-            resp
+            answer(&shared, &parts.method, &path, &req, accept.as_deref()).await
         }
     };
     record.status = resp.status().as_u16();
@@ -585,14 +586,16 @@ struct Continue {
 
 const CONTINUE_TOO_OLD: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
 
-async fn list(
-    shared: &Arc<Shared>,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    q: &Query,
-) -> ApiResult<Response<Body>> {
-    use base64::Engine;
-    let filter = make_filter(def, ns, q)?;
+/// A list's paging and consistency options, once validated.
+struct ListOptions {
+    rv: Option<String>,
+    rv_match: Option<String>,
+    cont: Option<String>,
+    limit: Option<usize>,
+}
+
+/// ValidateListOptions: the list's options, or why they are refused.
+fn list_options(q: &Query) -> ApiResult<ListOptions> {
     let rv = q.get("resourceVersion").filter(|s| !s.is_empty()).cloned();
     let rv_match = q
         .get("resourceVersionMatch")
@@ -634,6 +637,65 @@ async fn list(
             )]));
         }
     }
+    Ok(ListOptions {
+        rv,
+        rv_match,
+        cont,
+        limit,
+    })
+}
+
+/// One page of `filtered` (at most `limit` items) and the list's metadata:
+/// a continue token when more follow, and how many (`unfiltered` lists only).
+fn page(
+    def: &ResourceDef,
+    filtered: &[(String, Value)],
+    limit: Option<usize>,
+    list_rv: u64,
+    unfiltered: bool,
+) -> (Value, Vec<Value>) {
+    use base64::Engine;
+    let mut meta = json!({ "resourceVersion": list_rv.to_string() });
+    let page: Vec<Value> = match limit {
+        Some(l) if filtered.len() > l => {
+            let next = filtered[l].0.clone();
+            let tok = Continue {
+                v: "meta.k8s.io/v1".into(),
+                rv: list_rv,
+                start: next,
+            };
+            meta["continue"] = json!(base64::engine::general_purpose::STANDARD
+                .encode(serde_json::to_vec(&tok).unwrap_or_default()));
+            if unfiltered {
+                meta["remainingItemCount"] = json!(filtered.len() - l);
+            }
+            filtered[..l]
+                .iter()
+                .map(|(_, o)| strip_type(def.to_view(o)))
+                .collect()
+        }
+        _ => filtered
+            .iter()
+            .map(|(_, o)| strip_type(def.to_view(o)))
+            .collect(),
+    };
+    (meta, page)
+}
+
+async fn list(
+    shared: &Arc<Shared>,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    q: &Query,
+) -> ApiResult<Response<Body>> {
+    use base64::Engine;
+    let filter = make_filter(def, ns, q)?;
+    let ListOptions {
+        rv,
+        rv_match,
+        cont,
+        limit,
+    } = list_options(q)?;
     // (snapshot rv or None for "current", start key)
     let mut at: Option<u64> = None;
     let mut start_key = String::new();
@@ -690,62 +752,21 @@ async fn list(
         .into_iter()
         .filter(|(k, o)| (start_key.is_empty() || *k >= start_key) && filter.matches(o))
         .collect();
-    let mut meta = json!({ "resourceVersion": list_rv.to_string() });
-    let page: Vec<Value> = match limit {
-        Some(l) if filtered.len() > l => {
-            let next = filtered[l].0.clone();
-            let tok = Continue {
-                v: "meta.k8s.io/v1".into(),
-                rv: list_rv,
-                start: next,
-            };
-            meta["continue"] = json!(base64::engine::general_purpose::STANDARD
-                .encode(serde_json::to_vec(&tok).unwrap_or_default()));
-            if filter.label.is_empty() && filter.field.is_empty() {
-                meta["remainingItemCount"] = json!(filtered.len() - l);
-            }
-            filtered[..l]
-                .iter()
-                .map(|(_, o)| strip_type(def.to_view(o)))
-                .collect()
-        }
-        _ => filtered
-            .iter()
-            .map(|(_, o)| strip_type(def.to_view(o)))
-            .collect(),
-    };
+    let (meta, page) = page(
+        def,
+        &filtered,
+        limit,
+        list_rv,
+        filter.label.is_empty() && filter.field.is_empty(),
+    );
     Ok(json_response(
         200,
         &json!({ "kind": def.list_kind(), "apiVersion": def.api_version(), "metadata": meta, "items": page }),
     ))
 }
 
-async fn start_watch(
-    shared: &Arc<Shared>,
-    def: &'static ResourceDef,
-    ns: Option<&str>,
-    name: Option<&str>,
-    q: &Query,
-) -> ApiResult<Response<Body>> {
-    let mut filter = make_filter(def, ns, q)?;
-    if let Some(n) = name {
-        let fs = format!("metadata.name={n}");
-        let mut f = FieldSelector::parse(&fs).map_err(ApiError::bad_request)?;
-        if !filter.field.is_empty() {
-            f = FieldSelector::parse(&format!(
-                "{},{}",
-                q.get("fieldSelector").cloned().unwrap_or_default(),
-                fs
-            ))
-            .map_err(ApiError::bad_request)?;
-        }
-        filter.field = f;
-    }
-    let rv = q.get("resourceVersion").filter(|s| !s.is_empty()).cloned();
-    let bookmarks = matches!(
-        q.get("allowWatchBookmarks").map(String::as_str),
-        Some("true" | "1")
-    );
+/// `sendInitialEvents`, when asked, and whether the watch's options allow it.
+fn watch_initial_events(q: &Query, bookmarks: bool) -> ApiResult<Option<bool>> {
     let send_initial = q.get("sendInitialEvents").map(|v| v == "true" || v == "1");
     let rv_match = q
         .get("resourceVersionMatch")
@@ -774,6 +795,36 @@ async fn start_watch(
             "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
         )]));
     }
+    Ok(send_initial)
+}
+
+async fn start_watch(
+    shared: &Arc<Shared>,
+    def: &'static ResourceDef,
+    ns: Option<&str>,
+    name: Option<&str>,
+    q: &Query,
+) -> ApiResult<Response<Body>> {
+    let mut filter = make_filter(def, ns, q)?;
+    if let Some(n) = name {
+        let fs = format!("metadata.name={n}");
+        let mut f = FieldSelector::parse(&fs).map_err(ApiError::bad_request)?;
+        if !filter.field.is_empty() {
+            f = FieldSelector::parse(&format!(
+                "{},{}",
+                q.get("fieldSelector").cloned().unwrap_or_default(),
+                fs
+            ))
+            .map_err(ApiError::bad_request)?;
+        }
+        filter.field = f;
+    }
+    let rv = q.get("resourceVersion").filter(|s| !s.is_empty()).cloned();
+    let bookmarks = matches!(
+        q.get("allowWatchBookmarks").map(String::as_str),
+        Some("true" | "1")
+    );
+    let send_initial = watch_initial_events(q, bookmarks)?;
     let timeout = match q.get("timeoutSeconds") {
         Some(t) => Duration::from_secs(
             t.parse()
