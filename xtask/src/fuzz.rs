@@ -70,7 +70,9 @@ fn done_line(stderr: &str) -> Option<(u64, u64)> {
     })
 }
 
-pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
+/// `[--runs N] [TARGET...]`: executions per target, and the targets (all
+/// when none is named).
+fn fuzz_args(args: &[String]) -> Result<(u64, Vec<String>)> {
     let mut runs = DEFAULT_RUNS;
     let mut targets = Vec::new();
     let mut it = args.iter();
@@ -95,6 +97,11 @@ pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
             .map(std::string::ToString::to_string)
             .collect();
     }
+    Ok((runs, targets))
+}
+
+pub fn fuzz(root: &Path, args: &[String]) -> Result<()> {
+    let (runs, targets) = fuzz_args(args)?;
     // The agent's build script embeds the eBPF object: build it first.
     build(root, true)?;
     let tools = setup::ensure(root)?;

@@ -218,6 +218,39 @@ pub fn verify(dist: &Dist) -> Result<()> {
         .arg(format!("oci-archive:{}", dist.index().display()))
         .arg(format!("docker://{host}/lastgasp:{v}")))
     .context("skopeo copy of the index to the registry")?;
+    let arches = index_arches(&host, v)?;
+
+    run(Command::new(&helm)
+        .args(["push", "--plain-http"])
+        .arg(dist.chart())
+        .arg(format!("oci://{host}/charts")))
+    .context("helm push")?;
+    let out = Command::new(&helm)
+        .args(["template", "lastgasp", "--plain-http", "--version", v])
+        .arg(format!("oci://{host}/charts/lastgasp"))
+        .args(["--set", &format!("image.repository={host}/lastgasp")])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "helm template of the pushed chart: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8_lossy(&out.stdout);
+    let image_line = format!("image: {host}/lastgasp:{v}");
+    ensure!(
+        rendered.matches(&image_line).count() >= 2,
+        "the chart pulled from the registry does not run {host}/lastgasp:{v} in both the agent and the controller"
+    );
+    println!(
+        "release {v} verified: sums, index ({}) and chart pushed to and pulled from a registry",
+        arches.join(", ")
+    );
+    Ok(())
+}
+
+/// The platforms of the index the registry serves for lastgasp:`v`: one
+/// manifest per arch the release builds, or an error.
+fn index_arches(host: &str, v: &str) -> Result<Vec<String>> {
     let raw = Command::new("skopeo")
         .args(["inspect", "--raw", "--tls-verify=false"])
         .arg(format!("docker://{host}/lastgasp:{v}"))
@@ -251,33 +284,7 @@ pub fn verify(dist: &Dist) -> Result<()> {
         arches == want,
         "the index names {arches:?}, the release builds {want:?}"
     );
-
-    run(Command::new(&helm)
-        .args(["push", "--plain-http"])
-        .arg(dist.chart())
-        .arg(format!("oci://{host}/charts")))
-    .context("helm push")?;
-    let out = Command::new(&helm)
-        .args(["template", "lastgasp", "--plain-http", "--version", v])
-        .arg(format!("oci://{host}/charts/lastgasp"))
-        .args(["--set", &format!("image.repository={host}/lastgasp")])
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "helm template of the pushed chart: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rendered = String::from_utf8_lossy(&out.stdout);
-    let image_line = format!("image: {host}/lastgasp:{v}");
-    ensure!(
-        rendered.matches(&image_line).count() >= 2,
-        "the chart pulled from the registry does not run {host}/lastgasp:{v} in both the agent and the controller"
-    );
-    println!(
-        "release {v} verified: sums, index ({}) and chart pushed to and pulled from a registry",
-        arches.join(", ")
-    );
-    Ok(())
+    Ok(arches)
 }
 
 /// Debian's docker-registry (distribution 2.8) on a free loopback port,

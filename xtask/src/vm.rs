@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::setup;
 
@@ -242,10 +242,8 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
     subset.and(node)
 }
 
-/// `vm-test --node`: every named (arm, scenario) on a fresh control plane
-/// and guest, then the comparison table.
-fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
-    let started = Instant::now();
+/// The real-node arms and scenarios asked for (all when none is named).
+fn node_selection(args: &Args) -> Result<(Vec<&'static str>, Vec<&'static str>)> {
     let arms: Vec<&'static str> = if args.arm.is_empty() {
         node::ARMS.to_vec()
     } else {
@@ -274,23 +272,26 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
             })
             .collect::<Result<_>>()?
     };
-    let accel = qemu::Accel::choose();
-    let img = image::ensure(root, args.distro, crate::arch::Arch::Amd64)?;
-    let target = crate::target_dir(root);
-    let Some(k8s) = crate::k8s::ensure(root)? else {
-        bail!(
-            "the real node needs the Kubernetes {} binaries (see above)",
-            crate::k8s::VERSION
-        );
-    };
+    Ok((arms, scenarios))
+}
+
+/// The guest's side of the real node: the agent's image, the control-plane
+/// helper, the sleeper image and the node's files ready (`node::prepare`).
+fn node_prepared(
+    root: &Path,
+    args: &Args,
+    target: &Path,
+    k8s: &crate::k8s::ControlPlaneBinaries,
+    agent: &Path,
+) -> Result<node::Prepared> {
     let tools = setup::ensure_manifest_tools()?;
     // The agent's image: `cargo xtask image`'s archive (CI built it just
     // before), else built now from the agent of this run.
-    let agent_image = crate::image::archive(root, &target, crate::arch::Arch::Amd64)?;
+    let agent_image = crate::image::archive(root, target, crate::arch::Arch::Amd64)?;
     if !args.debug || !agent_image.0.is_file() {
-        crate::image::build(root, &target, agent, crate::arch::Arch::Amd64)?;
+        crate::image::build(root, target, agent, crate::arch::Arch::Amd64)?;
     }
-    let sleeper = crate::image::sleeper(root, &target)?;
+    let sleeper = crate::image::sleeper(root, target)?;
     crate::cmd::run(
         crate::cmd::cargo()
             .current_dir(root)
@@ -305,7 +306,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
             .env("LASTGASP_EBPF_OBJ", crate::build::ebpf_object(root)),
     )?;
     let helper = target.join("debug/lastgasp-vm-cluster");
-    let prep = node::prepare(
+    node::prepare(
         root,
         helper,
         vec![
@@ -317,7 +318,24 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
         sleeper,
         &k8s.bin_dir.join("kubelet"),
         args.apparmor,
-    )?;
+    )
+}
+
+/// `vm-test --node`: every named (arm, scenario) on a fresh control plane
+/// and guest, then the comparison table.
+fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
+    let started = Instant::now();
+    let (arms, scenarios) = node_selection(args)?;
+    let accel = qemu::Accel::choose();
+    let img = image::ensure(root, args.distro, crate::arch::Arch::Amd64)?;
+    let target = crate::target_dir(root);
+    let Some(k8s) = crate::k8s::ensure(root)? else {
+        bail!(
+            "the real node needs the Kubernetes {} binaries (see above)",
+            crate::k8s::VERSION
+        );
+    };
+    let prep = node_prepared(root, args, &target, &k8s, agent)?;
     let out = target.join("vm");
     enough_disk(&out)?;
     let run_dir = out.join(format!("node-{}", date_stamp()));
@@ -383,13 +401,12 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
         .filter(|o| o.failed())
         .map(|o| format!("{}/{}", o.arm, o.scenario))
         .collect();
-    if !failed.is_empty() {
-        bail!(
-            "real-node scenarios failed: {} (logs under {})",
-            failed.join(", "),
-            run_dir.display()
-        );
-    }
+    ensure!(
+        failed.is_empty(),
+        "real-node scenarios failed: {} (logs under {})",
+        failed.join(", "),
+        run_dir.display()
+    );
     Ok(())
 }
 
@@ -547,6 +564,11 @@ fn run_all(
         out.join("matrix.md").display()
     );
 
+    verdict(&outcomes, &races, &run_dir)
+}
+
+/// The tally of a VM run, and an error naming what failed.
+fn verdict(outcomes: &[scenario::Outcome], races: &[scenario::Race], run_dir: &Path) -> Result<()> {
     let failed: Vec<String> = outcomes
         .iter()
         .filter(|o| o.failed())

@@ -170,6 +170,32 @@ pub struct Det {
     pub decision: Option<String>,
 }
 
+/// An exec's argv, its program's base name first, cut at 48 characters.
+fn argv_text(detail: &Value) -> String {
+    let argv: Vec<&str> = detail
+        .get("argv")
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
+    let mut s = argv
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            if i == 0 {
+                a.rsplit('/').next().unwrap_or(a)
+            } else {
+                a
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    if s.len() > 48 {
+        s.truncate(45);
+        s.push_str("...");
+    }
+    s
+}
+
 impl Det {
     fn from_signal(s: &Value) -> Option<Det> {
         let str_of = |k: &str| s.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
@@ -186,30 +212,7 @@ impl Det {
         let detail = s.get("detail").cloned().unwrap_or_default();
         let source = str_of("source");
         let what = match source.as_str() {
-            "exec" => {
-                let argv: Vec<&str> = detail
-                    .get("argv")
-                    .and_then(|a| a.as_array())
-                    .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
-                    .unwrap_or_default();
-                let mut s = argv
-                    .iter()
-                    .enumerate()
-                    .map(|(i, a)| {
-                        if i == 0 {
-                            a.rsplit('/').next().unwrap_or(a)
-                        } else {
-                            a
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                if s.len() > 48 {
-                    s.truncate(45);
-                    s.push_str("...");
-                }
-                format!("exec `{s}`")
-            }
+            "exec" => format!("exec `{}`", argv_text(&detail)),
             "reboot-syscall" => {
                 let cmd = detail
                     .get("cmd")

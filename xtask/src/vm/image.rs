@@ -93,6 +93,47 @@ pub struct GuestImage {
     pub built_in: Option<Duration>,
 }
 
+/// Runs tests/vm/image/build.sh into `tmp` (bounded by `BUILD_TIMEOUT`)
+/// and notes its inputs there.
+fn build(inputs: &Path, tmp: &Path, suite: &str, arch: Arch, key: &str) -> Result<()> {
+    let mirror = std::env::var("LASTGASP_VM_MIRROR").unwrap_or_else(|_| MIRROR.into());
+    println!(
+        "vm-test: building the guest image ({suite}, {}, key {key}); a few minutes, once",
+        arch.name()
+    );
+    let mut cmd = Command::new("bash");
+    cmd.arg(inputs.join("build.sh"))
+        .arg(tmp)
+        .arg(suite)
+        .arg(&mirror)
+        .arg(arch.name())
+        .stdin(Stdio::null());
+    let mut child = cmd.spawn().context("starting tests/vm/image/build.sh")?;
+    match wait_timeout(&mut child, BUILD_TIMEOUT)? {
+        Some(st) if st.success() => {}
+        Some(st) => bail!(
+            "building the guest image failed ({st}); see the output above and {}/debootstrap.log",
+            tmp.display()
+        ),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "building the guest image took more than {} min: killed",
+                BUILD_TIMEOUT.as_secs() / 60
+            );
+        }
+    }
+    fs::write(
+        tmp.join("inputs"),
+        format!(
+            "suite {suite}\narch {}\nmirror {mirror}\nkey {key}\n",
+            arch.name()
+        ),
+    )?;
+    Ok(())
+}
+
 pub fn ensure(root: &Path, distro: Distro, arch: Arch) -> Result<GuestImage> {
     let suite = distro.suite();
     let inputs = root.join("tests/vm/image");
@@ -121,42 +162,8 @@ pub fn ensure(root: &Path, distro: Distro, arch: Arch) -> Result<GuestImage> {
         }
         let _ = fs::remove_dir_all(&tmp);
         let _ = fs::remove_dir_all(&dir);
-        let mirror = std::env::var("LASTGASP_VM_MIRROR").unwrap_or_else(|_| MIRROR.into());
-        println!(
-            "vm-test: building the guest image ({suite}, {}, key {key}); a few minutes, once",
-            arch.name()
-        );
         let t = Instant::now();
-        let mut cmd = Command::new("bash");
-        cmd.arg(inputs.join("build.sh"))
-            .arg(&tmp)
-            .arg(suite)
-            .arg(&mirror)
-            .arg(arch.name())
-            .stdin(Stdio::null());
-        let mut child = cmd.spawn().context("starting tests/vm/image/build.sh")?;
-        match wait_timeout(&mut child, BUILD_TIMEOUT)? {
-            Some(st) if st.success() => {}
-            Some(st) => bail!(
-                "building the guest image failed ({st}); see the output above and {}/debootstrap.log",
-                tmp.display()
-            ),
-            None => {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "building the guest image took more than {} min: killed",
-                    BUILD_TIMEOUT.as_secs() / 60
-                );
-            }
-        }
-        fs::write(
-            tmp.join("inputs"),
-            format!(
-                "suite {suite}\narch {}\nmirror {mirror}\nkey {key}\n",
-                arch.name()
-            ),
-        )?;
+        build(&inputs, &tmp, suite, arch, &key)?;
         fs::rename(&tmp, &dir)?;
         fs::write(dir.join("complete"), "")?;
         built_in = Some(t.elapsed());
