@@ -496,29 +496,7 @@ fn drill(
         .iter()
         .filter(|l| rel(l) > 0.0 && rel(l) <= up)
         .collect();
-    let reasons: Vec<String> = during
-        .iter()
-        .filter(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE)
-        .flat_map(|l| {
-            l["obj"]["conditions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .filter(|c| c["type"] == "ShutdownInProgress")
-        .map(|c| {
-            format!(
-                "{}/{}",
-                c["status"].as_str().unwrap_or("?"),
-                c["reason"].as_str().unwrap_or("?")
-            )
-        })
-        .fold(Vec::new(), |mut v, r| {
-            if v.last() != Some(&r) {
-                v.push(r);
-            }
-            v
-        });
+    let reasons = shutdown_condition_history(&during);
     let want = ["True/ScheduledShutdown", "False/ShutdownCancelled"];
     if !reasons.ends_with(&want.map(String::from)) {
         o.problems.push(format!(
@@ -572,6 +550,34 @@ fn drill(
         reasons.join(" → "),
         events.join(" | ")
     );
+}
+
+/// The Node's `ShutdownInProgress` as it went (status/reason), each
+/// change once.
+fn shutdown_condition_history(during: &[&Value]) -> Vec<String> {
+    during
+        .iter()
+        .filter(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE)
+        .flat_map(|l| {
+            l["obj"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|c| c["type"] == "ShutdownInProgress")
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c["status"].as_str().unwrap_or("?"),
+                c["reason"].as_str().unwrap_or("?")
+            )
+        })
+        .fold(Vec::new(), |mut v, r| {
+            if v.last() != Some(&r) {
+                v.push(r);
+            }
+            v
+        })
 }
 
 fn secs_after_st(t: SystemTime, zero: SystemTime) -> f64 {
@@ -648,6 +654,56 @@ fn apparmor(run: &Run, mode: AppArmor, o: &mut NodeOutcome) {
     }
 }
 
+/// The API server's record of a run (`cluster.jsonl`), on the trigger's clock.
+struct Seen<'a> {
+    run: &'a Run,
+    lines: Vec<Value>,
+    trig: SystemTime,
+    /// The kernel's end, seconds after the trigger (`None`: it stayed up).
+    end_s: Option<f64>,
+}
+
+impl Seen<'_> {
+    /// A record line's seconds after the trigger.
+    fn rel(&self, v: &Value) -> f64 {
+        secs_after(v["t"].as_f64().unwrap_or(0.0), self.trig)
+    }
+
+    /// A host time's seconds after the trigger (negative before it).
+    fn secs(&self, t: SystemTime) -> f64 {
+        t.duration_since(self.trig)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_else(|e| -e.duration().as_secs_f64())
+    }
+
+    fn end_rel(&self) -> f64 {
+        self.end_s.unwrap_or(f64::MAX)
+    }
+
+    /// When the guest saw `what` (agent, kubelet) gone.
+    fn gone(&self, what: &str) -> Option<f64> {
+        self.run
+            .markers("GONE")
+            .into_iter()
+            .find(|l| l.text.contains(&format!("GONE {what}")))
+            .map(|l| self.secs(at(self.run, l.t)))
+    }
+
+    /// The Node as the API server had it at `until`.
+    fn node_obj_at(&self, until: f64) -> Option<&Value> {
+        self.lines
+            .iter()
+            .rfind(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE && self.rel(l) <= until)
+            .map(|l| &l["obj"])
+    }
+
+    fn node_at(&self, until: f64) -> String {
+        self.node_obj_at(until)
+            .map(node_text)
+            .unwrap_or_else(|| "-".into())
+    }
+}
+
 /// Reads the run's markers and the API server's record into the columns.
 fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Result<()> {
     let fail = run.markers("FAIL");
@@ -667,55 +723,112 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         apparmor(run, mode, o);
     }
     let Some(trig) = run.markers("TRIGGER").first().map(|l| at(run, l.t)) else {
-        let registered = fs::read_to_string(out.join("cluster.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.contains("\"kind\":\"Node\"") && l.contains(NODE));
-        let why = if registered {
-            String::new()
-        } else {
-            // qemu says why the guest could not reach the API server.
-            match run.stderr.lines().rfind(|l| !l.trim().is_empty()) {
-                Some(l) => format!(
-                    ": the kubelet never registered the Node (qemu: {})",
-                    l.trim()
-                ),
-                None => ": the kubelet never registered the Node".into(),
-            }
-        };
-        o.problems.push(format!("{TRIGGER_NEVER_RAN}{why}"));
+        o.problems
+            .push(format!("{TRIGGER_NEVER_RAN}{}", never_registered(run, out)));
         return Ok(());
     };
-    let end = kernel_end(run).map(|l| at(run, l.t));
-    let ms = |t: SystemTime| {
-        t.duration_since(trig)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or_else(|e| -e.duration().as_secs_f64())
-    };
-    let gone = |what: &str| {
-        run.markers("GONE")
-            .into_iter()
-            .find(|l| l.text.contains(&format!("GONE {what}")))
-            .map(|l| ms(at(run, l.t)))
-    };
-    let end_s = end.map(ms);
-    o.guest = format!(
-        "{}; down at {}",
-        o.guest,
-        end_s
-            .map(|s| format!("+{s:.1} s"))
-            .unwrap_or_else(|| "never (stayed up)".into())
-    );
     let lines: Vec<Value> = fs::read_to_string(out.join("cluster.jsonl"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let rel = |v: &Value| secs_after(v["t"].as_f64().unwrap_or(0.0), trig);
-    let end_rel = end_s.unwrap_or(f64::MAX);
-    // The workloads that ran on the node at the trigger: by name.
-    let mut pods: Vec<(String, String)> = Vec::new(); // (name, uid)
-    for l in lines.iter().filter(|l| l["kind"] == "Pod" && rel(l) <= 0.0) {
+    let mut seen = Seen {
+        run,
+        lines,
+        trig,
+        end_s: None,
+    };
+    seen.end_s = kernel_end(run).map(|l| seen.secs(at(run, l.t)));
+    o.guest = format!(
+        "{}; down at {}",
+        o.guest,
+        seen.end_s
+            .map(|s| format!("+{s:.1} s"))
+            .unwrap_or_else(|| "never (stayed up)".into())
+    );
+    let pods = workload_pods(&seen);
+    pod_fates(&seen, &pods, o);
+    o.at_death = seen.node_at(seen.end_rel());
+    let fenced = fence(&seen, o);
+    if o.strict {
+        let agent_ran = armed
+            .first()
+            .is_some_and(|a| !a.text.contains("agent=none"));
+        must_win(&seen, agent_ran, fenced, o);
+    }
+    o.after = match run2 {
+        Some(r2) => {
+            let back = r2
+                .markers("REPORTED")
+                .first()
+                .map(|l| l.text.contains("node-back=yes"))
+                .unwrap_or(false);
+            format!(
+                "{} (back: {})",
+                seen.node_at(f64::MAX),
+                if back { "yes" } else { "no" }
+            )
+        }
+        None if o.scenario == "reboot-ff" => seen.node_at(f64::MAX),
+        None => "not switched on again".into(),
+    };
+    o.events = node_events(&seen);
+    if o.scenario == "drill" {
+        drill(run, &seen.lines, trig, &pods, o);
+    }
+    o.agent_end = agent_end(&seen, o.arm != "kubelet");
+    Ok(())
+}
+
+/// What CI's scenarios must show: the agent's pod ran, its record was on
+/// the Node when the node went down, and the controller fenced it.
+fn must_win(seen: &Seen, agent_ran: bool, fenced: Option<f64>, o: &mut NodeOutcome) {
+    if o.arm != "kubelet" && !agent_ran {
+        o.problems.push("the agent's pod was not running".into());
+    }
+    let recorded = seen
+        .node_obj_at(seen.end_rel())
+        .is_some_and(|n| !n["record"].is_null());
+    if !recorded {
+        o.problems
+            .push("the agent's record was not on the Node when the node went down".into());
+    }
+    if fenced.is_none() {
+        o.problems.push(format!(
+            "the controller did not fence the node within {} s",
+            LINGER.as_secs()
+        ));
+    }
+}
+
+/// Why the trigger never ran: the kubelet never registered the Node, as
+/// qemu says, or nothing to add.
+fn never_registered(run: &Run, out: &Path) -> String {
+    let registered = fs::read_to_string(out.join("cluster.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("\"kind\":\"Node\"") && l.contains(NODE));
+    if registered {
+        return String::new();
+    }
+    // qemu says why the guest could not reach the API server.
+    match run.stderr.lines().rfind(|l| !l.trim().is_empty()) {
+        Some(l) => format!(
+            ": the kubelet never registered the Node (qemu: {})",
+            l.trim()
+        ),
+        None => ": the kubelet never registered the Node".into(),
+    }
+}
+
+/// The workloads that ran on the node at the trigger: (name, uid).
+fn workload_pods(seen: &Seen) -> Vec<(String, String)> {
+    let mut pods: Vec<(String, String)> = Vec::new();
+    for l in seen
+        .lines
+        .iter()
+        .filter(|l| l["kind"] == "Pod" && seen.rel(l) <= 0.0)
+    {
         let p = &l["obj"];
         if p["ns"] == "default" && p["node"] == NODE {
             let key = (
@@ -729,14 +842,21 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             }
         }
     }
+    pods
+}
+
+/// How each workload ended, and its replacement elsewhere.
+fn pod_fates(seen: &Seen, pods: &[(String, String)], o: &mut NodeOutcome) {
+    let end_rel = seen.end_rel();
     let mut ended = Vec::new();
     let mut replaced = Vec::new();
-    for (name, uid) in &pods {
-        let mine: Vec<&Value> = lines
+    for (name, uid) in pods {
+        let mine: Vec<&Value> = seen
+            .lines
             .iter()
-            .filter(|l| l["kind"] == "Pod" && l["obj"]["uid"] == uid.as_str() && rel(l) > 0.0)
+            .filter(|l| l["kind"] == "Pod" && l["obj"]["uid"] == uid.as_str() && seen.rel(l) > 0.0)
             .collect();
-        let first = |f: &dyn Fn(&Value) -> bool| mine.iter().find(|l| f(l)).map(|l| rel(l));
+        let first = |f: &dyn Fn(&Value) -> bool| mine.iter().find(|l| f(l)).map(|l| seen.rel(l));
         let deleting = first(&|l| l["obj"]["deleting"] == true);
         // The kubelet's own shutdown ends a pod by its phase: Failed, or
         // Succeeded when its containers exit 0 on SIGTERM.
@@ -765,7 +885,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         let last_before = mine
             .iter()
             .rev()
-            .find(|l| rel(l) <= end_rel)
+            .find(|l| seen.rel(l) <= end_rel)
             .map(|l| &l["obj"]);
         match (deleted.is_some_and(|t| t <= end_rel), last_before) {
             (true, _) => s.push_str(" (gone before the node)"),
@@ -777,9 +897,9 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         }
         ended.push(s);
         // Its replacement: a pod of the same app Running on another node.
-        let rep = lines.iter().find(|l| {
+        let rep = seen.lines.iter().find(|l| {
             l["kind"] == "Pod"
-                && rel(l) > 0.0
+                && seen.rel(l) > 0.0
                 && l["obj"]["ns"] == "default"
                 && l["obj"]["uid"] != uid.as_str()
                 && l["obj"]["name"]
@@ -789,7 +909,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
                 && l["obj"]["phase"] == "Running"
         });
         replaced.push(match rep {
-            Some(l) => format!("{app} +{:.1}", rel(l)),
+            Some(l) => format!("{app} +{:.1}", seen.rel(l)),
             None => format!("{app} none"),
         });
     }
@@ -801,26 +921,19 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
     }
     o.pods = ended.join("; ");
     o.replaced = replaced.join("; ");
-    // The Node as the API server had it when the node died, and at the end.
-    let node_obj_at = |until: f64| {
-        lines
-            .iter()
-            .rfind(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE && rel(l) <= until)
-            .map(|l| &l["obj"])
-    };
-    let node_at = |until: f64| {
-        node_obj_at(until)
-            .map(node_text)
-            .unwrap_or_else(|| "-".into())
-    };
-    o.at_death = node_at(end_rel);
-    let recorded_at_death = node_obj_at(end_rel).is_some_and(|n| !n["record"].is_null());
-    let fenced = lines
+}
+
+/// When the controller fenced the node, against the kernel's end and the
+/// writer's last write: never a fence before either.
+fn fence(seen: &Seen, o: &mut NodeOutcome) -> Option<f64> {
+    let end_rel = seen.end_rel();
+    let fenced = seen
+        .lines
         .iter()
         .find(|l| {
             l["kind"] == "Node"
                 && l["obj"]["name"] == NODE
-                && rel(l) > 0.0
+                && seen.rel(l) > 0.0
                 && l["obj"]["taints"].as_array().is_some_and(|t| {
                     t.iter().any(|t| {
                         t.as_str()
@@ -828,32 +941,32 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
                     })
                 })
         })
-        .map(rel);
+        .map(|l| seen.rel(l));
     if let Some(f) = fenced {
         o.at_death
             .push_str(&format!("; fenced (out-of-service) +{f:.1}"));
     }
     // The writer's last write before the kernel's end (a reboot's next boot
     // starts it again).
-    let last_write = run
+    let last_write = seen
+        .run
         .markers(&format!("WRITE {WRITER} "))
         .into_iter()
-        .map(|l| ms(at(run, l.t)))
+        .map(|l| seen.secs(at(seen.run, l.t)))
         .filter(|t| *t <= end_rel)
         .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
     let show = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:+.1} s"));
     o.fence = format!(
         "fenced {}; kernel's end {}; {WRITER}'s last write {}",
         fenced.map_or("never".to_string(), |f| format!("{f:+.1} s")),
-        show(end_s),
+        show(seen.end_s),
         show(last_write)
     );
-    // Never a fence before the kernel's end, nor while the writer writes.
     if let Some(f) = fenced {
-        if end_s.is_none_or(|e| f < e) {
+        if seen.end_s.is_none_or(|e| f < e) {
             o.problems.push(format!(
                 "FENCED BEFORE THE KERNEL'S END: fenced +{f:.1} s, down {}",
-                show(end_s)
+                show(seen.end_s)
             ));
         }
         if last_write.is_some_and(|w| f < w) {
@@ -866,42 +979,16 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
     if last_write.is_none() {
         o.problems.push(format!("no write of {WRITER} was seen"));
     }
-    if o.strict {
-        if o.arm != "kubelet" && armed.first().is_none_or(|a| a.text.contains("agent=none")) {
-            o.problems.push("the agent's pod was not running".into());
-        }
-        if !recorded_at_death {
-            o.problems
-                .push("the agent's record was not on the Node when the node went down".into());
-        }
-        if fenced.is_none() {
-            o.problems.push(format!(
-                "the controller did not fence the node within {} s",
-                LINGER.as_secs()
-            ));
-        }
-    }
-    o.after = match run2 {
-        Some(r2) => {
-            let back = r2
-                .markers("REPORTED")
-                .first()
-                .map(|l| l.text.contains("node-back=yes"))
-                .unwrap_or(false);
-            format!(
-                "{} (back: {})",
-                node_at(f64::MAX),
-                if back { "yes" } else { "no" }
-            )
-        }
-        None if o.scenario == "reboot-ff" => node_at(f64::MAX),
-        None => "not switched on again".into(),
-    };
-    // Events after the trigger, by reason and source.
+    fenced
+}
+
+/// The Node's Events after the trigger, by reason and source, noise left out.
+fn node_events(seen: &Seen) -> String {
     let mut evs: Vec<String> = Vec::new();
-    for l in lines
+    for l in seen
+        .lines
         .iter()
-        .filter(|l| l["kind"] == "Event" && rel(l) > 0.0)
+        .filter(|l| l["kind"] == "Event" && seen.rel(l) > 0.0)
     {
         let e = &l["obj"];
         if !e["object"].as_str().is_some_and(|x| x.starts_with("Node/"))
@@ -913,7 +1000,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             "{} ({}) +{:.1}",
             e["reason"].as_str().unwrap_or("?"),
             e["source"].as_str().unwrap_or("?"),
-            rel(l)
+            seen.rel(l)
         );
         if !evs
             .iter()
@@ -922,48 +1009,44 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             evs.push(s);
         }
     }
-    o.events = if evs.is_empty() {
+    if evs.is_empty() {
         "none".into()
     } else {
         evs.join("; ")
+    }
+}
+
+/// Where the agent's container (and the kubelet) died, against the last
+/// write the API server saw while it lived (a change to the Node or a pod
+/// deletion).
+fn agent_end(seen: &Seen, with_agent: bool) -> String {
+    let end_rel = seen.end_rel();
+    let at_or_kernel = |t: Option<f64>| {
+        t.map(|t| format!("+{t:.2} s"))
+            .unwrap_or_else(|| with_kernel(seen.end_s))
     };
-    if o.scenario == "drill" {
-        drill(run, &lines, trig, &pods, o);
+    if !with_agent {
+        return format!("kubelet gone {}", at_or_kernel(seen.gone("kubelet")));
     }
-    // Where the agent's container died, against its last write the API
-    // server saw (a change to the Node or a pod deletion while it lived).
-    if o.arm != "kubelet" {
-        let gone_agent = gone("agent");
-        let last_write = lines
-            .iter()
-            .filter(|l| rel(l) > 0.0 && rel(l) <= gone_agent.unwrap_or(end_rel).min(end_rel))
-            .filter(|l| {
-                (l["kind"] == "Node" && l["obj"]["name"] == NODE)
-                    || (l["kind"] == "Pod" && l["obj"]["deleting"] == true)
-            })
-            .map(rel)
-            .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
-        o.agent_end = format!(
-            "container gone {}; kubelet gone {}; last Node/pod change seen before it {}",
-            gone_agent
-                .map(|t| format!("+{t:.2} s"))
-                .unwrap_or_else(|| with_kernel(end_s)),
-            gone("kubelet")
-                .map(|t| format!("+{t:.2} s"))
-                .unwrap_or_else(|| with_kernel(end_s)),
-            last_write
-                .map(|t| format!("+{t:.2} s"))
-                .unwrap_or_else(|| "none".into())
-        );
-    } else {
-        o.agent_end = format!(
-            "kubelet gone {}",
-            gone("kubelet")
-                .map(|t| format!("+{t:.2} s"))
-                .unwrap_or_else(|| with_kernel(end_s))
-        );
-    }
-    Ok(())
+    let gone_agent = seen.gone("agent");
+    let last_write = seen
+        .lines
+        .iter()
+        .filter(|l| seen.rel(l) > 0.0 && seen.rel(l) <= gone_agent.unwrap_or(end_rel).min(end_rel))
+        .filter(|l| {
+            (l["kind"] == "Node" && l["obj"]["name"] == NODE)
+                || (l["kind"] == "Pod" && l["obj"]["deleting"] == true)
+        })
+        .map(|l| seen.rel(l))
+        .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
+    format!(
+        "container gone {}; kubelet gone {}; last Node/pod change seen before it {}",
+        at_or_kernel(gone_agent),
+        at_or_kernel(seen.gone("kubelet")),
+        last_write
+            .map(|t| format!("+{t:.2} s"))
+            .unwrap_or_else(|| "none".into())
+    )
 }
 
 /// What ended when nothing stopped it before the kernel did.
