@@ -212,29 +212,119 @@ pub const ARM_TIMEOUT: Duration = Duration::from_secs(180);
 /// How a kill for a guest stuck before the trigger starts (see `Exit::Killed`).
 pub const HUNG_BEFORE_TRIGGER: &str = "the guest hung: the agent had not armed";
 
-impl Guest<'_> {
-    pub fn boot(&self, spec: &Spec) -> Result<Run> {
-        let dir = &spec.dir;
-        let _ = fs::remove_dir_all(dir);
-        fs::create_dir_all(dir)?;
-        let (overlay, audit_img, share) = match &spec.disks_from {
-            Some(from) => {
-                let share = from.join("share");
-                for (name, data) in &spec.extra_in {
-                    write_in(&share.join("in"), name, data)?;
-                }
-                (from.join("root.qcow2"), from.join("audit.img"), share)
-            }
-            None => self.fresh_disks(spec)?,
-        };
-        let out = share.join("out");
-        for f in [&overlay, &audit_img] {
-            if !f.is_file() {
-                bail!("no disk {} to boot", f.display());
-            }
-        }
+/// The kernel's command line: the console, every notice, the runner's and
+/// the agent's lines unthrottled.
+fn kernel_cmdline(arch: Arch, apparmor: bool) -> String {
+    // loglevel 6: notices too ("kexec_core: Starting new kernel").
+    // printk.devkmsg=on: the agent's and runner's lines in /dev/kmsg
+    // are not rate-limited. SYSTEMD_COLORS=0 goes to PID 1's environment.
+    format!(
+        "root=/dev/vda rw console={},115200 loglevel=6 printk.devkmsg=on \
+             systemd.show_status=true SYSTEMD_COLORS=0 mitigations=off panic=-1{}",
+        match arch {
+            Arch::Amd64 => "ttyS0",
+            Arch::Arm64 => "ttyAMA0",
+        },
+        if apparmor { "" } else { " apparmor=0" }
+    )
+}
 
-        let (qmp_sock, agent_sock) = (dir.join("qmp.sock"), dir.join("agent.sock"));
+/// Why the watchdog ends the guest now: `Some(None)` once it has been
+/// halted for 3 s, `Some(Some(why))` to kill it, `None` to let it run.
+fn stop_reason(
+    spec: &Spec,
+    dir: &Path,
+    now: Duration,
+    console: &[Line],
+    qmp: &[QmpEvent],
+    halted_at: &mut Option<Instant>,
+) -> Option<Option<String>> {
+    let (booted, halted, armed, lockup) = {
+        let marker = |w: &str| {
+            console
+                .iter()
+                .find(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(w))
+                .map(|l| l.t)
+        };
+        (
+            marker(" BOOT "),
+            console
+                .iter()
+                .any(|l| l.text.contains("reboot: System halted")),
+            marker(" ARMED ").or(marker(" FAIL ")).is_some(),
+            console.iter().any(|l| l.text.contains("soft lockup")),
+        )
+    };
+    let booted_at = booted;
+    let booted = booted.is_some();
+    if halted && halted_at.is_none() {
+        *halted_at = Some(Instant::now());
+    }
+    let io_error = qmp
+        .iter()
+        .find(|e| e.event == "BLOCK_IO_ERROR")
+        .map(|e| e.data.clone());
+    if halted_at.is_some_and(|h| h.elapsed() > Duration::from_secs(3)) {
+        Some(None)
+    } else if let Some(d) = io_error {
+        // qemu pauses the guest on ENOSPC (werror=enospc): it would
+        // sit there until the timeout. Say why, now.
+        Some(Some(format!(
+            "qemu stopped the guest: a {} on its {} disk failed on the host: {} \
+             ({} free under {})",
+            d["operation"].as_str().unwrap_or("write"),
+            d["device"].as_str().unwrap_or("?"),
+            d["reason"].as_str().unwrap_or("I/O error"),
+            super::free_space(dir).map_or("?".into(), super::mib),
+            dir.display()
+        )))
+    } else if booted_at.is_some_and(|b| !armed && now > b + spec.arm_timeout) {
+        // The runner gives the agent 120 s to arm; past that the guest
+        // itself is stuck (seen under TCG: soft lockups of both vCPUs
+        // while the agent attaches its programs).
+        Some(Some(format!(
+            "{} {} s after the boot, before the trigger{}",
+            HUNG_BEFORE_TRIGGER,
+            spec.arm_timeout.as_secs(),
+            if lockup {
+                " (the guest kernel reported soft lockups)"
+            } else {
+                ""
+            }
+        )))
+    } else if !booted && now > spec.boot_timeout {
+        // Nothing of the scenario ran either: retried like a hang
+        // after the boot (seen under TCG: RCU stalls and soft
+        // lockups in early user space).
+        Some(Some(format!(
+            "{HUNG_BEFORE_TRIGGER}: the guest did not come up within {} s{}",
+            spec.boot_timeout.as_secs(),
+            if lockup {
+                " (the guest kernel reported soft lockups)"
+            } else {
+                ""
+            }
+        )))
+    } else if now > spec.timeout {
+        Some(Some(format!(
+            "the guest was still running after {} s",
+            spec.timeout.as_secs()
+        )))
+    } else {
+        None
+    }
+}
+
+impl Guest<'_> {
+    /// qemu's command line: the image's kernel, the root overlay, the audit
+    /// disk (its flushes honoured), the 9p share, the console on stdout, the
+    /// agent's channel and QMP on sockets.
+    fn command(
+        &self,
+        spec: &Spec,
+        (overlay, audit_img, share): (&Path, &Path, &Path),
+        (qmp_sock, agent_sock): (&Path, &Path),
+    ) -> Command {
         let arch = self.image.arch;
         let mut cmd = Command::new(qemu_system(arch));
         cmd.args(["-name", &format!("lastgasp-{}", spec.scenario)])
@@ -260,21 +350,13 @@ impl Guest<'_> {
         // loglevel 6: notices too ("kexec_core: Starting new kernel").
         // printk.devkmsg=on: the agent's and runner's lines in /dev/kmsg
         // are not rate-limited. SYSTEMD_COLORS=0 goes to PID 1's environment.
-        .arg(format!(
-            "root=/dev/vda rw console={},115200 loglevel=6 printk.devkmsg=on \
-                 systemd.show_status=true SYSTEMD_COLORS=0 mitigations=off panic=-1{}",
-            match arch {
-                Arch::Amd64 => "ttyS0",
-                Arch::Arm64 => "ttyAMA0",
-            },
-            if spec.apparmor { "" } else { " apparmor=0" }
-        ))
+        .arg(kernel_cmdline(arch, spec.apparmor))
         .arg("-drive")
-        .arg(drive(&overlay, "qcow2", "root", "unsafe"))
+        .arg(drive(overlay, "qcow2", "root", "unsafe"))
         .args(["-device", "virtio-blk-pci,drive=root"])
         // The audit disk honours the guest's flushes: its fsync is real.
         .arg("-drive")
-        .arg(drive(&audit_img, "raw", "audit", "writeback"))
+        .arg(drive(audit_img, "raw", "audit", "writeback"))
         .args(["-device", "virtio-blk-pci,drive=audit"])
         .arg("-fsdev")
         .arg(format!(
@@ -311,6 +393,23 @@ impl Guest<'_> {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        cmd
+    }
+
+    pub fn boot(&self, spec: &Spec) -> Result<Run> {
+        let dir = &spec.dir;
+        let _ = fs::remove_dir_all(dir);
+        fs::create_dir_all(dir)?;
+        let (overlay, audit_img, share) = self.disks(spec)?;
+        let out = share.join("out");
+
+        let (qmp_sock, agent_sock) = (dir.join("qmp.sock"), dir.join("agent.sock"));
+        let arch = self.image.arch;
+        let mut cmd = self.command(
+            spec,
+            (&overlay, &audit_img, &share),
+            (&qmp_sock, &agent_sock),
+        );
         fs::write(dir.join("qemu.cmd"), format!("{cmd:?}\n"))?;
 
         let start = Instant::now();
@@ -347,101 +446,7 @@ impl Guest<'_> {
             threads.push(thread::spawn(move || read_qmp(s, start, &qmp)));
         }
 
-        let mut halted_at: Option<Instant> = None;
-        let exit = loop {
-            if let Some(st) = child.try_wait()? {
-                break Exit::Exited(st);
-            }
-            let now = start.elapsed();
-            let (booted, halted, armed, lockup) = {
-                let c = console.lock().unwrap();
-                let marker = |w: &str| {
-                    c.iter()
-                        .find(|l| l.text.contains("lastgasp-vm: ") && l.text.contains(w))
-                        .map(|l| l.t)
-                };
-                (
-                    marker(" BOOT "),
-                    c.iter().any(|l| l.text.contains("reboot: System halted")),
-                    marker(" ARMED ").or(marker(" FAIL ")).is_some(),
-                    c.iter().any(|l| l.text.contains("soft lockup")),
-                )
-            };
-            let booted_at = booted;
-            let booted = booted.is_some();
-            if halted && halted_at.is_none() {
-                halted_at = Some(Instant::now());
-            }
-            let io_error = qmp
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|e| e.event == "BLOCK_IO_ERROR")
-                .map(|e| e.data.clone());
-            let why = if halted_at.is_some_and(|h| h.elapsed() > Duration::from_secs(3)) {
-                Some(None)
-            } else if let Some(d) = io_error {
-                // qemu pauses the guest on ENOSPC (werror=enospc): it would
-                // sit there until the timeout. Say why, now.
-                Some(Some(format!(
-                    "qemu stopped the guest: a {} on its {} disk failed on the host: {} \
-                     ({} free under {})",
-                    d["operation"].as_str().unwrap_or("write"),
-                    d["device"].as_str().unwrap_or("?"),
-                    d["reason"].as_str().unwrap_or("I/O error"),
-                    super::free_space(dir).map_or("?".into(), super::mib),
-                    dir.display()
-                )))
-            } else if booted_at.is_some_and(|b| !armed && now > b + spec.arm_timeout) {
-                // The runner gives the agent 120 s to arm; past that the guest
-                // itself is stuck (seen under TCG: soft lockups of both vCPUs
-                // while the agent attaches its programs).
-                Some(Some(format!(
-                    "{} {} s after the boot, before the trigger{}",
-                    HUNG_BEFORE_TRIGGER,
-                    spec.arm_timeout.as_secs(),
-                    if lockup {
-                        " (the guest kernel reported soft lockups)"
-                    } else {
-                        ""
-                    }
-                )))
-            } else if !booted && now > spec.boot_timeout {
-                // Nothing of the scenario ran either: retried like a hang
-                // after the boot (seen under TCG: RCU stalls and soft
-                // lockups in early user space).
-                Some(Some(format!(
-                    "{HUNG_BEFORE_TRIGGER}: the guest did not come up within {} s{}",
-                    spec.boot_timeout.as_secs(),
-                    if lockup {
-                        " (the guest kernel reported soft lockups)"
-                    } else {
-                        ""
-                    }
-                )))
-            } else if now > spec.timeout {
-                Some(Some(format!(
-                    "the guest was still running after {} s",
-                    spec.timeout.as_secs()
-                )))
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                if let Some(s) = qmp_ctl.as_mut() {
-                    let _ = s.write_all(b"{\"execute\":\"quit\"}\n");
-                }
-                if wait_timeout(&mut child, Duration::from_secs(5))?.is_none() {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-                break match why {
-                    None => Exit::Halted,
-                    Some(w) => Exit::Killed(w),
-                };
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
+        let exit = watch(&mut child, spec, start, &console, &qmp, qmp_ctl)?;
         let exit_t = start.elapsed();
         let _ = con_thread.join();
         let stderr = err_thread.join().unwrap_or_default();
@@ -451,17 +456,7 @@ impl Guest<'_> {
         let console = console.lock().unwrap().clone();
         let agent = agent.lock().unwrap().clone();
         let qmp = qmp.lock().unwrap().clone();
-        // Best effort: on a full disk these fail too, and the run's own
-        // result (in memory) must still reach the report.
-        save(&dir.join("console.log"), &lines(&console));
-        save(&dir.join("agent-stdout.log"), &lines(&agent));
-        save(
-            &dir.join("qmp-events.log"),
-            &qmp.iter()
-                .map(|e| format!("{:>9.3} {} {}\n", e.t.as_secs_f64(), e.event, e.data))
-                .collect::<String>(),
-        );
-        save(&dir.join("qemu.stderr"), &stderr);
+        save_logs(dir, &console, &agent, &qmp, &stderr);
         if !self.keep_disks && !spec.keep_overlay {
             let _ = fs::remove_file(&overlay);
         }
@@ -477,6 +472,83 @@ impl Guest<'_> {
             start_wall,
         })
     }
+}
+
+impl Guest<'_> {
+    /// The disks to boot: an earlier boot's (`disks_from`, with more files in
+    /// its share), or fresh ones.
+    fn disks(&self, spec: &Spec) -> Result<(PathBuf, PathBuf, PathBuf)> {
+        let (overlay, audit_img, share) = match &spec.disks_from {
+            Some(from) => {
+                let share = from.join("share");
+                for (name, data) in &spec.extra_in {
+                    write_in(&share.join("in"), name, data)?;
+                }
+                (from.join("root.qcow2"), from.join("audit.img"), share)
+            }
+            None => self.fresh_disks(spec)?,
+        };
+        for f in [&overlay, &audit_img] {
+            if !f.is_file() {
+                bail!("no disk {} to boot", f.display());
+            }
+        }
+        Ok((overlay, audit_img, share))
+    }
+}
+
+/// Watches the guest until it exits, halts or must be killed
+/// (`stop_reason`), every 20 ms.
+fn watch(
+    child: &mut Child,
+    spec: &Spec,
+    start: Instant,
+    console: &Mutex<Vec<Line>>,
+    qmp: &Mutex<Vec<QmpEvent>>,
+    mut qmp_ctl: Option<UnixStream>,
+) -> Result<Exit> {
+    let mut halted_at: Option<Instant> = None;
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(Exit::Exited(st));
+        }
+        let why = stop_reason(
+            spec,
+            &spec.dir,
+            start.elapsed(),
+            &console.lock().unwrap(),
+            &qmp.lock().unwrap(),
+            &mut halted_at,
+        );
+        if let Some(why) = why {
+            if let Some(s) = qmp_ctl.as_mut() {
+                let _ = s.write_all(b"{\"execute\":\"quit\"}\n");
+            }
+            if wait_timeout(child, Duration::from_secs(5))?.is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            return Ok(match why {
+                None => Exit::Halted,
+                Some(w) => Exit::Killed(w),
+            });
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The run's logs beside it. Best effort: on a full disk these fail too,
+/// and the run's own result (in memory) must still reach the report.
+fn save_logs(dir: &Path, console: &[Line], agent: &[Line], qmp: &[QmpEvent], stderr: &str) {
+    save(&dir.join("console.log"), &lines(console));
+    save(&dir.join("agent-stdout.log"), &lines(agent));
+    save(
+        &dir.join("qmp-events.log"),
+        &qmp.iter()
+            .map(|e| format!("{:>9.3} {} {}\n", e.t.as_secs_f64(), e.event, e.data))
+            .collect::<String>(),
+    );
+    save(&dir.join("qemu.stderr"), stderr);
 }
 
 impl Guest<'_> {
