@@ -46,6 +46,44 @@ pub fn matrix(
     cluster: bool,
 ) -> String {
     let mut m = String::new();
+    header(&mut m, accel, img, profile, outcomes, races, cluster);
+    scenario_rows(&mut m, outcomes);
+    let ran: Vec<&Outcome> = outcomes.iter().filter(|o| !o.skipped()).collect();
+    if !ran.is_empty() {
+        let _ = writeln!(
+            m,
+            "\nBoot to runner (host s): {}. Wall time per scenario (s): {}.",
+            dist(ran.iter().filter_map(|o| o.boot_s).collect()),
+            dist(ran.iter().map(|o| o.wall.as_secs_f64()).collect())
+        );
+    }
+    for r in races {
+        race(&mut m, accel, r, cluster);
+    }
+    let _ = writeln!(
+        m,
+        "\nTotal: {:.1} min{}.",
+        total.as_secs_f64() / 60.0,
+        img.built_in
+            .map(|b| format!(
+                ", of which {:.1} min building the guest image",
+                b.as_secs_f64() / 60.0
+            ))
+            .unwrap_or_default()
+    );
+    m
+}
+
+/// The guest, the agent as it ran, its hooks, and how to read the columns.
+fn header(
+    m: &mut String,
+    accel: &Accel,
+    img: &GuestImage,
+    profile: &str,
+    outcomes: &[Outcome],
+    races: &[Race],
+    cluster: bool,
+) {
     let systemd = fs::read_to_string(img.dir.join("packages.lst"))
         .unwrap_or_default()
         .lines()
@@ -113,6 +151,10 @@ pub fn matrix(
          the guest's disk, read after the guest was gone; [S] = only on the agent's stdout as the host \
          received it (the record never reached the disk).\n"
     );
+}
+
+/// One row per scenario.
+fn scenario_rows(m: &mut String, outcomes: &[Outcome]) {
     let _ = writeln!(
         m,
         "| scenario | trigger | how the agent ran | guest | detectors, in order | first: kind / forced / scope / effect | decision | cluster got | trigger → first record written | trigger → end (host) | audit disk after | next boot | result |"
@@ -122,27 +164,7 @@ pub fn matrix(
     // pod is `vm-test --node`'s (its own table).
     let ran_as = "host unit";
     for o in outcomes {
-        let result = match &o.status {
-            Status::Pass => {
-                let mut r = match &o.retried {
-                    Some(why) => format!("pass (on a second boot: {why})"),
-                    None => "pass".to_string(),
-                };
-                if let Some(n) = &o.pass_note {
-                    r.push_str(&format!(": {n}"));
-                }
-                r
-            }
-            Status::Fail => format!(
-                "**FAIL**: {}{}",
-                o.problems.join("; "),
-                o.retried
-                    .as_ref()
-                    .map(|w| format!(" (on a second boot; the first: {w})"))
-                    .unwrap_or_default()
-            ),
-            Status::Skipped(why) => format!("skipped: {why}"),
-        };
+        let result = result_cell(o);
         if let Status::Skipped(_) = o.status {
             let _ = writeln!(
                 m,
@@ -196,135 +218,146 @@ pub fn matrix(
             cell(&result)
         );
     }
-    let ran: Vec<&Outcome> = outcomes.iter().filter(|o| !o.skipped()).collect();
-    if !ran.is_empty() {
-        let _ = writeln!(
-            m,
-            "\nBoot to runner (host s): {}. Wall time per scenario (s): {}.",
-            dist(ran.iter().filter_map(|o| o.boot_s).collect()),
-            dist(ran.iter().map(|o| o.wall.as_secs_f64()).collect())
-        );
+}
+
+/// A scenario's result cell: pass (and how), FAIL with its problems, or
+/// skipped.
+fn result_cell(o: &Outcome) -> String {
+    match &o.status {
+        Status::Pass => {
+            let mut r = match &o.retried {
+                Some(why) => format!("pass (on a second boot: {why})"),
+                None => "pass".to_string(),
+            };
+            if let Some(n) = &o.pass_note {
+                r.push_str(&format!(": {n}"));
+            }
+            r
+        }
+        Status::Fail => format!(
+            "**FAIL**: {}{}",
+            o.problems.join("; "),
+            o.retried
+                .as_ref()
+                .map(|w| format!(" (on a second boot; the first: {w})"))
+                .unwrap_or_default()
+        ),
+        Status::Skipped(why) => format!("skipped: {why}"),
     }
-    for r in races {
-        let done: Vec<&Outcome> = r.runs.iter().collect();
-        let kind = r.sc.first.and_then(|w| w.kind).unwrap_or("?");
-        let delivered = done
-            .iter()
-            .filter(|o| o.dets.first().is_some_and(|d| d.on_disk))
-            .count();
-        let reboot_disk = done
-            .iter()
-            .filter(|o| {
-                o.dets
-                    .iter()
-                    .any(|d| d.source == "reboot-syscall" && d.kind == kind && d.on_disk)
-            })
-            .count();
-        let reboot_seen = done
-            .iter()
-            .filter(|o| {
-                o.dets
-                    .iter()
-                    .any(|d| d.source == "reboot-syscall" && d.kind == kind)
-            })
-            .count();
-        let ended = done
-            .iter()
-            .filter(|o| o.end_seen == r.sc.end.to_string())
-            .count();
-        let _ = writeln!(
-            m,
-            "\n### Last-gasp race: {} × `{}`, each a fresh boot\n",
-            r.n, r.sc.trigger
-        );
-        if cluster {
-            let gots: Vec<&super::cluster::Got> =
-                done.iter().filter_map(|o| o.cluster.as_ref()).collect();
-            let evidence: Vec<f64> = gots.iter().filter_map(|g| g.evidence_ms()).collect();
-            let cond: Vec<f64> = gots.iter().filter_map(|g| g.condition_ms()).collect();
-            let taint: Vec<f64> = gots.iter().filter_map(|g| g.taint_ms()).collect();
-            let errs: Vec<f64> = gots
+}
+
+/// A last-gasp race: N fresh boots of one trigger, as distributions.
+fn race(m: &mut String, accel: &Accel, r: &Race, cluster: bool) {
+    let done: Vec<&Outcome> = r.runs.iter().collect();
+    let kind = r.sc.first.and_then(|w| w.kind).unwrap_or("?");
+    let delivered = done
+        .iter()
+        .filter(|o| o.dets.first().is_some_and(|d| d.on_disk))
+        .count();
+    let reboot_disk = done
+        .iter()
+        .filter(|o| {
+            o.dets
                 .iter()
-                .filter_map(|g| g.clock.as_ref()?.err_ms)
-                .collect();
-            let _ = writeln!(
-                m,
-                "- **The last gasp's evidence (the record annotation, one Node patch) received by the \
-                 API double before the guest died: {}/{}** (answered 2xx, before the kernel's last \
-                 words, \"reboot: Power down\" or \"Restarting system\"); what follows it when time \
-                 remains: the condition {}/{}, the agent's taint {}/{}.",
-                evidence.len(),
-                r.n,
-                cond.len(),
-                r.n,
-                taint.len(),
-                r.n
-            );
-            let _ = writeln!(
-                m,
-                "- trigger → evidence received by the double (ms, guest trigger vs host receipt): {}",
-                dist(evidence)
-            );
-            let _ = writeln!(m, "- trigger → condition received (ms): {}", dist(cond));
-            let _ = writeln!(m, "- trigger → taint received (ms): {}", dist(taint));
-            let _ = writeln!(
-                m,
-                "- trigger → the guest's end (the kernel's \"reboot: ...\" received by the host, \
-                 same clock, ms): {}",
-                dist(gots.iter().filter_map(|g| g.end_ms).collect())
-            );
-            let _ = writeln!(
-                m,
-                "- margin: the guest's end − evidence received (ms): {}",
-                dist(
-                    gots.iter()
-                        .filter_map(|g| Some(g.end_ms? - g.evidence_ms()?))
-                        .collect()
-                )
-            );
-            let _ = writeln!(m, "- clock error bar per run (± ms): {}", dist(errs));
-        }
-        let _ = writeln!(
-            m,
-            "- The exec's audit record on the guest's disk before the guest died: **{delivered}/{}**. \
-             The guest {} in {ended}/{}.",
-            r.n, r.sc.end, r.n
-        );
-        let _ = writeln!(
-            m,
-            "- trigger → record written (guest ms, {}): {}",
-            if accel.is_tcg() { "TCG" } else { "KVM" },
-            dist(done.iter().filter_map(|o| o.first_written_ms).collect())
-        );
-        let _ = writeln!(
-            m,
-            "- trigger → kernel saw the exec (guest ms): {}",
-            dist(done.iter().filter_map(|o| o.first_at_ms).collect())
-        );
-        let _ = writeln!(
-            m,
-            "- trigger → the kernel's \"reboot: ...\" (host ms): {}",
-            dist(done.iter().filter_map(|o| o.death_ms).collect())
-        );
-        let _ = writeln!(
-            m,
-            "- the caller's own reboot(2) ({kind}): detected in {reboot_seen}/{}, its record on disk in {reboot_disk}/{}",
-            r.n, r.n
-        );
-        for (i, o) in r.runs.iter().enumerate().filter(|(_, o)| o.failed()) {
-            let _ = writeln!(m, "- run {}: FAIL: {}", i + 1, o.problems.join("; "));
-        }
+                .any(|d| d.source == "reboot-syscall" && d.kind == kind && d.on_disk)
+        })
+        .count();
+    let reboot_seen = done
+        .iter()
+        .filter(|o| {
+            o.dets
+                .iter()
+                .any(|d| d.source == "reboot-syscall" && d.kind == kind)
+        })
+        .count();
+    let ended = done
+        .iter()
+        .filter(|o| o.end_seen == r.sc.end.to_string())
+        .count();
+    let _ = writeln!(
+        m,
+        "\n### Last-gasp race: {} × `{}`, each a fresh boot\n",
+        r.n, r.sc.trigger
+    );
+    if cluster {
+        race_cluster(m, r, &done);
     }
     let _ = writeln!(
         m,
-        "\nTotal: {:.1} min{}.",
-        total.as_secs_f64() / 60.0,
-        img.built_in
-            .map(|b| format!(
-                ", of which {:.1} min building the guest image",
-                b.as_secs_f64() / 60.0
-            ))
-            .unwrap_or_default()
+        "- The exec's audit record on the guest's disk before the guest died: **{delivered}/{}**. \
+         The guest {} in {ended}/{}.",
+        r.n, r.sc.end, r.n
     );
-    m
+    let _ = writeln!(
+        m,
+        "- trigger → record written (guest ms, {}): {}",
+        if accel.is_tcg() { "TCG" } else { "KVM" },
+        dist(done.iter().filter_map(|o| o.first_written_ms).collect())
+    );
+    let _ = writeln!(
+        m,
+        "- trigger → kernel saw the exec (guest ms): {}",
+        dist(done.iter().filter_map(|o| o.first_at_ms).collect())
+    );
+    let _ = writeln!(
+        m,
+        "- trigger → the kernel's \"reboot: ...\" (host ms): {}",
+        dist(done.iter().filter_map(|o| o.death_ms).collect())
+    );
+    let _ = writeln!(
+        m,
+        "- the caller's own reboot(2) ({kind}): detected in {reboot_seen}/{}, its record on disk in {reboot_disk}/{}",
+        r.n, r.n
+    );
+    for (i, o) in r.runs.iter().enumerate().filter(|(_, o)| o.failed()) {
+        let _ = writeln!(m, "- run {}: FAIL: {}", i + 1, o.problems.join("; "));
+    }
+}
+
+/// What the API double received in a race, and when, against the guest's end.
+fn race_cluster(m: &mut String, r: &Race, done: &[&Outcome]) {
+    let gots: Vec<&super::cluster::Got> = done.iter().filter_map(|o| o.cluster.as_ref()).collect();
+    let evidence: Vec<f64> = gots.iter().filter_map(|g| g.evidence_ms()).collect();
+    let cond: Vec<f64> = gots.iter().filter_map(|g| g.condition_ms()).collect();
+    let taint: Vec<f64> = gots.iter().filter_map(|g| g.taint_ms()).collect();
+    let errs: Vec<f64> = gots
+        .iter()
+        .filter_map(|g| g.clock.as_ref()?.err_ms)
+        .collect();
+    let _ = writeln!(
+        m,
+        "- **The last gasp's evidence (the record annotation, one Node patch) received by the \
+         API double before the guest died: {}/{}** (answered 2xx, before the kernel's last \
+         words, \"reboot: Power down\" or \"Restarting system\"); what follows it when time \
+         remains: the condition {}/{}, the agent's taint {}/{}.",
+        evidence.len(),
+        r.n,
+        cond.len(),
+        r.n,
+        taint.len(),
+        r.n
+    );
+    let _ = writeln!(
+        m,
+        "- trigger → evidence received by the double (ms, guest trigger vs host receipt): {}",
+        dist(evidence)
+    );
+    let _ = writeln!(m, "- trigger → condition received (ms): {}", dist(cond));
+    let _ = writeln!(m, "- trigger → taint received (ms): {}", dist(taint));
+    let _ = writeln!(
+        m,
+        "- trigger → the guest's end (the kernel's \"reboot: ...\" received by the host, \
+         same clock, ms): {}",
+        dist(gots.iter().filter_map(|g| g.end_ms).collect())
+    );
+    let _ = writeln!(
+        m,
+        "- margin: the guest's end − evidence received (ms): {}",
+        dist(
+            gots.iter()
+                .filter_map(|g| Some(g.end_ms? - g.evidence_ms()?))
+                .collect()
+        )
+    );
+    let _ = writeln!(m, "- clock error bar per run (± ms): {}", dist(errs));
 }
