@@ -1,5 +1,6 @@
 //! `cargo xtask`: sets up the toolchain on a fresh machine (idempotently,
 //! cached), builds the eBPF object and the agent, runs, tests and benchmarks.
+#![warn(clippy::too_many_lines)]
 mod arch;
 mod bench;
 mod build;

@@ -777,6 +777,10 @@ fn run_inner(
 /// How long the next boot may take: boot, arm, report, end.
 const NEXT_BOOT_TIMEOUT: Duration = Duration::from_secs(420);
 
+/// Where the announcement of a shutdown may arrive, when it must.
+const DEFERRED: &str =
+    "the announcement must reach the double before the guest died or after the next boot";
+
 /// `Scenario::next_boot`: the powered-off guest switched on again, on the
 /// same disks (and the same API double); its report of the first boot.
 fn next_boot(
@@ -788,36 +792,8 @@ fn next_boot(
     o: &mut Outcome,
 ) -> Result<()> {
     let tl = evidence::Timeline::read(&run.out);
-    let deferred =
-        "the announcement must reach the double before the guest died or after the next boot";
     if o.end_seen != End::PowerOff.to_string() || tl.boots.len() != 1 || tl.trigger_ns().is_none() {
-        o.next_boot = format!(
-            "not booted again (the guest {}{})",
-            o.end_seen,
-            if tl.trigger_ns().is_none() {
-                ", before the trigger"
-            } else {
-                ""
-            }
-        );
-        if tl.trigger_ns().is_none() {
-            return Ok(());
-        }
-        if let Some(lost) = o.lost_to_kernel.take() {
-            o.problems
-                .push(format!("{lost}, and there was no next boot"));
-        }
-        if cluster.is_some()
-            && !o
-                .cluster
-                .as_ref()
-                .is_some_and(super::cluster::Got::announced)
-        {
-            o.problems.push(format!(
-                "nothing announcing the shutdown reached the API double before the guest died, \
-                 and there was no next boot ({deferred})"
-            ));
-        }
+        not_booted_again(&tl, cluster.is_some(), o);
         return Ok(());
     }
     let boot1 = tl.boots[0].clone();
@@ -882,6 +858,50 @@ fn next_boot(
         }
         return Ok(());
     };
+    cluster_after_next_boot(c, dir, run, &tl, o)
+}
+
+/// The guest did not power off once, or did so before the trigger: no
+/// next boot, and what that leaves unproven.
+fn not_booted_again(tl: &evidence::Timeline, cluster: bool, o: &mut Outcome) {
+    o.next_boot = format!(
+        "not booted again (the guest {}{})",
+        o.end_seen,
+        if tl.trigger_ns().is_none() {
+            ", before the trigger"
+        } else {
+            ""
+        }
+    );
+    if tl.trigger_ns().is_none() {
+        return;
+    }
+    if let Some(lost) = o.lost_to_kernel.take() {
+        o.problems
+            .push(format!("{lost}, and there was no next boot"));
+    }
+    if cluster
+        && !o
+            .cluster
+            .as_ref()
+            .is_some_and(super::cluster::Got::announced)
+    {
+        o.problems.push(format!(
+            "nothing announcing the shutdown reached the API double before the guest died, \
+             and there was no next boot ({DEFERRED})"
+        ));
+    }
+}
+
+/// Cluster mode after the next boot: what the API double got, before the
+/// guest died or after the next boot, against what the disk says.
+fn cluster_after_next_boot(
+    c: &mut Cluster,
+    dir: &Path,
+    run: &Run,
+    tl: &evidence::Timeline,
+    o: &mut Outcome,
+) -> Result<()> {
     let (Some(trig_ns), Some(got)) = (tl.trigger_ns(), o.cluster.as_ref()) else {
         return Ok(());
     };
@@ -909,7 +929,7 @@ fn next_boot(
         if after.is_empty() {
             o.problems.push(format!(
                 "nothing announcing the shutdown reached the API double before the guest died, \
-                 nor a PreviousBoot Event or late record after the next boot ({deferred})"
+                 nor a PreviousBoot Event or late record after the next boot ({DEFERRED})"
             ));
         } else {
             // Lost to the kernel: the next boot can only truthfully call that
@@ -957,17 +977,106 @@ fn next_boot(
 type ClusterLog<'a> = Option<(&'a [Value], &'a [(String, i64)])>;
 
 fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
-    let p = &mut o.problems;
     let tl = evidence::Timeline::read(&run.out);
     for f in tl.fails() {
-        p.push(format!("the guest runner: {f}"));
+        o.problems.push(format!("the guest runner: {f}"));
     }
     o.boot_s = run.markers("BOOT").first().map(|l| l.t.as_secs_f64());
     o.hooks = evidence::hook_lines(run);
     o.caps = evidence::caps(&run.out);
 
-    // How the guest ended.
-    let seen = observed_end(run, &tl);
+    let (seen, end_t) = guest_end(sc, run, &tl, o);
+
+    // What reached the API double, and when.
+    if let (Some((reqs, pods)), Some(trig_ns)) = (cluster, tl.trigger_ns()) {
+        let end = match seen {
+            Some(End::StaysUp) => None,
+            _ => end_t.or(Some(run.exit_t)),
+        };
+        o.end_t = end;
+        let got = Got::read(reqs, run, trig_ns, end);
+        o.cluster_got = got.summary(pods);
+        check_cluster(sc, &got, pods, &mut o.problems);
+        o.cluster = Some(got);
+    }
+
+    // What the agent saw and wrote.
+    let audit = match evidence::read_audit(&run.audit_img) {
+        Ok(a) => a,
+        Err(e) => {
+            o.problems.push(format!("reading the audit disk: {e:#}"));
+            return;
+        }
+    };
+    o.audit_summary = audit.summary();
+    let Some(trig_ns) = tl.trigger_ns() else {
+        if tl.armed() {
+            o.problems
+                .push("the runner never reached the trigger".into());
+        } else {
+            o.problems.push("the agent never armed".into());
+        }
+        return;
+    };
+    let boot1 = tl.boots.first().cloned().unwrap_or_default();
+    let boot2_t = run.markers("BOOT").get(1).map(|l| l.t);
+    let until_ns = tl.after_trigger_end_ns();
+    o.dets = evidence::merge(&audit, &boot1, run, boot2_t, trig_ns, until_ns);
+
+    if let Some(first) = o.dets.first() {
+        o.first_at_ms = first.at_ms;
+        o.first_written_ms = o.dets.iter().find_map(|d| d.written_ms);
+    }
+    first_detection(sc, o);
+    decisions(sc, &audit, &boot1, trig_ns, o);
+    let dets = &o.dets;
+    let mut rest = dets.iter().skip(1);
+    for want in sc.then {
+        if !rest.by_ref().any(|d| want.matches(d)) {
+            o.problems.push(format!("not seen (in this order): {want}"));
+        }
+    }
+    if sc.container_only {
+        for d in dets.iter().filter(|d| d.scope != "container") {
+            o.problems.push(format!(
+                "a node-scope detection where only the container ended: {}",
+                d.long()
+            ));
+        }
+    }
+    if audit.unreadable > 0 {
+        o.problems.push(format!(
+            "{} unreadable line(s) in the audit log",
+            audit.unreadable
+        ));
+    }
+
+    scenario_specific(sc, run, &tl, o);
+
+    // The next boot's report of this one.
+    if matches!(sc.end, End::Reboot | End::Kexec) && !o.one_boot {
+        let (n, summary) = evidence::next_boot_report(&run.out, &boot1, &o.dets);
+        o.next_boot = summary;
+        if n == 0 {
+            o.problems.push(format!(
+                "the next boot did not report the previous shutdown: {}",
+                o.next_boot
+            ));
+        }
+    } else {
+        o.next_boot = "-".into();
+    }
+}
+
+/// How the guest ended, against the scenario's end, and when (host time
+/// since qemu's start); the trigger-to-end time in the outcome.
+fn guest_end(
+    sc: &Scenario,
+    run: &Run,
+    tl: &evidence::Timeline,
+    o: &mut Outcome,
+) -> (Option<End>, Option<Duration>) {
+    let seen = observed_end(run, tl);
     o.end_seen = match (&seen, &run.exit) {
         (Some(e), _) => e.to_string(),
         (None, Exit::Killed(why)) => format!("killed by the harness: {why}"),
@@ -975,13 +1084,13 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
         (None, Exit::Halted) => "halted".into(),
     };
     if seen != Some(sc.end) {
-        p.push(format!(
+        o.problems.push(format!(
             "expected the guest to have {}; seen instead: {}",
             o.expected, o.end_seen
         ));
         let err = run.stderr.trim();
         if !err.is_empty() {
-            p.push(format!(
+            o.problems.push(format!(
                 "qemu said: {}",
                 err.lines().take(3).collect::<Vec<_>>().join(" / ")
             ));
@@ -1003,58 +1112,24 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
     o.death_ms = trig_host
         .zip(end_t)
         .map(|(t0, last)| (last.saturating_sub(t0)).as_secs_f64() * 1e3);
+    (seen, end_t)
+}
 
-    // What reached the API double, and when.
-    if let (Some((reqs, pods)), Some(trig_ns)) = (cluster, tl.trigger_ns()) {
-        let end = match seen {
-            Some(End::StaysUp) => None,
-            _ => end_t.or(Some(run.exit_t)),
-        };
-        o.end_t = end;
-        let got = Got::read(reqs, run, trig_ns, end);
-        o.cluster_got = got.summary(pods);
-        check_cluster(sc, &got, pods, p);
-        o.cluster = Some(got);
-    }
-
-    // What the agent saw and wrote.
-    let audit = match evidence::read_audit(&run.audit_img) {
-        Ok(a) => a,
-        Err(e) => {
-            p.push(format!("reading the audit disk: {e:#}"));
-            return;
-        }
-    };
-    o.audit_summary = audit.summary();
-    let Some(trig_ns) = tl.trigger_ns() else {
-        if tl.armed() {
-            p.push("the runner never reached the trigger".into());
-        } else {
-            p.push("the agent never armed".into());
-        }
-        return;
-    };
-    let boot1 = tl.boots.first().cloned().unwrap_or_default();
-    let boot2_t = run.markers("BOOT").get(1).map(|l| l.t);
-    let until_ns = tl.after_trigger_end_ns();
-    o.dets = evidence::merge(&audit, &boot1, run, boot2_t, trig_ns, until_ns);
-    let dets = &o.dets;
-
-    if let Some(first) = dets.first() {
-        o.first_at_ms = first.at_ms;
-        o.first_written_ms = dets.iter().find_map(|d| d.written_ms);
-    }
-    match (sc.first, dets.first()) {
+/// The first detection against the scenario's; one lost to the kernel is
+/// judged after the next boot (`next_boot`).
+fn first_detection(sc: &Scenario, o: &mut Outcome) {
+    match (sc.first, o.dets.first()) {
         (Some(want), Some(d)) => {
             if !want.matches(d) {
-                p.push(format!("first detection: wanted {want}, got {}", d.long()));
+                o.problems
+                    .push(format!("first detection: wanted {want}, got {}", d.long()));
             } else if !d.on_disk && sc.next_boot {
                 o.lost_to_kernel = Some(format!(
                     "the first detection ({}) never reached the disk",
                     d.short()
                 ));
             } else if !d.on_disk {
-                p.push(format!(
+                o.problems.push(format!(
                     "the first detection ({}) is not in the audit on disk: the guest died before it was written",
                     d.short()
                 ));
@@ -1064,51 +1139,48 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
             o.lost_to_kernel =
                 Some("nothing detected, on the disk or on the agent's stdout".into());
         }
-        (Some(want), None) => p.push(format!("nothing detected; wanted {want} first")),
+        (Some(want), None) => o
+            .problems
+            .push(format!("nothing detected; wanted {want} first")),
         (None, _) => {}
     }
-    if let Some(dec) = evidence::decisions(dets, &audit, &boot1, trig_ns) {
+}
+
+/// The decisions audited for the detections, against the scenario's.
+fn decisions(
+    sc: &Scenario,
+    audit: &evidence::AuditDisk,
+    boot1: &str,
+    trig_ns: i128,
+    o: &mut Outcome,
+) {
+    if let Some(dec) = evidence::decisions(&o.dets, audit, boot1, trig_ns) {
         o.decision = dec;
-        let first = dets
+        let first = o
+            .dets
             .first()
             .and_then(|d| d.decision.as_deref())
             .unwrap_or("none");
         let action = |x: &str| x.split(' ').next().unwrap_or("").to_string();
         if let Some(want) = sc.decide {
             if action(first) != want {
-                p.push(format!(
+                o.problems.push(format!(
                     "decision for the first detection: wanted {want}, got {first}"
                 ));
             }
         }
-        let mut later = dets.iter().skip(1).filter_map(|d| d.decision.as_deref());
+        let mut later = o.dets.iter().skip(1).filter_map(|d| d.decision.as_deref());
         for want in sc.decide_then {
             if !later.by_ref().any(|x| action(x) == *want) {
-                p.push(format!("no later decision {want}"));
+                o.problems.push(format!("no later decision {want}"));
             }
         }
     }
-    let mut rest = dets.iter().skip(1);
-    for want in sc.then {
-        if !rest.by_ref().any(|d| want.matches(d)) {
-            p.push(format!("not seen (in this order): {want}"));
-        }
-    }
-    if sc.container_only {
-        for d in dets.iter().filter(|d| d.scope != "container") {
-            p.push(format!(
-                "a node-scope detection where only the container ended: {}",
-                d.long()
-            ));
-        }
-    }
-    if audit.unreadable > 0 {
-        p.push(format!(
-            "{} unreadable line(s) in the audit log",
-            audit.unreadable
-        ));
-    }
+}
 
+/// What two scenarios show beyond detections: the image armed in the guest
+/// (`image-arms`), the capability probes (`privileges`).
+fn scenario_specific(sc: &Scenario, run: &Run, tl: &evidence::Timeline, o: &mut Outcome) {
     if sc.name == "image-arms" {
         match run.markers("IMAGE-ARMED").first() {
             Some(l) => o.notes.push(format!(
@@ -1117,7 +1189,9 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
                     .split_once("IMAGE-ARMED ")
                     .map_or(l.text.as_str(), |(_, r)| r)
             )),
-            None => p.push("no IMAGE-ARMED: the image did not arm in the guest".into()),
+            None => o
+                .problems
+                .push("no IMAGE-ARMED: the image did not arm in the guest".into()),
         }
     }
     if sc.name == "privileges" {
@@ -1128,34 +1202,22 @@ fn check(sc: &Scenario, run: &Run, cluster: ClusterLog, o: &mut Outcome) {
             .collect();
         let probes = text.lines().filter(|l| l.starts_with("PROBE ")).count();
         if probes != 4 {
-            p.push(format!("{probes} of 4 capability probes reported"));
+            o.problems
+                .push(format!("{probes} of 4 capability probes reported"));
         }
         // The unit's own set must arm, as a probe too.
         if !text
             .lines()
             .any(|l| l.starts_with("PROBE with-sys-admin ") && l.contains(": armed"))
         {
-            p.push("the agent did not arm with the unit's capability set".into());
+            o.problems
+                .push("the agent did not arm with the unit's capability set".into());
         }
         // The unit's own set must arm: lastgasp.service did, before the trigger.
         if tl.armed() {
             o.notes
                 .push(format!("lastgasp.service armed with: {}", o.caps));
         }
-    }
-
-    // The next boot's report of this one.
-    if matches!(sc.end, End::Reboot | End::Kexec) && !o.one_boot {
-        let (n, summary) = evidence::next_boot_report(&run.out, &boot1, dets);
-        o.next_boot = summary;
-        if n == 0 {
-            p.push(format!(
-                "the next boot did not report the previous shutdown: {}",
-                o.next_boot
-            ));
-        }
-    } else {
-        o.next_boot = "-".into();
     }
 }
 
