@@ -582,14 +582,7 @@ fn check_against(double: &ApiDouble, args: &[&str]) -> (i32, String) {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {}\nusers:\n- name: agent\n  user: {{}}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: agent\ncurrent-context: double\n",
-            double.url()
-        ),
-    )
-    .unwrap();
+    write_kubeconfig(&kubeconfig, &double.url());
     // Cluster mode needs a config and a node name, as `run` does.
     let cfg = dir.join("config.yaml");
     std::fs::write(&cfg, "nodeName: n1\nshutdownGracePeriod: 30s\n").unwrap();
@@ -905,16 +898,7 @@ async fn sigterm_waits_for_the_graceful_run_under_way() {
     std::fs::create_dir_all(&dir).unwrap();
     let (cfg, kubeconfig) = (dir.join("config.yaml"), dir.join("kubeconfig"));
     std::fs::write(&cfg, "shutdownGracePeriod: 4s\n").unwrap();
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: d, cluster: {{server: \"{}\"}}}}]\n\
-             users: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: d, user: u}}}}]\n\
-             current-context: c\n",
-            double.url()
-        ),
-    )
-    .unwrap();
+    write_kubeconfig(&kubeconfig, &double.url());
     let mut child = Command::new(agent_bin())
         .args([
             "--json-logs",
@@ -1040,15 +1024,7 @@ async fn the_last_gasp_bypasses_an_unreachable_service_vip() {
         ),
     )
     .unwrap();
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: d, cluster: {{server: \"{dead}\"}}}}]\n\
-             users: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: d, user: u}}}}]\n\
-             current-context: c\n",
-        ),
-    )
-    .unwrap();
+    write_kubeconfig(&kubeconfig, &dead);
     let mut child = Command::new(agent_bin())
         .args([
             "--json-logs",
@@ -1407,14 +1383,7 @@ async fn a_slow_header_flood_cannot_exhaust_the_controller() {
     let dir = std::env::temp_dir().join(format!("lastgasp-slowhead-ctl-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {}\nusers:\n- name: c\n  user: {{}}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: c\ncurrent-context: double\n",
-            double.url()
-        ),
-    )
-    .unwrap();
+    write_kubeconfig(&kubeconfig, &double.url());
     let mut cmd = Command::new(agent_bin());
     cmd.args([
         "--json-logs",
@@ -1489,15 +1458,7 @@ async fn an_api_server_down_from_the_start_blinds_nothing() {
         format!("shutdownGracePeriod: 4s\napiServer: {{endpoint: \"{url}\"}}\n"),
     )
     .unwrap();
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: d, cluster: {{server: \"{url}\"}}}}]\n\
-             users: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: d, user: u}}}}]\n\
-             current-context: c\n"
-        ),
-    )
-    .unwrap();
+    write_kubeconfig(&kubeconfig, &url);
     let audit = dir.join("audit");
     let mut cmd = Command::new(agent_bin());
     cmd.args([
@@ -1634,4 +1595,18 @@ async fn an_api_server_down_from_the_start_blinds_nothing() {
     assert_eq!(body.trim(), "ok");
     drop(agent);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A kubeconfig at `path` for the API server at `server` (with a token the
+/// double does not check, as a pod's service account has).
+fn write_kubeconfig(path: &std::path::Path, server: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: d, cluster: {{server: \"{server}\"}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: d, user: u}}}}]\n\
+             current-context: c\n"
+        ),
+    )
+    .unwrap();
 }

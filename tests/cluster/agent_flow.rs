@@ -13,13 +13,7 @@ use lastgasp::{
 use super::*;
 
 async fn cluster(s: &Setup) -> Arc<Cluster> {
-    let lg = LastGasp::start(
-        s.double.client_without_retry().await,
-        s.double.client_without_retry().await,
-        NODE,
-    )
-    .await
-    .unwrap();
+    let lg = last_gasp_clients(&s.double, NODE).await;
     Arc::new(Cluster {
         node: s.nc.clone(),
         lastgasp: lg,

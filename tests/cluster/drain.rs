@@ -517,13 +517,7 @@ async fn taint_update_survives_a_concurrent_writer() {
 #[tokio::test]
 async fn last_gasp_sends_the_evidence_in_one_write_then_the_rest() {
     let s = setup("lastgasp", vec![]).await;
-    let lg = LastGasp::start(
-        s.double.client_without_retry().await,
-        s.double.client_without_retry().await,
-        NODE,
-    )
-    .await
-    .unwrap();
+    let lg = last_gasp_clients(&s.double, NODE).await;
     let mut sig = logind_signal();
     sig.source = Source::RebootSyscall;
     sig.forced = true;
@@ -610,13 +604,7 @@ async fn last_gasp_sends_the_evidence_in_one_write_then_the_rest() {
 #[tokio::test]
 async fn a_refused_last_gasp_is_not_retried_past_the_nodes_end() {
     let s = setup("lastgasp-429", vec![]).await;
-    let lg = LastGasp::start(
-        s.double.client_without_retry().await,
-        s.double.client_without_retry().await,
-        NODE,
-    )
-    .await
-    .unwrap();
+    let lg = last_gasp_clients(&s.double, NODE).await;
     let bodies = lg.bodies(
         "ForcedShutdown",
         "poweroff",

@@ -15,7 +15,7 @@ use lastgasp::{
             graceful::{self, GracefulOptions, Removal},
             NodeClient, CONDITION, RECORD_ANNOTATION, TAINT_KEY,
         },
-        last_gasp::{LastGasp, Refusal},
+        last_gasp::Refusal,
         metrics::Metrics,
     },
     decide::{Action, Decider, Episode},
@@ -26,7 +26,7 @@ use lastgasp::{
 use lastgasp_apidouble::{ApiDouble, Fault};
 use lastgasp_tests::{
     nodes::{self, taint_keys},
-    support::{agent_at, forced_exec, logind_signal, record_of},
+    support::{agent_at, forced_exec, last_gasp_clients, logind_signal, record_of},
 };
 use serde_json::json;
 

@@ -198,14 +198,22 @@ pub async fn warm_clients(
     let nc = lastgasp::act::kube::NodeClient::start(double.client_without_retry().await, node)
         .await
         .expect("node client");
-    let lg = lastgasp::act::last_gasp::LastGasp::start(
+    (nc, last_gasp_clients(double, node).await)
+}
+
+/// The last gasp's two warm connections to the API double, as `run` opens
+/// them.
+pub async fn last_gasp_clients(
+    double: &lastgasp_apidouble::ApiDouble,
+    node: &str,
+) -> lastgasp::act::last_gasp::LastGasp {
+    lastgasp::act::last_gasp::LastGasp::start(
         double.client_without_retry().await,
         double.client_without_retry().await,
         node,
     )
     .await
-    .expect("last gasp clients");
-    (nc, lg)
+    .expect("last gasp clients")
 }
 
 /// An agent of boot `boot` with its audit log in `dir` (default metrics, no
