@@ -226,7 +226,7 @@ fn state_file(
         metrics.audit_failures.inc();
         tracing::error!(
             error = format!("{e:#}"),
-            "graceful shutdown state file NOT written (the drain goes on)"
+            "graceful shutdown state file NOT written (the drain does not wait for it)"
         );
     }
 }
