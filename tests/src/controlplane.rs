@@ -176,6 +176,7 @@ impl ControlPlane {
             std::process::id(),
             if audit { "audit" } else { "plain" }
         ));
+        sweep_dead();
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir)?;
         let w = |name: &str, body: &str| -> Result<PathBuf> {
@@ -551,12 +552,47 @@ impl ControlPlane {
     }
 }
 
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let mut procs = self.procs.lock().unwrap();
+impl ControlPlane {
+    /// Ends the processes and removes the files (kept, and named, when the
+    /// thread is panicking). A shared control plane lives in a static,
+    /// never dropped: a program that uses one calls this before it exits.
+    pub fn stop(&self) {
+        let mut procs = self
+            .procs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (_, child) in procs.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("control plane files kept in {}", self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Removes the directories of control planes whose test process is gone:
+/// the shared ones live in statics, which are never dropped.
+fn sweep_dead() {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("lastgasp-cp-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = fs::remove_dir_all(e.path());
         }
     }
 }

@@ -1,11 +1,11 @@
 //! `cargo xtask test`: the lint gate, every suite, then the release (the DaemonSet's image
 //! among it) and the VM subset (or SKIPPED with the reason).
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::{
-    build::{build, ebpf_object},
+    build::{build, ebpf_object, target_dir},
     cmd::{cargo, run},
     k8s, lint, release, setup, vm,
 };
@@ -22,9 +22,11 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
     let control_plane = k8s::ensure(root)?;
     let bin = build(root, false)?;
     let obj = ebpf_object(root);
+    let scratch = scratch(root)?;
     let mut cmd = cargo();
     cmd.current_dir(root)
         .args(["test", "--workspace"])
+        .env("TMPDIR", &scratch)
         .env("LASTGASP_EBPF_OBJ", &obj)
         .env("LASTGASP_BIN", &bin)
         .env("LASTGASP_HELM", &manifest_tools.helm)
@@ -52,5 +54,26 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
     } else {
         println!("SKIPPED VM scenarios: a test filter was given (`cargo xtask vm-test` runs them)");
     }
+    std::fs::remove_dir_all(&scratch)
+        .with_context(|| format!("removing the tests' scratch {}", scratch.display()))?;
     Ok(())
+}
+
+/// The tests' temporary files (a control plane's etcd is 130 MB) go under
+/// the target dir, emptied when a run starts and removed when it passes, so
+/// no run leaves them behind in /tmp; a failed run's stay for reading.
+fn scratch(root: &Path) -> Result<PathBuf> {
+    let dir = target_dir(root).join("test-tmp");
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("emptying {}", dir.display()));
+        }
+        _ => {}
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    println!(
+        "the tests' temporary files: {} (removed when the run passes)",
+        dir.display()
+    );
+    Ok(dir)
 }

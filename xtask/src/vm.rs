@@ -337,9 +337,7 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
     };
     let prep = node_prepared(root, args, &target, &k8s, agent)?;
     let out = target.join("vm");
-    enough_disk(&out)?;
-    let run_dir = out.join(format!("node-{}", date_stamp()));
-    fs::create_dir_all(&run_dir)?;
+    let run_dir = new_run(&out, "node-")?;
     println!(
         "vm-test: real node: accelerator {accel}, guest image {}, {} MiB, results under {}",
         img.dir.display(),
@@ -433,6 +431,38 @@ fn preflight() -> Result<()> {
 const MIN_FREE: u64 = 1 << 30;
 
 /// `dir` (created if missing) has room for a run.
+/// Runs kept under target/vm for each kind (`run-`, `node-`), the new one
+/// among them: each is 0.3 to 0.4 GB (disks, logs, the guest's inputs).
+const RUNS_KEPT: usize = 3;
+
+/// A new run's directory under `out`, once the oldest runs of its kind are
+/// gone (so that it makes `RUNS_KEPT`) and the disk has room.
+fn new_run(out: &Path, prefix: &str) -> Result<PathBuf> {
+    prune_runs(out, prefix)?;
+    enough_disk(out)?;
+    let dir = out.join(format!("{prefix}{}", date_stamp()));
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn prune_runs(out: &Path, prefix: &str) -> Result<()> {
+    let Ok(entries) = fs::read_dir(out) else {
+        return Ok(());
+    };
+    let mut runs: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix) && e.path().is_dir())
+        .map(|e| e.path())
+        .collect();
+    runs.sort_by_key(|d| fs::metadata(d).and_then(|m| m.modified()).ok());
+    let old = runs.len().saturating_sub(RUNS_KEPT - 1);
+    for dir in &runs[..old] {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        println!("vm-test: removed an older run, {}", dir.display());
+    }
+    Ok(())
+}
+
 fn enough_disk(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir)?;
     match free_space(dir) {
@@ -506,10 +536,7 @@ fn run_all(
     let agent = agent_binary(root, profile, args.arch)?;
     println!("vm-test: agent {}", agent.display());
     let out = crate::target_dir(root).join("vm");
-    enough_disk(&out)?;
-    let stamp = date_stamp();
-    let run_dir = out.join(format!("run-{stamp}"));
-    fs::create_dir_all(&run_dir)?;
+    let run_dir = new_run(&out, "run-")?;
     println!("vm-test: results under {}", run_dir.display());
 
     let mut cluster = if args.cluster {

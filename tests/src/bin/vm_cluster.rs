@@ -139,6 +139,7 @@ fn main() -> Result<()> {
         anyhow::Ok(())
     })?;
     rt.shutdown_timeout(Duration::from_secs(2));
+    cp.stop();
     Ok(())
 }
 
