@@ -1,16 +1,20 @@
 //! `cargo xtask test`: the lint gate, every suite, then the release (the DaemonSet's image
 //! among it) and the VM subset (or SKIPPED with the reason).
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::{
     build::{build, ebpf_object, target_dir},
-    cmd::{cargo, run},
+    cmd::{cargo, output, run},
     k8s, lint, release, setup, vm,
 };
 
 pub fn test(root: &Path, args: &[String]) -> Result<()> {
+    enough_disk(&target_dir(root))?;
     lint::lint(root)?;
     // The D-Bus tests run a private dbus-daemon and use dbus-send.
     setup::ensure_debs(&[("dbus-daemon", "dbus-daemon"), ("dbus-send", "dbus-bin")])?;
@@ -76,4 +80,40 @@ fn scratch(root: &Path) -> Result<PathBuf> {
         dir.display()
     );
     Ok(dir)
+}
+
+/// A run from a clean checkout at its peak, with a margin (measured on
+/// 2026-11-26: 9.9 GB, 9.3 GB of it left under target/).
+const RUN_NEEDS: u64 = 11 << 30;
+
+/// Fails before building when the disk cannot hold the run: a full disk
+/// shows otherwise as a linker's crash minutes later.
+fn enough_disk(target: &Path) -> Result<()> {
+    std::fs::create_dir_all(target)?;
+    let out = output(Command::new("du").arg("-sB1").arg(target))?;
+    let built: u64 = out
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("du's answer for {}: {out:?}", target.display()))?;
+    let need = RUN_NEEDS.saturating_sub(built);
+    let free = vm::free_space(target).context("statvfs of the target dir")?;
+    println!(
+        "disk: {} GiB free for {}, {} GiB built there already; the run needs about {} GiB more",
+        free >> 30,
+        target.display(),
+        built >> 30,
+        need >> 30
+    );
+    if free < need {
+        bail!(
+            "not enough disk for `cargo xtask test`: {} MiB free under {}, about {} MiB needed \
+             (a clean checkout's run peaks at {} MiB)",
+            free >> 20,
+            target.display(),
+            need >> 20,
+            RUN_NEEDS >> 20
+        );
+    }
+    Ok(())
 }

@@ -477,7 +477,6 @@ fn enough_disk(dir: &Path) -> Result<()> {
     }
 }
 
-/// Bytes available (as `df` shows them) on the filesystem holding `path`.
 /// The child's exit status, or `None` once `timeout` has passed.
 pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitStatus>> {
     let t = Instant::now();
@@ -492,6 +491,7 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<ExitS
     }
 }
 
+/// Bytes available (as `df` shows them) on the filesystem holding `path`.
 pub fn free_space(path: &Path) -> Option<u64> {
     let s = nix::sys::statvfs::statvfs(path).ok()?;
     Some(s.blocks_available() as u64 * s.fragment_size() as u64)
