@@ -84,6 +84,66 @@ impl Running {
     }
 }
 
+impl Running {
+    /// Whether a log line so far contains `text`.
+    fn says(&self, text: &str) -> bool {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|v| v.to_string().contains(text))
+    }
+
+    /// Waits up to 30 s for `holds`; the logs are the failure's message.
+    fn until(&self, what: &str, holds: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !holds() {
+            assert!(
+                Instant::now() < deadline,
+                "waited 30 s for {what}: {:#?}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `lastgasp --json-logs run --no-dbus` in cluster mode as node `node`: its
+/// `config` and a kubeconfig for `server` written in `dir` (made anew), the
+/// audit log under `dir/audit`, no metrics listener.
+fn start_cluster(dir: &std::path::Path, node: &str, server: &str, config: &str) -> Running {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let (cfg, kubeconfig) = (dir.join("config.yaml"), dir.join("kubeconfig"));
+    std::fs::write(&cfg, config).unwrap();
+    write_kubeconfig(&kubeconfig, server);
+    let mut cmd = Command::new(agent_bin());
+    cmd.args([
+        "--json-logs",
+        "run",
+        "--no-dbus",
+        "--metrics-listen",
+        "off",
+        "--config",
+    ])
+    .arg(&cfg)
+    .arg("--audit-dir")
+    .arg(dir.join("audit"))
+    .env("KUBECONFIG", &kubeconfig)
+    .env("NODE_NAME", node)
+    .env_remove("POD_NAME")
+    .env_remove("POD_NAMESPACE");
+    Running::spawn(cmd)
+}
+
+/// The metrics endpoint's address, from the log line that announces it.
+fn listen_addr(logs: &Mutex<Vec<Value>>) -> String {
+    let v = wait_log_in(logs, "the endpoint's address", |v| {
+        v["fields"]["listen"].is_string()
+    });
+    v["fields"]["listen"].as_str().unwrap().to_string()
+}
+
 /// Waits up to 30 s for a JSON log line matching `pred` in `logs`.
 fn wait_log_in(logs: &Mutex<Vec<Value>>, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -148,10 +208,7 @@ fn standalone_agent_serves_metrics_readiness_and_liveness() {
     let dir = std::env::temp_dir().join(format!("lastgasp-observe-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let agent = start_standalone(&dir, &["--metrics-listen", "127.0.0.1:0"]);
-    let listen = agent.wait_log("the endpoint's address", |v| {
-        v["fields"]["listen"].is_string()
-    });
-    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let addr = listen_addr(&agent.logs);
 
     // Ready once armed: 503 with a reason before, 200 after.
     let body = wait_ready(&addr, "ready once armed", 30, |code, body| {
@@ -300,10 +357,7 @@ fn start_on_bus(dir: &std::path::Path, bus: &TestBus) -> (Running, String) {
             "127.0.0.1:0",
         ],
     );
-    let listen = agent.wait_log("the endpoint's address", |v| {
-        v["fields"]["listen"].is_string()
-    });
-    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let addr = listen_addr(&agent.logs);
     (agent, addr)
 }
 
@@ -894,59 +948,8 @@ async fn sigterm_waits_for_the_graceful_run_under_way() {
     double.kubelet().hang("default", "slow");
 
     let dir = std::env::temp_dir().join(format!("lastgasp-sigterm-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cfg, kubeconfig) = (dir.join("config.yaml"), dir.join("kubeconfig"));
-    std::fs::write(&cfg, "shutdownGracePeriod: 4s\n").unwrap();
-    write_kubeconfig(&kubeconfig, &double.url());
-    let mut child = Command::new(agent_bin())
-        .args([
-            "--json-logs",
-            "run",
-            "--no-dbus",
-            "--metrics-listen",
-            "off",
-            "--config",
-        ])
-        .arg(&cfg)
-        .arg("--audit-dir")
-        .arg(dir.join("audit"))
-        .env("KUBECONFIG", &kubeconfig)
-        .env("NODE_NAME", node)
-        .env_remove("POD_NAME")
-        .env_remove("POD_NAMESPACE")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting lastgasp (build it with cargo xtask build)");
-    let err = child.stderr.take().unwrap();
-    let logs = Arc::new(Mutex::new(Vec::<Value>::new()));
-    let l = logs.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            l.lock()
-                .unwrap()
-                .push(serde_json::from_str(&line).unwrap_or(json!({"raw": line})));
-        }
-    });
-    let logs_say = |text: &str| {
-        logs.lock()
-            .unwrap()
-            .iter()
-            .any(|v| v.to_string().contains(text))
-    };
-    let until = |what: &str, f: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !f() {
-            assert!(
-                Instant::now() < deadline,
-                "waited 30 s for {what}: {:#?}",
-                logs.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    until("armed", &|| logs_say("\"armed\""));
+    let mut agent = start_cluster(&dir, node, &double.url(), "shutdownGracePeriod: 4s\n");
+    agent.until("armed", || agent.says("\"armed\""));
 
     // A graceful shutdown request, as `systemctl poweroff` would exec (a stand-in).
     let tool = stand_in(&dir, "systemctl");
@@ -955,7 +958,7 @@ async fn sigterm_waits_for_the_graceful_run_under_way() {
         .status()
         .unwrap()
         .success());
-    until("the pod's deletion", &|| {
+    agent.until("the pod's deletion", || {
         double
             .requests()
             .iter()
@@ -963,19 +966,19 @@ async fn sigterm_waits_for_the_graceful_run_under_way() {
     });
     let termed = Instant::now();
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(agent.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
-        child.try_wait().unwrap().is_none(),
+        agent.child.try_wait().unwrap().is_none(),
         "the agent exited with the drain under way: {:#?}",
-        logs.lock().unwrap()
+        agent.logs()
     );
-    assert!(logs_say("finishing the graceful run first"));
+    assert!(agent.says("finishing the graceful run first"));
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = agent.child.try_wait().unwrap() {
             break s;
         }
         assert!(
@@ -1009,66 +1012,20 @@ async fn the_last_gasp_bypasses_an_unreachable_service_vip() {
         .create_value(lastgasp_tests::nodes::node(node).json())
         .unwrap();
     let dir = std::env::temp_dir().join(format!("lastgasp-direct-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     // A port nobody listens on: the "VIP" refuses connections.
     let vip = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}", vip.local_addr().unwrap());
     drop(vip);
-    let (cfg, kubeconfig) = (dir.join("config.yaml"), dir.join("kubeconfig"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "shutdownGracePeriod: 4s\napiServer: {{endpoint: \"{}\"}}\n",
-            double.url()
-        ),
-    )
-    .unwrap();
-    write_kubeconfig(&kubeconfig, &dead);
-    let mut child = Command::new(agent_bin())
-        .args([
-            "--json-logs",
-            "run",
-            "--no-dbus",
-            "--metrics-listen",
-            "off",
-            "--config",
-        ])
-        .arg(&cfg)
-        .arg("--audit-dir")
-        .arg(dir.join("audit"))
-        .env("KUBECONFIG", &kubeconfig)
-        .env("NODE_NAME", node)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting lastgasp (build it with cargo xtask build)");
-    let err = child.stderr.take().unwrap();
-    let logs = Arc::new(Mutex::new(Vec::<String>::new()));
-    let l = logs.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            l.lock().unwrap().push(line);
-        }
-    });
-    let until = |what: &str, f: &dyn Fn() -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !f() {
-            assert!(
-                Instant::now() < deadline,
-                "waited 30 s for {what}: {:#?}",
-                logs.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    until("armed", &|| {
-        logs.lock().unwrap().iter().any(|l| l.contains("\"armed\""))
-    });
+    let config = format!(
+        "shutdownGracePeriod: 4s\napiServer: {{endpoint: \"{}\"}}\n",
+        double.url()
+    );
+    let agent = start_cluster(&dir, node, &dead, &config);
+    agent.until("armed", || agent.says("\"armed\""));
     // `reboot -ff` as root (a stand-in): immediate, the last gasp.
     let tool = stand_in(&dir, "reboot");
     assert!(Command::new(&tool).arg("-ff").status().unwrap().success());
-    until("both last-gasp patches at the direct endpoint", &|| {
+    agent.until("both last-gasp patches at the direct endpoint", || {
         double
             .requests()
             .iter()
@@ -1079,8 +1036,7 @@ async fn the_last_gasp_bypasses_an_unreachable_service_vip() {
     let n: k8s_openapi::api::core::v1::Node = double.get("", node).unwrap();
     let cond = lastgasp_tests::nodes::status_reason(&n, "ShutdownInProgress");
     assert_eq!(cond, Some(("True".into(), "ForcedShutdown".into())));
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(agent);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -1129,10 +1085,7 @@ fn an_unprivileged_flood_cannot_hide_a_capable_callers_reboot() {
     let dir = std::env::temp_dir().join(format!("lastgasp-flood-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let agent = start_standalone(&dir, &["--metrics-listen", "127.0.0.1:0"]);
-    let listen = agent.wait_log("the endpoint's address", |v| {
-        v["fields"]["listen"].is_string()
-    });
-    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let addr = listen_addr(&agent.logs);
     wait_ready(&addr, "ready once armed", 30, |code, _| code == 200);
 
     let flood = trigger(&["unprivileged-reboot-flood", "12"])
@@ -1361,10 +1314,7 @@ fn a_slow_header_flood_cannot_exhaust_the_agent() {
     let dir = std::env::temp_dir().join(format!("lastgasp-slowhead-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let agent = start_standalone(&dir, &["--metrics-listen", "127.0.0.1:0"]);
-    let listen = agent.wait_log("the endpoint's address", |v| {
-        v["fields"]["listen"].is_string()
-    });
-    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let addr = listen_addr(&agent.logs);
     wait_ready(&addr, "ready once armed", 30, |code, _| code == 200);
     let a = slow_header_attack(&addr, agent.child.id(), 600, 400 * 1024, 10);
     a.report("agent");
@@ -1398,14 +1348,9 @@ async fn a_slow_header_flood_cannot_exhaust_the_controller() {
     .env_remove("KUBERNETES_SERVICE_PORT");
     let running = Running::spawn(cmd);
     let logs = running.logs.clone();
-    let addr = tokio::task::spawn_blocking(move || {
-        let v = wait_log_in(&logs, "the endpoint's address", |v| {
-            v["fields"]["listen"].is_string()
-        });
-        v["fields"]["listen"].as_str().unwrap().to_string()
-    })
-    .await
-    .unwrap();
+    let addr = tokio::task::spawn_blocking(move || listen_addr(&logs))
+        .await
+        .unwrap();
     let pid = running.child.id();
     let a = tokio::task::spawn_blocking({
         let addr = addr.clone();
@@ -1483,12 +1428,9 @@ async fn an_api_server_down_from_the_start_blinds_nothing() {
     let agent = Running::spawn(cmd);
     let blocking = |f: Box<dyn FnOnce() -> Value + Send>| tokio::task::spawn_blocking(f);
     let logs = agent.logs.clone();
-    let listen = blocking(Box::new(move || {
-        wait_log_in(&logs, "the endpoint", |v| v["fields"]["listen"].is_string())
-    }))
-    .await
-    .unwrap();
-    let addr = listen["fields"]["listen"].as_str().unwrap().to_string();
+    let addr = tokio::task::spawn_blocking(move || listen_addr(&logs))
+        .await
+        .unwrap();
     let logs = agent.logs.clone();
     blocking(Box::new(move || {
         wait_log_in(&logs, "armed", |v| v["fields"]["message"] == "armed")

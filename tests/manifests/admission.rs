@@ -92,35 +92,21 @@ fn the_admission_policy_fences_every_write_the_agent_may_make() {
 /// permissions it believes the agent needs: the same set as the ClusterRole.
 #[test]
 fn the_preflight_checks_exactly_the_agents_rbac() {
+    type Triples = BTreeSet<(String, String, String)>;
     let objs = objects("deploy/kustomize", &source_objects());
     let sa = agent_pod(&objs).service_account_name.unwrap();
-    let granted: BTreeSet<(String, String, String)> = grants(&objs, "lastgasp", &sa)
-        .iter()
-        .flat_map(Grant::triples)
-        .collect();
-    let checked: BTreeSet<(String, String, String)> = lastgasp::check::PERMISSIONS
-        .iter()
-        .filter(|(_, _, _, sub, _, _)| *sub != "eviction")
-        .map(|(verb, group, res, sub, _, _)| {
-            let res = if sub.is_empty() {
-                res.to_string()
-            } else {
-                format!("{res}/{sub}")
-            };
-            (group.to_string(), res, verb.to_string())
-        })
-        .collect();
-    assert_eq!(
-        checked, granted,
-        "lastgasp check's PERMISSIONS (without podRemoval: evict) and the agent's ClusterRole differ"
-    );
-    if let Some(evict) = evict_objects("the_preflight_checks_exactly_the_agents_rbac") {
-        let granted: BTreeSet<(String, String, String)> = grants(&evict, "lastgasp", &sa)
+    let granted = |objs: &BTreeMap<Key, Value>| -> Triples {
+        grants(objs, "lastgasp", &sa)
             .iter()
             .flat_map(Grant::triples)
-            .collect();
-        let all: BTreeSet<(String, String, String)> = lastgasp::check::PERMISSIONS
+            .collect()
+    };
+    // (group, resource[/subresource], verb) of check's PERMISSIONS, with or
+    // without the eviction (podRemoval: evict).
+    let checked = |evict: bool| -> Triples {
+        lastgasp::check::PERMISSIONS
             .iter()
+            .filter(|(_, _, _, sub, _, _)| evict || *sub != "eviction")
             .map(|(verb, group, res, sub, _, _)| {
                 let res = if sub.is_empty() {
                     res.to_string()
@@ -129,8 +115,15 @@ fn the_preflight_checks_exactly_the_agents_rbac() {
                 };
                 (group.to_string(), res, verb.to_string())
             })
-            .collect();
-        assert_eq!(all, granted, "with podRemoval: evict");
+            .collect()
+    };
+    assert_eq!(
+        checked(false),
+        granted(&objs),
+        "lastgasp check's PERMISSIONS (without podRemoval: evict) and the agent's ClusterRole differ"
+    );
+    if let Some(evict) = evict_objects("the_preflight_checks_exactly_the_agents_rbac") {
+        assert_eq!(checked(true), granted(&evict), "with podRemoval: evict");
     }
 }
 
@@ -226,18 +219,24 @@ fn request(
     req
 }
 
-#[test]
-fn the_admission_policy_lets_an_agent_write_only_its_own_node() {
+/// The agent's user name and the policy that judges it, as the kustomize base renders them.
+fn agent_policy() -> (String, ValidatingAdmissionPolicy) {
     let objs = objects("deploy/kustomize", &source_objects());
     let sa = format!(
         "system:serviceaccount:lastgasp:{}",
         agent_pod(&objs).service_account_name.unwrap()
     );
-    let vap: ValidatingAdmissionPolicy = get(
+    let vap = get(
         &objs,
         "ValidatingAdmissionPolicy",
         "lastgasp-agent-own-node",
     );
+    (sa, vap)
+}
+
+#[test]
+fn the_admission_policy_lets_an_agent_write_only_its_own_node() {
+    let (sa, vap) = agent_policy();
     let n1 = Some(vec!["n1"]);
     let node = |name: &str| json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
     let pod_on = |node: Option<&str>| {
@@ -373,16 +372,7 @@ fn the_admission_policy_lets_an_agent_write_only_its_own_node() {
 /// record annotation, its condition. Everything else the policy denies.
 #[test]
 fn the_admission_policy_keeps_the_agent_to_its_own_marks() {
-    let objs = objects("deploy/kustomize", &source_objects());
-    let sa = format!(
-        "system:serviceaccount:lastgasp:{}",
-        agent_pod(&objs).service_account_name.unwrap()
-    );
-    let vap: ValidatingAdmissionPolicy = get(
-        &objs,
-        "ValidatingAdmissionPolicy",
-        "lastgasp-agent-own-node",
-    );
+    let (sa, vap) = agent_policy();
     let old = json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "n1", "labels": {"role": "db"},

@@ -499,6 +499,13 @@ fn start_agent(audit_dir: &std::path::Path) -> Result<std::process::Child> {
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the agent (LASTGASP_BIN)")?;
+    let mut err = armed(&mut child)?;
+    thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    Ok(child)
+}
+
+/// Reads the agent's stderr until it says it is armed; the rest is the caller's.
+fn armed(child: &mut std::process::Child) -> Result<BufReader<std::process::ChildStderr>> {
     let mut err = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     loop {
@@ -510,8 +517,7 @@ fn start_agent(audit_dir: &std::path::Path) -> Result<std::process::Child> {
             break;
         }
     }
-    thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    Ok(child)
+    Ok(err)
 }
 
 /// End to end, as an operator watching `lastgasp run --standalone` sees
@@ -553,17 +559,7 @@ fn syscall_to_stdout(
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the agent (LASTGASP_BIN)")?;
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if err.read_line(&mut line)? == 0 {
-            bail!("the agent exited before arming");
-        }
-        if line.contains(" armed") {
-            break;
-        }
-    }
+    let err = armed(&mut child)?;
     // The agent's own account of each record: where the time went.
     let parts = thread::spawn(move || {
         let mut parts: Vec<(String, Vec<f64>)> = TIMING_PARTS
@@ -584,6 +580,7 @@ fn syscall_to_stdout(
         parts
     });
     let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
     let me = std::process::id();
     let mut lat_us = Vec::with_capacity(n);
     for _ in 0..n {
