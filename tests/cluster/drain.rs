@@ -230,15 +230,7 @@ async fn graceful_run_terminates_by_priority_with_kubelet_grace_semantics() {
 
     // What the cluster sees.
     let n: Node = s.double.get("", NODE).unwrap();
-    assert_eq!(
-        condition(&n),
-        Some(("True".into(), "GracefulShutdown".into()))
-    );
-    let keys = taint_keys(&n);
-    assert!(
-        keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
-        "{keys:?}"
-    );
+    assert_marked(&n, "GracefulShutdown");
     let kubelet_ready = n
         .status
         .unwrap()
@@ -588,15 +580,7 @@ async fn last_gasp_sends_the_evidence_in_one_write_then_the_rest() {
     assert_eq!(w[0], ("PATCH".to_string(), format!("/api/v1/nodes/{NODE}")));
     assert!(w.contains(&("PATCH".to_string(), format!("/api/v1/nodes/{NODE}/status"))));
     let n: Node = s.double.get("", NODE).unwrap();
-    assert_eq!(
-        condition(&n),
-        Some(("True".into(), "ForcedShutdown".into()))
-    );
-    let keys = taint_keys(&n);
-    assert!(
-        keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
-        "{keys:?}"
-    );
+    assert_marked(&n, "ForcedShutdown");
 }
 
 /// A 429 is sent again only when the server's wait ends before the node's
@@ -612,6 +596,16 @@ async fn a_refused_last_gasp_is_not_retried_past_the_nodes_end() {
         SystemTime::now(),
     );
     let evidence_path = format!("/api/v1/nodes/{NODE}");
+    // The next evidence PATCH answered 429, Retry-After: 1 s.
+    let throttled = |s: &Setup| {
+        s.double.clear_requests();
+        s.double.inject(
+            Fault::status(429)
+                .retry_after(1)
+                .method("PATCH")
+                .path_prefix(&evidence_path),
+        );
+    };
     let patches = |s: &Setup| {
         s.double
             .requests()
@@ -621,13 +615,7 @@ async fn a_refused_last_gasp_is_not_retried_past_the_nodes_end() {
             .collect::<Vec<u16>>()
     };
     // The wait (1 s) ends after the end (0.5 s): one send, and why.
-    s.double.clear_requests();
-    s.double.inject(
-        Fault::status(429)
-            .retry_after(1)
-            .method("PATCH")
-            .path_prefix(&evidence_path),
-    );
+    throttled(&s);
     let t = Instant::now();
     let e = lg
         .send(&bodies, t + Duration::from_millis(500))
@@ -646,13 +634,7 @@ async fn a_refused_last_gasp_is_not_retried_past_the_nodes_end() {
     assert!(e.to_string().contains("after the next boot"), "{e}");
     assert_eq!(patches(&s), vec![429]);
     // The wait ends before the end (3 s): sent again once it is over.
-    s.double.clear_requests();
-    s.double.inject(
-        Fault::status(429)
-            .retry_after(1)
-            .method("PATCH")
-            .path_prefix(&evidence_path),
-    );
+    throttled(&s);
     let t = Instant::now();
     let sent = lg.send(&bodies, t + Duration::from_secs(3)).await.unwrap();
     assert_eq!(sent.tries, 2);

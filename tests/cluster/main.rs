@@ -157,6 +157,17 @@ fn deletions(double: &ApiDouble) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The agent's marks, for `reason`: its condition True, its taint beside
+/// the node's other one.
+fn assert_marked(n: &Node, reason: &str) {
+    assert_eq!(condition(n), Some(("True".into(), reason.into())));
+    let keys = taint_keys(n);
+    assert!(
+        keys.contains(&TAINT_KEY.to_string()) && keys.contains(&"example.com/other".to_string()),
+        "{keys:?}"
+    );
+}
+
 fn condition(n: &Node) -> Option<(String, String)> {
     nodes::status_reason(n, CONDITION)
 }

@@ -47,18 +47,18 @@ fn main() -> Result<()> {
     }
     let only_flood = std::env::args().any(|a| a == "flood");
     let mut rows = Vec::new();
-    if std::env::args().any(|a| a == "stdout") {
+    // reboot(2) to the agent's stdout, the audit log on tmpfs, then on disk.
+    let stdout_rows = |rows: &mut Vec<Row>| -> Result<()> {
         for (dir, on) in [
             (std::path::PathBuf::from("/dev/shm"), "tmpfs"),
             (std::env::temp_dir(), "disk"),
         ] {
-            syscall_to_stdout(
-                &mut rows,
-                &dir,
-                on,
-                if quick { 50 } else { STDOUT_TRIGGERS },
-            )?;
+            syscall_to_stdout(rows, &dir, on, if quick { 50 } else { STDOUT_TRIGGERS })?;
         }
+        Ok(())
+    };
+    if std::env::args().any(|a| a == "stdout") {
+        stdout_rows(&mut rows)?;
         print_rows(&rows);
         return Ok(());
     }
@@ -90,17 +90,7 @@ fn main() -> Result<()> {
         if quick { 300 } else { LATENCY_TRIGGERS },
     ))?;
     last_gasp_rows(&mut rows)?;
-    for (dir, on) in [
-        (std::path::PathBuf::from("/dev/shm"), "tmpfs"),
-        (std::env::temp_dir(), "disk"),
-    ] {
-        syscall_to_stdout(
-            &mut rows,
-            &dir,
-            on,
-            if quick { 50 } else { STDOUT_TRIGGERS },
-        )?;
-    }
+    stdout_rows(&mut rows)?;
     exec_overhead(&mut rows, if quick { 3 } else { EXEC_ROUNDS })?;
     armed_and_idle(&mut rows, if quick { 5 } else { IDLE_SECS })?;
     flood(&mut rows, if quick { 10_000 } else { FLOOD_EXECS })?;
