@@ -82,9 +82,7 @@ impl Running {
     fn wait_log(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         wait_log_in(&self.logs, what, pred)
     }
-}
 
-impl Running {
     /// Whether a log line so far contains `text`.
     fn says(&self, text: &str) -> bool {
         self.logs

@@ -550,9 +550,7 @@ impl ControlPlane {
         let all: Vec<&str> = log.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
-}
 
-impl ControlPlane {
     /// Ends the processes and removes the files (kept, and named, when the
     /// thread is panicking). A shared control plane lives in a static,
     /// never dropped: a program that uses one calls this before it exits.

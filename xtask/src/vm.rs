@@ -430,7 +430,6 @@ fn preflight() -> Result<()> {
 /// margin is for the host's own writes while the guests run.
 const MIN_FREE: u64 = 1 << 30;
 
-/// `dir` (created if missing) has room for a run.
 /// Runs kept under target/vm for each kind (`run-`, `node-`), the new one
 /// among them: each is 0.3 to 0.4 GB (disks, logs, the guest's inputs).
 const RUNS_KEPT: usize = 3;
@@ -463,6 +462,7 @@ fn prune_runs(out: &Path, prefix: &str) -> Result<()> {
     Ok(())
 }
 
+/// `dir` (created if missing) has room for a run.
 fn enough_disk(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir)?;
     match free_space(dir) {
