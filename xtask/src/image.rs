@@ -97,7 +97,9 @@ pub fn build(root: &Path, target: &Path, bin: &Path, arch: Arch) -> Result<Image
         "# Made by cargo xtask image: the agent and its glibc, nothing else.\n\
          FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/usr/local/bin/lastgasp\"]\n",
     )?;
-    crate::run(
+    build_replacing(
+        &dir,
+        &tag,
         podman(&dir)
             .args(["build", "--quiet", "--platform"])
             .arg(format!("linux/{}", arch.name()))
@@ -185,7 +187,9 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
          FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/sleeper\"]\n",
     )?;
     let tag = "localhost/lastgasp-sleeper:1".to_string();
-    crate::run(
+    build_replacing(
+        &dir,
+        &tag,
         podman(&dir)
             .args(["build", "--quiet", "-t", &tag])
             .arg(&dir),
@@ -378,6 +382,24 @@ pub fn check_arms(target: &Path, image: &Image) -> Result<()> {
         "image: {} armed in a container (podman, runc; caps {CAPS}; host PID and network; BTF read-only, tracefs)",
         image.tag
     );
+    Ok(())
+}
+
+/// Runs `build` (which tags `tag`), then removes the image the tag named
+/// before, if it changed: every build would otherwise leave one behind.
+fn build_replacing(dir: &Path, tag: &str, build: &mut Command) -> Result<()> {
+    let id = |tag: &str| {
+        crate::cmd::output(podman(dir).args(["image", "inspect", "--format", "{{.Id}}", tag]))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let before = id(tag);
+    crate::run(build)?;
+    if let Some(old) = before.filter(|old| Some(old) != id(tag).as_ref()) {
+        if let Err(e) = crate::cmd::output(podman(dir).args(["rmi", &old])) {
+            println!("image: the image {tag} named before ({old}) stays: {e:#}");
+        }
+    }
     Ok(())
 }
 
