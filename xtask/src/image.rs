@@ -395,9 +395,11 @@ fn build_replacing(dir: &Path, tag: &str, build: &mut Command) -> Result<()> {
     };
     let before = id(tag);
     crate::run(build)?;
-    if let Some(old) = before.filter(|old| Some(old) != id(tag).as_ref()) {
-        if let Err(e) = crate::cmd::output(podman(dir).args(["rmi", &old])) {
-            println!("image: the image {tag} named before ({old}) stays: {e:#}");
+    if let (Some(old), Some(new)) = (before, id(tag)) {
+        if old != new {
+            if let Err(e) = crate::cmd::output(podman(dir).args(["rmi", &old])) {
+                println!("image: the image {tag} named before ({old}) stays: {e:#}");
+            }
         }
     }
     Ok(())
