@@ -5,7 +5,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::{
     build::{build, ebpf_object, target_dir},
@@ -97,7 +97,15 @@ fn enough_disk(target: &Path) -> Result<()> {
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("du's answer for {}: {out:?}", target.display()))?;
     let need = RUN_NEEDS.saturating_sub(built);
-    let free = vm::free_space(target).context("statvfs of the target dir")?;
+    let free = vm::require_free(
+        target,
+        need,
+        &format!(
+            "`cargo xtask test` (a run from a clean checkout needs about {}, {} of it built there already)",
+            vm::mib(RUN_NEEDS),
+            vm::mib(built)
+        ),
+    )?;
     println!(
         "disk: {} GiB free for {}, {} GiB built there already; the run needs about {} GiB more",
         free >> 30,
@@ -105,15 +113,5 @@ fn enough_disk(target: &Path) -> Result<()> {
         built >> 30,
         need >> 30
     );
-    if free < need {
-        bail!(
-            "not enough disk for `cargo xtask test`: {} MiB free under {}, about {} MiB needed \
-             (a run from a clean checkout needs about {} MiB)",
-            free >> 20,
-            target.display(),
-            need >> 20,
-            RUN_NEEDS >> 20
-        );
-    }
     Ok(())
 }

@@ -464,17 +464,27 @@ fn prune_runs(out: &Path, prefix: &str) -> Result<()> {
 
 /// `dir` (created if missing) has room for a run.
 fn enough_disk(dir: &Path) -> Result<()> {
+    require_free(
+        dir,
+        MIN_FREE,
+        "the VM scenarios (qemu would pause a guest whose disk write fails)",
+    )
+    .map(drop)
+}
+
+/// The bytes free under `dir` (created if missing), once they are at least
+/// `need`; `what` says who needs them, for the error.
+pub fn require_free(dir: &Path, need: u64, what: &str) -> Result<u64> {
     fs::create_dir_all(dir)?;
-    match free_space(dir) {
-        Some(free) if free < MIN_FREE => bail!(
-            "only {} free under {} (the VM scenarios need {}: qemu would pause a guest \
-             whose disk write fails)",
-            mib(free),
-            dir.display(),
-            mib(MIN_FREE)
-        ),
-        _ => Ok(()),
-    }
+    let free = free_space(dir).with_context(|| format!("statvfs of {}", dir.display()))?;
+    ensure!(
+        free >= need,
+        "only {} free under {}; {} needed for {what}",
+        mib(free),
+        dir.display(),
+        mib(need)
+    );
+    Ok(free)
 }
 
 /// The child's exit status, or `None` once `timeout` has passed.
