@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use lastgasp_common::{
     RawEvent, RecordSource, CAP_SYS_BOOT, DROP_CAPABLE_FULL, DROP_CONTAINER_FULL,
-    DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_NODE_RATE, DROP_SLOTS, ERROR_SLOTS,
+    DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_NODE_RATE, DROP_SLOTS, ERROR_SLOTS, FLAG_BORROWED,
     FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
 };
 
@@ -249,16 +249,21 @@ fn count_drop(slot: u32) {
 
 /// Whether the record's caller can shut the node down: the kernel's own
 /// hooks; a signal to the node's PID 1 (the kernel checked the sender's
-/// permission before the tracepoint); in the node's PID namespace, its PID 1
-/// or a task holding CAP_SYS_BOOT in the initial user namespace (root when
-/// the credentials could not be read). A container's reboot(2) ends only
-/// its own PID namespace, capable or not.
+/// permission before the tracepoint); the end of a tool the agent asked to
+/// watch; in the node's PID namespace, its PID 1 or a task holding
+/// CAP_SYS_BOOT in the initial user namespace (root when the credentials
+/// could not be read), unless an exec just lent it (`FLAG_BORROWED`). A
+/// container's reboot(2) ends only its own PID namespace, capable or not.
 #[inline(always)]
-fn capable(ev: &RawEvent) -> bool {
-    if ev.source == RecordSource::Kernel as u32 || ev.source == RecordSource::Signal as u32 {
+pub fn capable(ev: &RawEvent) -> bool {
+    if ev.source == RecordSource::Kernel as u32
+        || ev.source == RecordSource::Signal as u32
+        || ev.source == RecordSource::ToolEnd as u32
+    {
         return true;
     }
     ev.flags & FLAG_NODE_PIDNS != 0
+        && ev.flags & FLAG_BORROWED == 0
         && (ev.ns_tgid == 1
             || ev.flags & FLAG_CAP_SYS_BOOT != 0
             || (ev.flags & FLAG_CREDS == 0 && ev.uid == 0))

@@ -1,21 +1,31 @@
 //! `sched/sched_process_exec`: a successful exec whose basename names a
-//! shutdown tool (the `TOOLS` map), with its first arguments. Any other exec
-//! costs one comm read and one hash lookup, and never reaches the ring buffer.
+//! shutdown tool (the `TOOLS` map), with its first arguments, the file name
+//! of the binary really executed, and whether the exec lent its caller
+//! privilege (AT_SECURE). Any other exec costs one comm read and two hash
+//! lookups (the second: `tool_end`'s, for a watched tool exec'ing away), and
+//! never reaches the ring buffer.
 //! This tracepoint also sees the kernel's own usermode-helper execs (e.g.
 //! orderly_poweroff running /sbin/poweroff), which syscall hooks would miss.
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_probe_read_kernel, bpf_probe_read_kernel_buf, generated},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes, generated,
+    },
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
     EbpfContext,
 };
 use lastgasp_common::{
-    tp::EXEC_FILENAME_LOC, RecordSource, ToolExec, ARGS_LEN, FLAG_ARGS_MISSING,
-    FLAG_ARGS_TRUNCATED, FLAG_PATH_TRUNCATED, PATH_LEN, TOOL_BUSYBOX, TOOL_NAME_LEN,
+    tp::EXEC_FILENAME_LOC, RecordSource, ToolEnded, ToolExec, ARGS_LEN, EXE_NAME_LEN,
+    FLAG_ARGS_MISSING, FLAG_ARGS_TRUNCATED, FLAG_BORROWED, FLAG_EXEC_READ, FLAG_PATH_TRUNCATED,
+    PATH_LEN, TOOL_BUSYBOX, TOOL_NAME_LEN,
 };
 
-use crate::event::{done, emit, fill_actor, global, scratch};
+use crate::{
+    event::{capable, done, emit, fill_actor, global, scratch},
+    tool_end,
+};
 
 /// Basename (zero-padded) -> tool id; filled by userspace.
 #[map]
@@ -30,12 +40,34 @@ static MM_ARG_START_OFF: u64 = 0;
 #[unsafe(no_mangle)]
 static MM_ARG_END_OFF: u64 = 0;
 
+/// Offsets of mm_struct.exe_file, of file.f_path.dentry, of
+/// dentry.d_name.name and of mm_struct.saved_auxv (0: not read).
+#[unsafe(no_mangle)]
+static MM_EXE_FILE_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static FILE_DENTRY_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static DENTRY_NAME_OFF: u64 = 0;
+#[unsafe(no_mangle)]
+static MM_SAVED_AUXV_OFF: u64 = 0;
+
+const AT_NULL: u64 = 0;
+const AT_SECURE: u64 = 23;
+/// AT_SECURE comes about 15th in the ELF loader's auxv (fs/binfmt_elf.c).
+const AUXV_SCAN: u64 = 32;
+
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     done(RecordSource::Exec, try_sched_process_exec(&ctx))
 }
 
 fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // A watched tool that exec's anything is gone (a tool is watched anew).
+    done(
+        RecordSource::ToolEnd,
+        tool_end::ended(tgid, ToolEnded::Execd),
+    );
     // The kernel has just set comm to the basename of the exec'd file (cut to
     // 15 bytes, zero-padded): the `TOOLS` key as it is. No loop, no copy.
     let comm = bpf_get_current_comm()?;
@@ -45,7 +77,8 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     let mut tool = tool;
 
     let ev = scratch().ok_or(-1)?;
-    let (args_len, args_flags) = read_args(ev)?;
+    let mm = current_mm()?;
+    let (args_len, args_flags) = read_args(ev, mm)?;
     if tool == TOOL_BUSYBOX {
         // `busybox reboot -f`: the applet is argv[1].
         let Some(key) = argv1_key(&ev.args, args_len as usize)? else {
@@ -74,9 +107,66 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     ev.flags |= flags;
     ev.path_len = len.min(PATH_LEN) as u32;
     ev.args_len = args_len;
-    ev.set(&ToolExec { tool });
+    let mut exe = [0u8; EXE_NAME_LEN];
+    if let Some(secure) = read_exe(mm, &mut exe) {
+        ev.flags |= FLAG_EXEC_READ;
+        // Root had it all before; anyone else was lent it by this exec.
+        if secure && ev.uid != 0 {
+            ev.flags |= FLAG_BORROWED;
+        }
+    }
+    ev.set(&ToolExec { tool, exe });
+    if capable(ev) {
+        tool_end::watch(tgid);
+    }
     emit(ev);
     Ok(())
+}
+
+/// The current task's mm (0 without the offset).
+#[inline(always)]
+fn current_mm() -> Result<u64, i64> {
+    let mm_off = global(&TASK_MM_OFF);
+    if mm_off == 0 {
+        return Ok(0);
+    }
+    let task = unsafe { generated::bpf_get_current_task() } as *const u8;
+    Ok(unsafe { bpf_probe_read_kernel(task.add(mm_off as usize) as *const u64)? })
+}
+
+/// The file name of `mm`'s executable into `exe`, and whether the kernel
+/// set AT_SECURE for this exec; `None` when either cannot be read.
+#[inline(always)]
+fn read_exe(mm: u64, exe: &mut [u8; EXE_NAME_LEN]) -> Option<bool> {
+    let (exe_off, auxv_off) = (global(&MM_EXE_FILE_OFF), global(&MM_SAVED_AUXV_OFF));
+    if mm == 0 || exe_off == 0 || auxv_off == 0 {
+        return None;
+    }
+    unsafe {
+        let file: u64 = bpf_probe_read_kernel((mm + exe_off) as *const u64).ok()?;
+        let dentry: u64 =
+            bpf_probe_read_kernel((file + global(&FILE_DENTRY_OFF)) as *const u64).ok()?;
+        let name: u64 =
+            bpf_probe_read_kernel((dentry + global(&DENTRY_NAME_OFF)) as *const u64).ok()?;
+        bpf_probe_read_kernel_str_bytes(name as *const u8, exe).ok()?;
+    }
+    at_secure(mm + auxv_off)
+}
+
+/// AT_SECURE from the auxv the ELF loader saved for this exec.
+#[inline(always)]
+fn at_secure(auxv: u64) -> Option<bool> {
+    for i in 0..AUXV_SCAN {
+        let pair: [u64; 2] =
+            unsafe { bpf_probe_read_kernel((auxv + 16 * i) as *const [u64; 2]) }.ok()?;
+        if pair[0] == AT_SECURE {
+            return Some(pair[1] != 0);
+        }
+        if pair[0] == AT_NULL {
+            return None;
+        }
+    }
+    None
 }
 
 /// argv[1] as a `TOOLS` key, when argv[0] (busybox's path) is under 64
@@ -109,15 +199,12 @@ fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<Option<[u8; TOOL_NAME_
     Ok(Some(key))
 }
 
-/// Reads the new image's argv (NUL-separated) into `ev.args`; returns its
-/// length and the `FLAG_ARGS_*` that apply.
-fn read_args(ev: &mut lastgasp_common::RawEvent) -> Result<(u32, u32), i64> {
-    let mm_off = global(&TASK_MM_OFF);
-    if mm_off == 0 {
+/// Reads the new image's argv (NUL-separated) from `mm` into `ev.args`;
+/// returns its length and the `FLAG_ARGS_*` that apply.
+fn read_args(ev: &mut lastgasp_common::RawEvent, mm: u64) -> Result<(u32, u32), i64> {
+    if mm == 0 {
         return Ok((0, FLAG_ARGS_MISSING));
     }
-    let task = unsafe { generated::bpf_get_current_task() } as *const u8;
-    let mm: u64 = unsafe { bpf_probe_read_kernel(task.add(mm_off as usize) as *const u64)? };
     let start: u64 =
         unsafe { bpf_probe_read_kernel((mm + global(&MM_ARG_START_OFF)) as *const u64)? };
     let end: u64 = unsafe { bpf_probe_read_kernel((mm + global(&MM_ARG_END_OFF)) as *const u64)? };

@@ -15,6 +15,7 @@ mod kernel;
 mod reboot;
 mod reboot_exit;
 mod signal;
+mod tool_end;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -163,6 +163,13 @@ pub struct Trust {
     /// Default 30s.
     #[serde(with = "humantime_serde")]
     pub recheck: Duration,
+    /// How long a direct tool's exec (`poweroff -f`) stands as a proof of
+    /// death without the tool's reboot(2) reaching the kernel; past it the
+    /// proof is withdrawn. Default 5s; keep the controller's
+    /// `--direct-tool-quiet` above it by the time a record's close takes to
+    /// land.
+    #[serde(with = "humantime_serde")]
+    pub direct_tool_within: Duration,
 }
 
 impl Default for Trust {
@@ -173,6 +180,7 @@ impl Default for Trust {
             immediate_within: p.immediate_end,
             graceful_margin: p.graceful_margin,
             recheck: p.recheck,
+            direct_tool_within: p.direct_tool_within,
         }
     }
 }
@@ -187,6 +195,7 @@ impl Trust {
             graceful_margin: self.graceful_margin,
             graceful_length,
             recheck: self.recheck,
+            direct_tool_within: self.direct_tool_within,
             trust_unowned_bus_signals: false,
         }
     }
@@ -197,6 +206,7 @@ impl Trust {
             ("trust.immediateWithin", self.immediate_within, 3600),
             ("trust.gracefulMargin", self.graceful_margin, 3600),
             ("trust.recheck", self.recheck, 3600),
+            ("trust.directToolWithin", self.direct_tool_within, 60),
         ] {
             if d.is_zero() || d > Duration::from_secs(max) {
                 bail!(

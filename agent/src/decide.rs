@@ -83,6 +83,15 @@ pub enum Action {
     LastWord,
     /// The shutdown was called off: undo what the episode did.
     Cancel,
+    /// The episode's proof of death was wrong (its reboot(2) returned, its
+    /// tool ended or outlived [`DecisionPolicy::direct_tool_within`]
+    /// without one) and nothing else confirms the shutdown: every mark
+    /// undone, the record closed as failed.
+    Fail { why: String },
+    /// The episode's proof of death was wrong, but logind, systemd or PID 1
+    /// confirmed the shutdown: it goes on, and its record goes out again
+    /// without the proof.
+    Withdraw { why: String },
     /// The shutdown did not come: undo every mark the episode made.
     Abandon { why: String },
     /// A pending request ran out unconfirmed: nothing was done.
@@ -208,6 +217,10 @@ pub struct Death {
     pub at: SystemTime,
     /// What was seen, and by whom.
     pub by: String,
+    /// The process (global pid) whose exec or reboot(2) proves it: its end
+    /// without the kernel going down withdraws the proof.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 /// The proof of death `s` carries, if any (its caller's power is judged
@@ -216,10 +229,18 @@ pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
     if s.scope != Scope::Node || s.effect != Effect::Now {
         return None;
     }
+    // A process's own call or exec: its end can take it back.
+    let mut pid = s.actor.as_ref().map(|a| a.pid);
     let proof = match s.source {
-        Source::KernelHook => Proof::Kernel,
+        Source::KernelHook => {
+            pid = None;
+            Proof::Kernel
+        }
         // Its detector checked that PID 1 is systemd-shutdown.
-        Source::ShutdownHook => Proof::FinalStage,
+        Source::ShutdownHook => {
+            pid = None;
+            Proof::FinalStage
+        }
         // These commands do not return; a kexec does when no kernel is loaded.
         Source::RebootSyscall
             if can_reboot(s) == Some(true)
@@ -236,6 +257,7 @@ pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
         proof,
         at: s.at,
         by: summary(s),
+        pid,
     })
 }
 
@@ -276,6 +298,9 @@ pub struct DecisionPolicy {
     pub graceful_length: Duration,
     /// After the host says a shutdown is under way, ask again this much later.
     pub recheck: Duration,
+    /// How long a direct tool's exec stands as a proof of death without its
+    /// reboot(2) reaching the kernel.
+    pub direct_tool_within: Duration,
     /// Accept logind/systemd signals from peers that do not own the name
     /// (the kubelet's e2e `dbus-send` rig). Off in production.
     pub trust_unowned_bus_signals: bool,
@@ -289,6 +314,7 @@ impl Default for DecisionPolicy {
             graceful_margin: Duration::from_secs(30),
             graceful_length: Duration::from_secs(30),
             recheck: Duration::from_secs(30),
+            direct_tool_within: Duration::from_secs(5),
             trust_unowned_bus_signals: false,
         }
     }
@@ -380,6 +406,20 @@ impl Decider {
         let Some(ep) = self.current.as_ref() else {
             return Tick::Nothing;
         };
+        let within = self.policy.direct_tool_within;
+        if let Some(d) = ep
+            .death
+            .as_ref()
+            .filter(|d| d.proof == Proof::DirectTool && now >= plus(d.at, within))
+        {
+            let why = format!(
+                "{} reached the kernel with no reboot(2) within {}s",
+                d.by,
+                within.as_secs_f64()
+            );
+            let action = self.withdraw(why);
+            return Tick::Decided(self.finish(action));
+        }
         if self.asking || ep.expected_end.is_none_or(|end| now < end) {
             return Tick::Nothing;
         }
@@ -449,7 +489,7 @@ impl Decider {
         let episode = self.current.clone();
         if matches!(
             action,
-            Action::Cancel | Action::Abandon { .. } | Action::Expire { .. }
+            Action::Cancel | Action::Abandon { .. } | Action::Expire { .. } | Action::Fail { .. }
         ) {
             self.current = None;
             self.asking = false;
@@ -701,15 +741,27 @@ impl Decider {
         }
     }
 
-    /// A reboot(2) returned: it did not happen. What only it (and its
+    /// A reboot(2) returned, or a watched tool ended: it did not happen.
+    /// What its own process proved is withdrawn; what only it (and its
     /// caller's own request) started is retracted; a shutdown the host
-    /// confirmed goes on (its expected end still applies).
+    /// confirmed goes on (its expected end still applies), and so does
+    /// another caller's proof.
     fn failed(&mut self, s: &ShutdownSignal, why: &str, path: Option<ShutdownPath>) -> Action {
         let Some(ep) = self.current.as_mut() else {
-            return Action::AuditOnly {
-                why: why.to_string(),
-            };
+            return audit(why);
         };
+        let pid = s.actor.as_ref().map(|a| a.pid);
+        if let Some(d) = ep
+            .death
+            .as_ref()
+            .filter(|d| d.pid.is_some() && d.pid == pid)
+        {
+            let why = format!("{why}: {} proves nothing", d.by);
+            return self.withdraw(why);
+        }
+        if s.source == Source::ToolEnd {
+            return audit(&format!("{why}; it proved nothing in this episode"));
+        }
         // A claim that could not cause a shutdown cannot undo one either.
         if can_reboot(s) != Some(true) {
             return Action::AuditOnly {
@@ -720,11 +772,12 @@ impl Decider {
             };
         }
         match path {
-            Some(ShutdownPath::Pending) => Action::AuditOnly {
-                why: why.to_string(),
-            },
+            Some(ShutdownPath::Pending) => audit(why),
             _ if ep.host_confirmed => Action::AuditOnly {
                 why: format!("{why}; the shutdown logind or systemd confirmed goes on"),
+            },
+            _ if ep.death.is_some() => Action::AuditOnly {
+                why: format!("{why}; another caller's proof of death stands"),
             },
             _ => {
                 ep.path = ShutdownPath::Abandoned;
@@ -732,6 +785,21 @@ impl Decider {
                     why: format!("{why} by {}: nothing else confirmed the shutdown", who(s)),
                 }
             }
+        }
+    }
+
+    /// The current episode's proof of death was wrong: taken off; the
+    /// episode goes on where the host confirmed it, else it fails.
+    fn withdraw(&mut self, why: String) -> Action {
+        let Some(ep) = self.current.as_mut() else {
+            return Action::AuditOnly { why };
+        };
+        ep.death = None;
+        if ep.host_confirmed {
+            Action::Withdraw { why }
+        } else {
+            ep.path = ShutdownPath::Abandoned;
+            Action::Fail { why }
         }
     }
 
@@ -829,10 +897,18 @@ fn cannot_happen(s: &ShutdownSignal) -> Option<String> {
         }
     }
     if s.source == Source::Exec && s.forced && can_reboot(s) != Some(true) {
-        return Some(format!(
-            "a forced request from a caller that cannot reboot ({}): it fails with EPERM",
-            who(s)
-        ));
+        let borrowed = s.actor.as_ref().is_some_and(|a| a.borrowed == Some(true));
+        return Some(if borrowed {
+            format!(
+                "a forced request whose privilege the exec lent ({}): the tool's own reboot(2), if any, is judged when it comes",
+                who(s)
+            )
+        } else {
+            format!(
+                "a forced request from a caller that cannot reboot ({}): it fails with EPERM",
+                who(s)
+            )
+        });
     }
     None
 }
@@ -848,8 +924,14 @@ fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {
 
 /// Whether the caller can reboot the node: CAP_SYS_BOOT in the initial user
 /// namespace as the kernel read it, else (no credentials read) euid/uid 0.
+/// An exec's privilege counts only where the kernel read that the exec did
+/// not lend it (`Actor::borrowed`): a setuid program run under a tool's
+/// name proves nothing.
 fn can_reboot(s: &ShutdownSignal) -> Option<bool> {
     let a = s.actor.as_ref()?;
+    if s.source == Source::Exec && a.borrowed != Some(false) {
+        return Some(false);
+    }
     Some(match a.cap_sys_boot {
         Some(cap) => cap,
         None => a.euid.unwrap_or(a.uid) == 0,
@@ -864,7 +946,7 @@ fn authority(s: &ShutdownSignal) -> Authority {
         Source::SignalPid1 => Authority::Privileged,
         Source::Exec if is_pid1_shutdown(s) => Authority::Kernel,
         Source::Exec if can_reboot(s) == Some(true) => Authority::Privileged,
-        Source::Exec => Authority::Request,
+        Source::Exec | Source::ToolEnd => Authority::Request,
     }
 }
 
@@ -884,10 +966,12 @@ fn who(s: &ShutdownSignal) -> String {
             a.comm,
             a.pid,
             a.euid.unwrap_or(a.uid),
-            match a.cap_sys_boot {
-                Some(true) => ", CAP_SYS_BOOT",
-                Some(false) => ", no CAP_SYS_BOOT",
-                None => "",
+            match (a.cap_sys_boot, a.borrowed) {
+                (_, Some(true)) =>
+                    ", privilege lent by the exec (setuid, setgid or file capabilities)",
+                (Some(true), _) => ", CAP_SYS_BOOT",
+                (Some(false), _) => ", no CAP_SYS_BOOT",
+                (None, _) => "",
             }
         ),
         None => "an unknown caller".into(),
@@ -905,6 +989,7 @@ fn summary(s: &ShutdownSignal) -> String {
             None => member.clone(),
         },
         Detail::Hook { verb } => format!("systemd-shutdown's final hook ({verb})"),
+        Detail::ToolEnd { how } => format!("the tool {how}"),
     };
     let by = s
         .actor
@@ -932,6 +1017,7 @@ mod tests {
             comm: "x".into(),
             euid: Some(0),
             cap_sys_boot: Some(true),
+            borrowed: Some(false),
             ..Default::default()
         }
     }
@@ -976,6 +1062,7 @@ mod tests {
         let mut s = exec(Poweroff, false);
         s.detail = Detail::Exec {
             path: "/usr/lib/systemd/systemd-shutdown".into(),
+            binary: None,
             argv: vec!["systemd-shutdown".into(), "poweroff".into()],
             raw: String::new(),
             truncated: false,
@@ -1040,6 +1127,8 @@ mod tests {
             Action::Cancel => "cancel",
             Action::Abandon { .. } => "abandon",
             Action::Expire { .. } => "expire",
+            Action::Fail { .. } => "fail",
+            Action::Withdraw { .. } => "withdraw",
             Action::Join => "join",
         }
     }
@@ -1250,7 +1339,7 @@ mod tests {
                 vec![0, 0, 0],
             ),
             (
-                "a root reboot -ff whose reboot(2) returns: retracted",
+                "a root reboot -ff whose reboot(2) returns: its proof failed",
                 true,
                 vec![
                     exec(Reboot, true),
@@ -1258,7 +1347,7 @@ mod tests {
                     reboot2(Reboot, true).with_effect(failed()),
                     exec(Reboot, true),
                 ],
-                vec!["immediate", "last-word", "abandon", "immediate"],
+                vec!["immediate", "last-word", "fail", "immediate"],
                 vec![1, 1, 1, 2],
             ),
             (
@@ -1293,14 +1382,14 @@ mod tests {
                 vec![1, 1, 1],
             ),
             (
-                "a failed reboot(2) during a shutdown logind confirmed: it goes on",
+                "a failed reboot(2) during a shutdown logind confirmed: it goes on, without that proof",
                 true,
                 vec![
                     logind(Effect::Now),
                     reboot2(Reboot, true),
                     reboot2(Reboot, true).with_effect(failed()),
                 ],
-                vec!["graceful(protected)", "escalate", "audit"],
+                vec!["graceful(protected)", "escalate", "withdraw"],
                 vec![1, 1, 1],
             ),
             (
@@ -1483,6 +1572,116 @@ mod tests {
         for (name, signals, want) in cases {
             assert_eq!(proof(signals), want, "{name}");
         }
+    }
+
+    /// Privilege an exec lent (a setuid program under a tool's name) is no
+    /// caller's own: a forced request from it decides nothing, proves
+    /// nothing, marks nothing; root's own is unchanged.
+    #[test]
+    fn borrowed_privilege_proves_nothing() {
+        let mut lent = direct_tool(Poweroff);
+        let a = lent.actor.as_mut().unwrap();
+        (a.uid, a.euid, a.borrowed) = (65534, Some(0), Some(true));
+        let d = Decider::new().decide(&lent);
+        assert!(
+            matches!(&d.action, Action::AuditOnly { why } if why.contains("privilege lent by the exec")),
+            "{:?}",
+            d.action
+        );
+        assert!(d.episode.is_none());
+        // Not read (no BTF): not a capable caller's either.
+        let mut unread = direct_tool(Poweroff);
+        unread.actor.as_mut().unwrap().borrowed = None;
+        assert_eq!(short(&Decider::new().decide(&unread).action), "audit");
+        // Not a request the host can confirm, either: it only waits.
+        let mut asked = exec(Poweroff, false);
+        asked.actor.as_mut().unwrap().borrowed = Some(true);
+        let mut d = Decider::new();
+        d.set_host_reachable(false);
+        assert_eq!(short(&d.decide(&asked).action), "pending");
+        // Root's own is unchanged.
+        let d = Decider::new().decide(&direct_tool(Poweroff));
+        assert_eq!(short(&d.action), "immediate");
+        let death = d.episode.unwrap().death.unwrap();
+        assert_eq!((death.proof, death.pid), (Proof::DirectTool, Some(100)));
+    }
+
+    /// A direct tool's proof stands only while its tool may still reach the
+    /// kernel: its end (exit, exec), its reboot(2) returning, or the bound
+    /// passing withdraws it; the kernel's reboot(2) from it confirms it.
+    #[test]
+    fn a_direct_tools_proof_is_confirmed_or_withdrawn() {
+        let tool_end = |pid: u32| {
+            let mut s = sig(ToolEnd, Unknown, false, Effect::Now);
+            s.effect = crate::detect::hooks::tool_end::ended(None);
+            s.actor.as_mut().unwrap().pid = pid;
+            s
+        };
+        let within = DecisionPolicy::default().direct_tool_within;
+        // Its own end: the record closes as failed.
+        let mut d = Decider::new();
+        assert_eq!(short(&d.decide(&direct_tool(Poweroff)).action), "immediate");
+        let end = d.decide(&tool_end(100));
+        assert!(
+            matches!(&end.action, Action::Fail { why } if why.contains("proves nothing")),
+            "{:?}",
+            end.action
+        );
+        assert!(end.episode.unwrap().death.is_none());
+        assert!(d.episode().is_none(), "closed");
+        // Another process's end: nothing.
+        let mut d = Decider::new();
+        d.decide(&direct_tool(Poweroff));
+        assert_eq!(short(&d.decide(&tool_end(101)).action), "audit");
+        assert!(d.episode().unwrap().death.is_some());
+        // Another root caller's failed reboot(2) does not retract it.
+        let mut other = reboot2(Poweroff, true).with_effect(failed());
+        other.actor.as_mut().unwrap().pid = 101;
+        assert_eq!(short(&d.decide(&other).action), "audit");
+        assert!(d.episode().unwrap().death.is_some());
+        // The bound passes without its reboot(2): withdrawn by time.
+        assert_eq!(
+            d.tick(t(0) + within - Duration::from_millis(1)),
+            Tick::Nothing
+        );
+        match d.tick(t(0) + within) {
+            Tick::Decided(dd) => assert_eq!(short(&dd.action), "fail"),
+            other => panic!("{other:?}"),
+        }
+        assert!(d.episode().is_none());
+        // Its reboot(2) reached the kernel: the kernel's proof, no bound.
+        let mut d = Decider::new();
+        d.decide(&direct_tool(Poweroff));
+        assert_eq!(
+            short(&d.decide(&reboot2(Poweroff, true)).action),
+            "last-word"
+        );
+        assert!(matches!(d.tick(t(0) + within), Tick::Nothing));
+        assert_eq!(
+            d.episode().unwrap().death.as_ref().unwrap().proof,
+            Proof::Kernel
+        );
+        // ... and returned (an LSM refused it): withdrawn, closed.
+        let back = d.decide(&reboot2(Poweroff, true).with_effect(failed()));
+        assert_eq!(short(&back.action), "fail");
+    }
+
+    /// A shutdown logind confirmed goes on when a proof in it fails: the
+    /// record goes out again without the proof.
+    #[test]
+    fn a_failed_proof_in_a_confirmed_shutdown_is_withdrawn_not_closed() {
+        let mut d = Decider::new();
+        assert_eq!(
+            short(&d.decide(&logind(Effect::Now)).action),
+            "graceful(protected)"
+        );
+        assert_eq!(short(&d.decide(&direct_tool(Poweroff)).action), "escalate");
+        assert!(d.episode().unwrap().death.is_some());
+        let w = d.decide(&reboot2(Poweroff, true).with_effect(failed()));
+        assert_eq!(short(&w.action), "withdraw");
+        let ep = d.episode().unwrap();
+        assert!(ep.death.is_none(), "the proof is gone");
+        assert_eq!(ep.path, ShutdownPath::Immediate, "the shutdown goes on");
     }
 
     #[test]

@@ -20,6 +20,11 @@ use crate::{
 
 /// The Node annotation that holds the record.
 pub const RECORD_ANNOTATION: &str = "lastgasp.dev/last-shutdown";
+/// Beside the record, in a form admission can read: `<proof>/<boot id>`
+/// while the record is open with a proof of death, absent otherwise. The
+/// controller's out-of-service taint is admitted only on a Node carrying
+/// one for its present boot (`deploy/`'s fence policy).
+pub const PROOF_ANNOTATION: &str = "lastgasp.dev/proof";
 /// The format this agent writes.
 pub const VERSION: u32 = 2;
 /// The field manager of every write of the record: its `managedFields`
@@ -205,6 +210,20 @@ impl ShutdownRecord {
         }
     }
 
+    /// The record of `ep` as a decision made by time leaves it (no signal of
+    /// its own), at `at`.
+    pub fn of_episode(boot_id: &str, ep: &Episode, at: SystemTime) -> Self {
+        ShutdownRecord {
+            v: VERSION,
+            boot_id: boot_id.to_string(),
+            at: Some(at),
+            episode: Some(ep.clone()),
+            signal: None,
+            closed: None,
+            delivered_late: false,
+        }
+    }
+
     /// An earlier boot's episode, delivered after the next boot: closed as
     /// back at once (it only completes the story).
     pub fn late(boot_id: &str, ep: &Episode, now: SystemTime) -> Self {
@@ -257,6 +276,7 @@ impl ShutdownRecord {
             && s.scope == Scope::Node
             && matches!(s.source, Source::RebootSyscall | Source::KernelHook))
         .then(|| Death {
+            pid: None,
             proof: Proof::Kernel,
             at: s.at,
             by: format!("{} (a version-1 record)", s.source),
@@ -274,6 +294,23 @@ impl ShutdownRecord {
                 .and_then(|e| e.timeline.first())
                 .map(|t| t.at),
         }
+    }
+
+    /// The proof annotation's value: `<proof>/<boot id>` while open with a
+    /// proof of death.
+    pub fn proof_mark(&self) -> Option<String> {
+        let d = self.death().filter(|_| self.closed.is_none())?;
+        let proof = serde_json::to_value(d.proof).ok()?;
+        Some(format!("{}/{}", proof.as_str()?, self.boot_id))
+    }
+
+    /// The Node annotations of every write of the record: the record, and
+    /// the proof annotation set or removed with it (a merge patch's `null`).
+    pub fn annotations(&self) -> serde_json::Value {
+        serde_json::json!({
+            RECORD_ANNOTATION: self.to_json(),
+            PROOF_ANNOTATION: self.proof_mark(),
+        })
     }
 
     /// The record, closed.

@@ -25,6 +25,9 @@ pub enum Source {
     /// systemd-shutdown's own hook (`/usr/lib/systemd/system-shutdown/`):
     /// every process stopped, file systems unmounted, the reboot(2) next.
     ShutdownHook,
+    /// `sched/sched_process_exit` (and exec): a tool whose exec proved the
+    /// node's end ended without the kernel going down.
+    ToolEnd,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,6 +107,13 @@ pub struct Actor {
     /// the kernel's credentials could not be read (no BTF offsets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap_sys_boot: Option<bool>,
+    /// An exec's: `Some(true)` when the exec itself lent the caller its
+    /// privilege (the kernel's AT_SECURE: a setuid or setgid binary, file
+    /// capabilities), for a caller whose real uid is not root. `None`: not
+    /// an exec, or not read. An exec proves a capable caller only with
+    /// `Some(false)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed: Option<bool>,
     pub cgroup_id: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
@@ -150,6 +160,10 @@ pub enum Detail {
     },
     Exec {
         path: String,
+        /// The file name of the binary really executed, as the kernel read
+        /// it (behind every symlink; a script's interpreter).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        binary: Option<String>,
         argv: Vec<String>,
         /// argv as captured, NUL-separated, with non-printable bytes escaped.
         raw: String,
@@ -173,6 +187,10 @@ pub enum Detail {
     /// systemd-shutdown's hook, with the verb it was run with.
     Hook {
         verb: String,
+    },
+    /// A watched tool's end: "exited" or "exec'd another program".
+    ToolEnd {
+        how: String,
     },
 }
 

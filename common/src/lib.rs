@@ -12,6 +12,9 @@ pub const ARGS_LEN: usize = 256;
 /// Tools are matched on the exec'd task's comm: the basename's first 15
 /// bytes, zero-padded to 16 (TASK_COMM_LEN).
 pub const TOOL_NAME_LEN: usize = 16;
+/// Bytes of the exec'd binary's own file name kept (NUL-padded; a longer
+/// name is cut, and then names no tool).
+pub const EXE_NAME_LEN: usize = 24;
 
 /// Which hook wrote a record (`RawEvent::source`): one per file of
 /// `agent-ebpf/src/` and of the agent's `detect/hooks/`.
@@ -24,15 +27,19 @@ pub enum RecordSource {
     Kernel = 4,
     /// `sys_exit_reboot` of a call whose entry was seen: the call returned.
     RebootExit = 5,
+    /// A tool the agent watches (its proof of death) ended without the
+    /// kernel going down: it exited, or exec'd something else.
+    ToolEnd = 6,
 }
 
 impl RecordSource {
-    pub const ALL: [RecordSource; 5] = [
+    pub const ALL: [RecordSource; 6] = [
         RecordSource::Reboot,
         RecordSource::Exec,
         RecordSource::Signal,
         RecordSource::Kernel,
         RecordSource::RebootExit,
+        RecordSource::ToolEnd,
     ];
 
     pub const fn from_raw(v: u32) -> Option<RecordSource> {
@@ -42,6 +49,7 @@ impl RecordSource {
             3 => Some(RecordSource::Signal),
             4 => Some(RecordSource::Kernel),
             5 => Some(RecordSource::RebootExit),
+            6 => Some(RecordSource::ToolEnd),
             _ => None,
         }
     }
@@ -54,12 +62,13 @@ impl RecordSource {
             RecordSource::Signal => "signal",
             RecordSource::Kernel => "kernel",
             RecordSource::RebootExit => "reboot_exit",
+            RecordSource::ToolEnd => "tool_end",
         }
     }
 }
 
 /// `ERRORS` map slots: one per `RecordSource` (its value), slot 0 unused.
-pub const ERROR_SLOTS: u32 = 6;
+pub const ERROR_SLOTS: u32 = 7;
 
 /// What a hook found, one type per hook, packed into `RawEvent::payload`
 /// and read back by the same type: no positional meaning leaks out.
@@ -108,10 +117,29 @@ pub struct KernelCall {
     pub function: Option<KernelFunction>,
 }
 
-/// `exec.rs`: the `TOOLS` id of the exec'd basename.
+/// `exec.rs`: the `TOOLS` id of the exec'd basename, and the file name of
+/// the binary really executed (`mm->exe_file`: behind every symlink; for a
+/// `#!` script, its interpreter), NUL-padded (all zero: not read).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ToolExec {
     pub tool: u32,
+    pub exe: [u8; EXE_NAME_LEN],
+}
+
+/// `tool_end.rs`: how a watched tool ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolEnded {
+    /// Its process exited (or was killed).
+    Exited,
+    /// It exec'd another program: the tool is gone from the process.
+    Execd,
+}
+
+/// `tool_end.rs`'s payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ToolEnd {
+    /// `None`: a value this agent does not know.
+    pub how: Option<ToolEnded>,
 }
 
 /// `RawEvent::flags`.
@@ -130,6 +158,13 @@ pub const FLAG_CREDS: u32 = 32;
 /// The task holds CAP_SYS_BOOT in its effective set, in the initial user
 /// namespace: its reboot(2) can work.
 pub const FLAG_CAP_SYS_BOOT: u32 = 64;
+/// An exec: the binary really executed and the kernel's AT_SECURE were read
+/// (without it, whose privilege the exec carries is unknown).
+pub const FLAG_EXEC_READ: u32 = 128;
+/// An exec that gave its caller privilege it did not have: AT_SECURE (a
+/// setuid or setgid binary, file capabilities, an LSM's transition) for a
+/// caller whose real uid is not root. Its credentials are borrowed.
+pub const FLAG_BORROWED: u32 = 256;
 
 /// `DROPS` map slots: records lost, by scope and why. "Capable": the node's
 /// records from callers that can shut it down (see `emit`); "node": the
@@ -374,9 +409,42 @@ impl Payload for ToolExec {
     const SOURCE: RecordSource = RecordSource::Exec;
     #[inline(always)]
     fn pack(&self) -> [u64; 4] {
-        [self.tool as u64, 0, 0, 0]
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&self.exe[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        [self.tool as u64, word(0), word(1), word(2)]
     }
     fn unpack(p: &[u64; 4]) -> Self {
-        ToolExec { tool: p[0] as u32 }
+        let mut exe = [0u8; EXE_NAME_LEN];
+        for i in 0..3 {
+            exe[i * 8..i * 8 + 8].copy_from_slice(&p[i + 1].to_le_bytes());
+        }
+        ToolExec {
+            tool: p[0] as u32,
+            exe,
+        }
+    }
+}
+
+impl Payload for ToolEnd {
+    const SOURCE: RecordSource = RecordSource::ToolEnd;
+    #[inline(always)]
+    fn pack(&self) -> [u64; 4] {
+        let how = match self.how {
+            Some(ToolEnded::Exited) => 1,
+            Some(ToolEnded::Execd) => 2,
+            None => 0,
+        };
+        [how, 0, 0, 0]
+    }
+    fn unpack(p: &[u64; 4]) -> Self {
+        let how = match p[0] {
+            1 => Some(ToolEnded::Exited),
+            2 => Some(ToolEnded::Execd),
+            _ => None,
+        };
+        ToolEnd { how }
     }
 }

@@ -106,6 +106,7 @@ fn signal(source: Source, forced: bool) -> ShutdownSignal {
         actor: Some(Actor {
             pid: 1,
             comm: "systemctl".into(),
+            borrowed: Some(false),
             ..Default::default()
         }),
         sender: None,
@@ -115,6 +116,7 @@ fn signal(source: Source, forced: bool) -> ShutdownSignal {
         detail: if forced {
             Detail::Exec {
                 path: "/sbin/poweroff".into(),
+                binary: None,
                 argv: vec!["poweroff".into(), "-ff".into()],
                 raw: String::new(),
                 truncated: false,

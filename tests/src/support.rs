@@ -176,10 +176,12 @@ pub fn forced_exec() -> ShutdownSignal {
         .by(Actor {
             pid: 1,
             comm: "reboot".into(),
+            borrowed: Some(false),
             ..Default::default()
         })
         .detail(Detail::Exec {
             path: "/sbin/reboot".into(),
+            binary: None,
             argv: vec!["reboot".into(), "-ff".into()],
             raw: String::new(),
             truncated: false,
@@ -247,6 +249,7 @@ pub fn capable(pid: u32, comm: &str) -> Actor {
         uid: 0,
         euid: Some(0),
         cap_sys_boot: Some(true),
+        borrowed: Some(false),
         ..Default::default()
     }
 }
@@ -269,6 +272,7 @@ pub fn direct_poweroff() -> ShutdownSignal {
         .by(capable(4242, "poweroff"))
         .detail(Detail::Exec {
             path: "/usr/sbin/poweroff".into(),
+            binary: None,
             argv: vec!["poweroff".into(), "-f".into()],
             raw: "poweroff\\0-f\\0".into(),
             truncated: false,

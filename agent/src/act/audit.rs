@@ -70,6 +70,12 @@ pub enum Outcome {
     /// The episode's expected end passed with the agent still alive and the
     /// host saying no shutdown is under way: every mark was undone.
     Abandoned { why: String },
+    /// The episode's proof of death was wrong and nothing else confirmed
+    /// the shutdown: every mark was undone, the record closed as failed.
+    Failed { why: String },
+    /// The episode's proof of death was wrong; the shutdown the host
+    /// confirmed goes on, its record written again without the proof.
+    Withdrawn { why: String },
     /// A request that was never confirmed (pending) ran out: nothing was
     /// done.
     Expired { why: String },

@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 
 use super::{
     audit::Outcome,
-    kube::{condition, record_params, shutdown_taint, RECORD_ANNOTATION, TAINT_KEY},
+    kube::{condition, record_params, shutdown_taint, TAINT_KEY},
     Actuator, LAST_GASP_BOUND,
 };
 use crate::{
@@ -315,8 +315,7 @@ impl LastGasp {
             taints.push(shutdown_taint(at));
         }
         Bodies {
-            evidence: json!({ "metadata": { "annotations": {
-                RECORD_ANNOTATION: record.to_json() } } }),
+            evidence: json!({ "metadata": { "annotations": record.annotations() } }),
             condition: json!({ "status": { "conditions": [cond] } }),
             taint: json!({ "spec": { "taints": taints } }),
         }

@@ -240,7 +240,13 @@ impl Actuator {
             (Action::Immediate { .. } | Action::LastWord, Some(s)) => {
                 self.link.unsent = Some((s.clone(), d.action.clone(), id));
             }
-            (Action::Cancel | Action::Abandon { .. } | Action::Expire { .. }, _) => {
+            (
+                Action::Cancel
+                | Action::Abandon { .. }
+                | Action::Expire { .. }
+                | Action::Fail { .. },
+                _,
+            ) => {
                 self.link.unsent = None;
             }
             _ => {}
@@ -275,8 +281,13 @@ impl Actuator {
             }
             (Action::Abandon { why }, _) => {
                 self.graceful.stop();
-                self.unwind(ep, why.clone());
+                self.unwind(ep, why.clone(), Closing::Abandoned);
             }
+            (Action::Fail { why }, _) => {
+                self.graceful.stop();
+                self.unwind(ep, why.clone(), Closing::Failed);
+            }
+            (Action::Withdraw { why }, _) => self.withdraw(s, ep, why.clone()),
             (Action::Expire { why }, _) => self.expire(ep, why.clone()).await,
             (Action::Warn { due }, _) => self.warn(&ep, *due),
             _ => {}

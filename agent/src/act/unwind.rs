@@ -6,6 +6,7 @@ use crate::{
     act::kube::NodeClient,
     decide::{Episode, HostAnswer, HostQuery},
     record::{Closing, EpisodeKey, ShutdownRecord},
+    signal::ShutdownSignal,
 };
 use anyhow::Result;
 use kube::runtime::events::EventType;
@@ -33,29 +34,57 @@ impl Actuator {
         });
     }
 
-    /// The shutdown did not come: every mark the episode made is undone, and
-    /// the delay lock is taken again for the next one.
-    pub(super) fn unwind(&self, ep: Episode, why: String) {
+    /// The shutdown did not come (`Abandoned`), or its proof of death was
+    /// wrong (`Failed`): the record closed first (it is the evidence a
+    /// fence stands on), then every mark the episode made undone, and the
+    /// delay lock taken again for the next one.
+    pub(super) fn unwind(&self, ep: Episode, why: String, how: Closing) {
         let (cluster, hands) = (self.link.cluster.clone(), self.hands.clone());
         let key = EpisodeKey::of(&hands.boot_id, &ep);
         tokio::spawn(async move {
             if let (Some(c), true) = (&cluster, ep.marked) {
+                c.node.close_record(&key, how, &why).await;
                 let msg = format!("episode {}: {why}", ep.id);
-                let (marks, ()) = tokio::join!(
-                    unmark(&c.node, &msg),
-                    c.node.close_record(&key, Closing::Abandoned, &why),
-                );
-                if let Err(e) = marks {
+                if let Err(e) = unmark(&c.node, &msg).await {
                     tracing::error!(
                         error = format!("{e:#}"),
                         "undoing the abandoned shutdown's marks"
                     );
                 }
             }
-            hands.outcome(ep.id, Outcome::Abandoned { why }).await;
+            let outcome = match how {
+                Closing::Failed => Outcome::Failed { why },
+                _ => Outcome::Abandoned { why },
+            };
+            hands.outcome(ep.id, outcome).await;
             if let Some(l) = hands.logind {
                 l.relock();
             }
+        });
+    }
+
+    /// The proof of death was wrong, and the shutdown goes on: the record
+    /// written again without it (`s`: the signal that withdrew it, if any).
+    pub(super) fn withdraw(&self, s: Option<&ShutdownSignal>, ep: Episode, why: String) {
+        let (cluster, hands) = (self.link.cluster.clone(), self.hands.clone());
+        let record = match s {
+            Some(s) => hands.record(s, &ep),
+            None => ShutdownRecord::of_episode(&hands.boot_id, &ep, std::time::SystemTime::now()),
+        };
+        tokio::spawn(async move {
+            if let (Some(c), true) = (&cluster, ep.marked) {
+                match c.node.set_record(&record).await {
+                    Ok(()) => tracing::warn!(
+                        episode = ep.id,
+                        "the record's proof of death withdrawn: {why}"
+                    ),
+                    Err(e) => tracing::error!(
+                        error = format!("{e:#}"),
+                        "the record's proof of death NOT withdrawn"
+                    ),
+                }
+            }
+            hands.outcome(ep.id, Outcome::Withdrawn { why }).await;
         });
     }
 }

@@ -9,6 +9,7 @@
 //! (`LAST_GASP_BOUND`), and Events, cancels, warnings, unwinding and the
 //! host check run as tasks beside the loop.
 use std::{
+    collections::VecDeque,
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
@@ -31,6 +32,7 @@ use crate::{
     detect::{
         actor, clock,
         ebpf::{Drops, EbpfDetector},
+        hooks::tool_end,
         logind::LogindHandle,
         shutdown_hook,
     },
@@ -320,8 +322,13 @@ async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Heal
         }
         tokio::select! {
             batch = det.next_batch() => {
-                for s in batch? {
-                    agent.handle(s).await?;
+                let mut queue: VecDeque<ShutdownSignal> = batch?.into();
+                while let Some(s) = queue.pop_front() {
+                    let exec = (s.source == Source::Exec).then(|| (s.actor.as_ref().map(|a| a.pid), s.at));
+                    let d = agent.handle(s).await?;
+                    if let Some((Some(pid), at)) = exec {
+                        watch_tool(&mut det, pid, at, &d, &mut queue);
+                    }
                 }
             }
             Some(s) = dbus_rx.recv() => {
@@ -365,6 +372,30 @@ async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Heal
     }
     tracing::info!(ring_buffer_drops = det.drops(), "stopping");
     Ok(())
+}
+
+/// A direct tool's exec (by `pid`, seen at `at`) just became the episode's
+/// proof of death: the kernel is asked to report the tool's end. One that
+/// ended already has what it wrote before its end read first (its
+/// reboot(2), if any), then its end.
+fn watch_tool(
+    det: &mut EbpfDetector,
+    pid: u32,
+    at: SystemTime,
+    d: &Decision,
+    queue: &mut VecDeque<ShutdownSignal>,
+) {
+    let proves = d
+        .episode
+        .as_ref()
+        .and_then(|e| e.death.as_ref())
+        .is_some_and(|x| x.proof == decide::Proof::DirectTool && x.pid == Some(pid) && x.at == at);
+    if !proves || det.watch(pid) {
+        return;
+    }
+    tracing::info!(pid, "the direct tool ended before it was watched");
+    queue.extend(det.drain_capable());
+    queue.push_back(tool_end::gone(pid, clock::now_pair()));
 }
 
 /// Kernel records lost since `before`: logged and counted when they grew.

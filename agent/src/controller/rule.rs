@@ -415,6 +415,7 @@ mod tests {
             comm: comm.into(),
             euid: Some(0),
             cap_sys_boot: Some(true),
+            borrowed: Some(false),
             ..Default::default()
         }
     }
@@ -429,6 +430,7 @@ mod tests {
                 .by(root(700, "poweroff"))
                 .detail(Detail::Exec {
                     path: "/sbin/poweroff".into(),
+                    binary: None,
                     argv: vec!["poweroff".into(), "-f".into()],
                     raw: String::new(),
                     truncated: false,

@@ -22,6 +22,7 @@ impl ShutdownSignal {
         let detail = match source {
             Source::Exec => Detail::Exec {
                 path: "/usr/bin/systemctl".into(),
+                binary: None,
                 argv: vec!["systemctl".into()],
                 raw: String::new(),
                 truncated: false,
@@ -43,6 +44,9 @@ impl ShutdownSignal {
             Source::ShutdownHook => Detail::Hook {
                 verb: "poweroff".into(),
             },
+            Source::ToolEnd => Detail::ToolEnd {
+                how: "exited".into(),
+            },
         };
         let bus = matches!(source, Source::Logind | Source::Systemd);
         ShutdownSignal {
@@ -63,6 +67,7 @@ impl ShutdownSignal {
             deadline: None,
             detail,
         }
+        .effect_of(source)
         .forced(matches!(source, Source::RebootSyscall | Source::KernelHook))
     }
 
@@ -71,6 +76,16 @@ impl ShutdownSignal {
     pub fn forced(mut self, forced: bool) -> Self {
         self.forced = forced;
         self.bypasses_logind = forced || !matches!(self.source, Source::Logind | Source::Exec);
+        self
+    }
+
+    /// A tool's end says only that its proof fails.
+    fn effect_of(mut self, source: Source) -> Self {
+        if source == Source::ToolEnd {
+            self.effect = Effect::Failed {
+                why: "the tool exited without a reboot(2) reaching the kernel".into(),
+            };
+        }
         self
     }
 

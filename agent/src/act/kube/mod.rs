@@ -219,7 +219,7 @@ impl NodeClient {
             });
             let params = match record {
                 Some(r) => {
-                    patch["metadata"]["annotations"] = json!({ RECORD_ANNOTATION: r.to_json() });
+                    patch["metadata"]["annotations"] = r.annotations();
                     record_params()
                 }
                 None => PatchParams::default(),
@@ -237,8 +237,7 @@ impl NodeClient {
 impl NodeClient {
     /// Writes the shutdown record annotation (merge patch on metadata).
     pub async fn set_record(&self, record: &ShutdownRecord) -> Result<()> {
-        let body =
-            json!({ "metadata": { "annotations": { RECORD_ANNOTATION: record.to_json() } } });
+        let body = json!({ "metadata": { "annotations": record.annotations() } });
         let (params, patch) = (record_params(), Patch::Merge(&body));
         retry("record", || self.nodes.patch(&self.node, &params, &patch)).await?;
         Ok(())
@@ -271,7 +270,7 @@ impl NodeClient {
     async fn put_record(&self, node: &Node, record: &ShutdownRecord) -> Result<(), kube::Error> {
         let body = json!({ "metadata": {
             "resourceVersion": node.metadata.resource_version,
-            "annotations": { RECORD_ANNOTATION: record.to_json() } } });
+            "annotations": record.annotations() } });
         self.nodes
             .patch(&self.node, &record_params(), &Patch::Merge(&body))
             .await

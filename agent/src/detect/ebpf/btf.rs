@@ -155,6 +155,18 @@ mod tests {
         assert!(mm > 0 && mm.is_multiple_of(8), "task_struct.mm at {mm}");
         assert_eq!(end, start + 8, "arg_end follows arg_start in mm_struct");
         assert!(btf.member_offset("task_struct", "no_such_field").is_err());
+        // The exec's binary and its AT_SECURE (`agent-ebpf/src/exec.rs`).
+        assert_eq!(btf.member_offset("qstr", "name").unwrap(), 8);
+        for (st, field) in [
+            ("mm_struct", "exe_file"),
+            ("mm_struct", "saved_auxv"),
+            ("file", "f_path"),
+            ("path", "dentry"),
+            ("dentry", "d_name"),
+        ] {
+            let off = btf.member_offset(st, field).unwrap();
+            assert!(off.is_multiple_of(8), "{st}.{field} at {off}");
+        }
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct EbpfDetector {
     container_events: AsyncFd<RingBuf<MapData>>,
     drops: PerCpuArray<MapData, u64>,
     errors: PerCpuArray<MapData, u64>,
+    /// Capable callers' tool execs, by tgid (`agent-ebpf/src/tool_end.rs`).
+    watch: HashMap<MapData, u32, u32>,
     pub report: Vec<HookReport>,
 }
 
@@ -89,7 +91,8 @@ impl Drops {
 const BATCH: usize = 256;
 
 /// Kernel struct offsets the programs need, from the running kernel's BTF:
-/// argv at exec, and the acting task's parent.
+/// argv, the binary and AT_SECURE at exec, and the acting task's parent
+/// and credentials.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskOffsets {
     pub task_mm: u64,
@@ -103,6 +106,12 @@ pub struct TaskOffsets {
     pub cred_cap_effective: u64,
     pub cred_user_ns: u64,
     pub user_ns_level: u64,
+    /// mm_struct.exe_file, file.f_path.dentry, dentry.d_name.name and
+    /// mm_struct.saved_auxv: the binary an exec really ran, and AT_SECURE.
+    pub mm_exe_file: u64,
+    pub file_dentry: u64,
+    pub dentry_name: u64,
+    pub mm_saved_auxv: u64,
 }
 
 impl TaskOffsets {
@@ -127,6 +136,12 @@ impl TaskOffsets {
             cred_cap_effective: btf.member_offset("cred", "cap_effective")?,
             cred_user_ns: btf.member_offset("cred", "user_ns")?,
             user_ns_level: btf.member_offset("user_namespace", "level")?,
+            mm_exe_file: btf.member_offset("mm_struct", "exe_file")?,
+            file_dentry: btf.member_offset("file", "f_path")?
+                + btf.member_offset("path", "dentry")?,
+            dentry_name: btf.member_offset("dentry", "d_name")?
+                + btf.member_offset("qstr", "name")?,
+            mm_saved_auxv: btf.member_offset("mm_struct", "saved_auxv")?,
         })
     }
 }
@@ -182,6 +197,7 @@ impl EbpfDetector {
         let container_events = ring(&mut bpf, "EVENTS_CONTAINER")?;
         let drops = PerCpuArray::try_from(bpf.take_map("DROPS").context("no DROPS map")?)?;
         let errors = PerCpuArray::try_from(bpf.take_map("ERRORS").context("no ERRORS map")?)?;
+        let watch = HashMap::try_from(bpf.take_map("WATCH").context("no WATCH map")?)?;
         Ok(EbpfDetector {
             _bpf: bpf,
             capable_events,
@@ -189,8 +205,25 @@ impl EbpfDetector {
             container_events,
             drops,
             errors,
+            watch,
             report,
         })
+    }
+
+    /// Asks the kernel to report the end of the tool exec'd in `tgid` (a
+    /// capable caller's, which the exec hook put in `WATCH`). False: it has
+    /// ended already (or was never there); then everything it wrote before
+    /// its end is in the capable ring ([`EbpfDetector::drain_capable`]).
+    pub fn watch(&mut self, tgid: u32) -> bool {
+        const BPF_EXIST: u64 = 2;
+        self.watch.insert(tgid, 1, BPF_EXIST).is_ok()
+    }
+
+    /// The capable callers' records waiting now, without waiting for more.
+    pub fn drain_capable(&mut self) -> Vec<ShutdownSignal> {
+        let mut out = Vec::new();
+        drain(&mut self.capable_events, &mut out, usize::MAX);
+        out
     }
 
     /// Records lost in the kernel, all CPUs.
@@ -300,6 +333,10 @@ fn load_object(node: &NodePidNs, o: &TaskOffsets) -> Result<Ebpf> {
         .override_global("CRED_CAP_EFFECTIVE_OFF", &o.cred_cap_effective, true)
         .override_global("CRED_USER_NS_OFF", &o.cred_user_ns, true)
         .override_global("USER_NS_LEVEL_OFF", &o.user_ns_level, true)
+        .override_global("MM_EXE_FILE_OFF", &o.mm_exe_file, true)
+        .override_global("FILE_DENTRY_OFF", &o.file_dentry, true)
+        .override_global("DENTRY_NAME_OFF", &o.dentry_name, true)
+        .override_global("MM_SAVED_AUXV_OFF", &o.mm_saved_auxv, true)
         .load(EBPF_OBJ)
         .map_err(|e| match memlock {
             Some(limit) => anyhow::Error::new(e).context(format!(

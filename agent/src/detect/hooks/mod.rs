@@ -24,6 +24,7 @@ pub(crate) mod kernel;
 pub(crate) mod reboot;
 pub(crate) mod reboot_exit;
 pub(crate) mod signal;
+pub mod tool_end;
 
 /// Every hook: adding one is a line here.
 pub const HOOKS: &[Hook] = &[
@@ -32,6 +33,7 @@ pub const HOOKS: &[Hook] = &[
     exec::HOOK,
     signal::HOOK,
     kernel::HOOK,
+    tool_end::HOOK,
 ];
 
 /// One hook: the records it writes, where it attaches, and how its records
@@ -197,6 +199,7 @@ pub fn decode(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
     let at = now.0 - Duration::from_nanos(now.1.saturating_sub(raw.boot_ns));
     let in_node = raw.flags & common::FLAG_NODE_PIDNS != 0;
     let creds = raw.flags & common::FLAG_CREDS != 0;
+    let exec = raw.source == RecordSource::Exec as u32;
     let actor = Actor {
         pid: raw.tgid,
         ns_pid: raw.ns_tgid,
@@ -204,6 +207,8 @@ pub fn decode(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
         uid: raw.uid,
         euid: creds.then_some(raw.euid),
         cap_sys_boot: creds.then_some(raw.flags & common::FLAG_CAP_SYS_BOOT != 0),
+        borrowed: (exec && raw.flags & common::FLAG_EXEC_READ != 0)
+            .then_some(raw.flags & common::FLAG_BORROWED != 0),
         cgroup_id: raw.cgroup_id,
         parents: if raw.ppid != 0 {
             vec![Parent {

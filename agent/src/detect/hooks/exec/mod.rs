@@ -28,7 +28,7 @@ pub(crate) const HOOK: Hook = Hook {
     decode: record,
 };
 
-/// The path and argv as captured (the tool is read from them).
+/// The path, the binary and argv as captured (the tool is read from them).
 fn record(r: &KernelRecord) -> Decoded {
     let raw = r.raw;
     let path_len = (raw.path_len as usize).min(common::PATH_LEN);
@@ -37,8 +37,13 @@ fn record(r: &KernelRecord) -> Decoded {
     let args = &raw.args[..(raw.args_len as usize).min(common::ARGS_LEN)];
     let truncated = raw.flags & common::FLAG_ARGS_TRUNCATED != 0;
     let argv = split_argv(args);
-    let mut intent = decode_exec(path, &argv, truncated, r.at);
-    if raw.flags & common::FLAG_ARGS_MISSING != 0 {
+    let common::ToolExec { exe, .. } = raw.payload().unwrap_or_default();
+    let binary = (raw.flags & common::FLAG_EXEC_READ != 0)
+        .then(|| &exe[..exe.iter().position(|&b| b == 0).unwrap_or(exe.len())]);
+    let mut intent = decode_exec(path, binary, &argv, truncated, r.at);
+    if raw.flags & common::FLAG_ARGS_MISSING != 0
+        && tool_named(binary.unwrap_or(basename(path))).is_some()
+    {
         // The tool is known, its arguments not: assume the worst.
         intent = Intent {
             kind: Kind::Unknown,
@@ -55,6 +60,7 @@ fn record(r: &KernelRecord) -> Decoded {
         intent,
         detail: Detail::Exec {
             path: path_s,
+            binary: binary.map(|b| String::from_utf8_lossy(b).into_owned()),
             argv: argv
                 .iter()
                 .map(|a| String::from_utf8_lossy(a).into_owned())
@@ -96,19 +102,40 @@ pub(crate) fn escape_bytes(raw: &[u8]) -> String {
     out
 }
 
-/// Decodes an exec of a shutdown tool. `path` is the exec'd file (may be just a tail of it),
-/// `argv` the split arguments (argv[0] first), `truncated` true when the capture was cut at
-/// 256 bytes (the last element is then partial), `now` the wall time of the exec (for `+N`).
-pub(crate) fn decode_exec(path: &[u8], argv: &[&[u8]], truncated: bool, now: SystemTime) -> Intent {
-    let argv = script_argv(path, argv);
-    let exe = tool_named(basename(path));
-    let args = argv.get(1..).unwrap_or_default();
-    let Some(mut tool) = argv.first().and_then(|a| tool_named(basename(a))).or(exe) else {
-        let name = escape_bytes(basename(path));
-        return Intent::nothing(Kind::Unknown, format!("{name} is not a shutdown tool"));
+/// Decodes an exec of a shutdown tool. `path` is the exec'd path (may be
+/// just a tail of it), `binary` the file name of the binary really
+/// executed (`None`: not read, and the path's name stands for it), `argv`
+/// the split arguments (argv[0] first), `truncated` true when the capture
+/// was cut at 256 bytes (the last element is then partial), `now` the wall
+/// time of the exec (for `+N`).
+///
+/// The binary names the tool, never a symlink's name or a script's: a
+/// `#!` script runs its interpreter, and is judged by what it runs in turn.
+/// A multi-call binary (systemctl, busybox, halt, init) acts as its argv[0]
+/// names it, as it does itself.
+pub(crate) fn decode_exec(
+    path: &[u8],
+    binary: Option<&[u8]>,
+    argv: &[&[u8]],
+    truncated: bool,
+    now: SystemTime,
+) -> Intent {
+    let binary = binary.unwrap_or(basename(path));
+    let Some(exe) = tool_named(binary) else {
+        let (name, binary) = (escape_bytes(basename(path)), escape_bytes(binary));
+        return Intent::nothing(
+            Kind::Unknown,
+            format!("{name} runs {binary}, which is no shutdown tool"),
+        );
     };
+    let args = argv.get(1..).unwrap_or_default();
+    let mut tool = argv
+        .first()
+        .and_then(|a| tool_named(basename(a)))
+        .filter(|_| reads_argv0(exe))
+        .unwrap_or(exe);
     // `/sbin/reboot -> busybox`: the exec'd file is busybox, argv[0] names the applet.
-    if let (Tool::Halt(kind), Some(Tool::Busybox)) = (tool, exe) {
+    if let (Tool::Halt(kind), Tool::Busybox) = (tool, exe) {
         tool = Tool::BusyboxHalt(kind);
     }
     if truncated && tool != Tool::Shutdown {
@@ -126,20 +153,10 @@ pub(crate) fn decode_exec(path: &[u8], argv: &[&[u8]], truncated: bool, now: Sys
     }
 }
 
-/// The tool's own argv. A `#!` script named like a tool (`/usr/local/bin/reboot`
-/// with `#!/bin/sh`) is exec'd as its interpreter: argv is then
-/// `[interpreter, (its one argument,) script path, the script's arguments...]`
-/// and the exec'd path is the script's. The tool's argv starts at that path.
-pub(crate) fn script_argv<'a, 'b>(path: &[u8], argv: &'a [&'b [u8]]) -> &'a [&'b [u8]] {
-    if path.is_empty()
-        || argv
-            .first()
-            .is_some_and(|a0| tool_named(basename(a0)).is_some())
-    {
-        return argv;
-    }
-    match argv.iter().skip(1).take(2).position(|a| *a == path) {
-        Some(i) => &argv[i + 1..],
-        None => argv,
-    }
+/// Whether the binary acts as its argv[0] names it.
+fn reads_argv0(exe: Tool) -> bool {
+    matches!(
+        exe,
+        Tool::Systemctl | Tool::Busybox | Tool::Halt(_) | Tool::Telinit
+    )
 }

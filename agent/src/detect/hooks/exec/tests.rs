@@ -25,7 +25,7 @@ fn bytes<'a>(argv: &[&'a str]) -> Vec<&'a [u8]> {
 
 /// Decodes `argv` exec'd from `path`.
 fn run(path: &str, argv: &[&str]) -> Intent {
-    decode_exec(path.as_bytes(), &bytes(argv), false, now())
+    decode_exec(path.as_bytes(), None, &bytes(argv), false, now())
 }
 
 /// Decodes a space-separated command line; the path is argv[0] when it has a slash,
@@ -369,7 +369,7 @@ fn argv0_names_the_tool() {
     );
     assert_intent(
         "argv0 path",
-        &run("/x/y", &["/usr/sbin/shutdown", "now"]),
+        &run("/usr/bin/systemctl", &["/usr/sbin/shutdown", "now"]),
         &logind(Poweroff),
     );
     assert_intent(
@@ -523,42 +523,48 @@ fn not_utf8() {
     let now = now();
     let argv: [&[u8]; 2] = [b"systemctl", b"\xffpoweroff"];
     assert_eq!(
-        decode_exec(b"/usr/bin/systemctl", &argv, false, now),
+        decode_exec(b"/usr/bin/systemctl", None, &argv, false, now),
         unclear()
     );
     let argv: [&[u8]; 3] = [b"systemctl", b"start", b"\xff.target"];
     assert_eq!(
-        decode_exec(b"/usr/bin/systemctl", &argv, false, now),
+        decode_exec(b"/usr/bin/systemctl", None, &argv, false, now),
         unclear()
     );
     let argv: [&[u8]; 3] = [b"systemctl", b"poweroff", b"--when=+\xff"];
     assert_eq!(
-        decode_exec(b"/usr/bin/systemctl", &argv, false, now),
+        decode_exec(b"/usr/bin/systemctl", None, &argv, false, now),
         unclear()
     );
     let argv: [&[u8]; 3] = [b"systemctl", b"poweroff", b"--\xff"];
     assert_eq!(
-        decode_exec(b"/usr/bin/systemctl", &argv, false, now),
+        decode_exec(b"/usr/bin/systemctl", None, &argv, false, now),
         unclear()
     );
     let argv: [&[u8]; 3] = [b"shutdown", b"-r", b"+\xff"];
-    assert_eq!(decode_exec(b"/sbin/shutdown", &argv, false, now), unclear());
+    assert_eq!(
+        decode_exec(b"/sbin/shutdown", None, &argv, false, now),
+        unclear()
+    );
     let argv: [&[u8]; 4] = [b"busybox", b"poweroff", b"-d", b"\xff"];
-    assert_eq!(decode_exec(b"/bin/busybox", &argv, false, now), unclear());
+    assert_eq!(
+        decode_exec(b"/bin/busybox", None, &argv, false, now),
+        unclear()
+    );
     // Wall text and reboot arguments are not read.
     let argv: [&[u8]; 4] = [b"shutdown", b"-r", b"now", b"\xff\xfe bye"];
     assert_eq!(
-        decode_exec(b"/sbin/shutdown", &argv, false, now),
+        decode_exec(b"/sbin/shutdown", None, &argv, false, now),
         logind(Kind::Reboot)
     );
     let argv: [&[u8]; 2] = [b"reboot", b"\xff"];
     assert_eq!(
-        decode_exec(b"/sbin/reboot", &argv, false, now),
+        decode_exec(b"/sbin/reboot", None, &argv, false, now),
         logind(Kind::Reboot)
     );
     let argv: [&[u8]; 2] = [b"\xff", b"-f"];
     assert_eq!(
-        decode_exec(b"/sbin/halt", &argv, false, now),
+        decode_exec(b"/sbin/halt", None, &argv, false, now),
         rebooting(Kind::Halt)
     );
 }
@@ -566,7 +572,8 @@ fn not_utf8() {
 #[test]
 fn truncated_capture() {
     use Kind::*;
-    let cut = |path: &str, argv: &[&str]| decode_exec(path.as_bytes(), &bytes(argv), true, now());
+    let cut =
+        |path: &str, argv: &[&str]| decode_exec(path.as_bytes(), None, &bytes(argv), true, now());
     assert_eq!(
         cut("/usr/bin/systemctl", &["systemctl", "poweroff", "--forc"]),
         unclear()
@@ -611,7 +618,7 @@ fn truncated_capture() {
 #[test]
 fn empty_argv() {
     use Kind::*;
-    let empty = |path: &str| decode_exec(path.as_bytes(), &[], false, now());
+    let empty = |path: &str| decode_exec(path.as_bytes(), None, &[], false, now());
     assert_eq!(empty("/sbin/reboot"), logind(Reboot));
     assert_eq!(empty("in/poweroff"), logind(Poweroff)); // a tail of the path
     assert_eq!(empty("/sbin/shutdown"), sched(Poweroff, Some(60), "+1"));
@@ -697,17 +704,17 @@ fn garbage_never_panics() {
         let raw: Vec<u8> = (0..rng.below(300)).map(|_| rng.next() as u8).collect();
         let argv = split_argv(&raw);
         let _ = escape_bytes(&raw);
-        let _ = decode_exec(&raw, &argv, round % 2 == 0, now());
-        let _ = decode_exec(b"/usr/bin/systemctl", &argv, round % 3 == 0, now());
+        let _ = decode_exec(&raw, None, &argv, round % 2 == 0, now());
+        let _ = decode_exec(b"/usr/bin/systemctl", None, &argv, round % 3 == 0, now());
 
         let argv: Vec<&[u8]> = (0..rng.below(8))
             .map(|_| WORDS[rng.below(WORDS.len())])
             .collect();
         let path = WORDS[rng.below(WORDS.len())];
-        let _ = decode_exec(path, &argv, round % 5 == 0, now());
-        let _ = decode_exec(path, &argv, false, UNIX_EPOCH);
+        let _ = decode_exec(path, None, &argv, round % 5 == 0, now());
+        let _ = decode_exec(path, None, &argv, false, UNIX_EPOCH);
         let far = UNIX_EPOCH + Duration::from_secs(i64::MAX as u64 / 4);
-        let _ = decode_exec(path, &argv, false, far);
+        let _ = decode_exec(path, None, &argv, false, far);
 
         let (a, b, c) = (rng.next() as u32, rng.next() as u32, rng.next() as u32);
         let _ = decode_reboot(a, b, c);
@@ -753,29 +760,59 @@ fn getopt_reader() {
     assert_eq!(tokenize(&bytes(&["--"]), &spec), []);
 }
 
+/// The binary really executed names the tool: a symlink or a script
+/// named like one is not one; a multi-call binary acts as its argv[0]
+/// names it, another binary ignores argv[0].
 #[test]
-fn a_script_named_like_a_tool_is_read_past_its_interpreter() {
-    let now = SystemTime::UNIX_EPOCH;
-    for argv in [
-        vec![&b"/bin/sh"[..], b"/usr/local/bin/reboot", b"-ff"],
-        vec![
-            &b"/usr/bin/env"[..],
-            b"bash",
-            b"/usr/local/bin/reboot",
-            b"-ff",
-        ],
-        vec![&b"/bin/bash"[..], b"-e", b"/usr/local/bin/reboot", b"-ff"],
-    ] {
-        let i = decode_exec(b"/usr/local/bin/reboot", &argv, false, now);
-        assert_eq!(
-            (i.kind, i.forced, &i.effect),
-            (Kind::Reboot, true, &Effect::Now),
-            "{argv:?}"
-        );
-    }
-    // Not a script: argv[0] names the tool, nothing shifts.
-    let argv = [&b"systemctl"[..], b"reboot"];
-    assert_eq!(script_argv(b"/usr/bin/systemctl", &argv), &argv[..]);
+fn the_binary_names_the_tool() {
+    let bin = |path: &str, binary: &str, argv: &[&str]| {
+        decode_exec(
+            path.as_bytes(),
+            Some(binary.as_bytes()),
+            &bytes(argv),
+            false,
+            now(),
+        )
+    };
+    // `ln -s /usr/bin/passwd /tmp/poweroff; /tmp/poweroff -f`
+    let i = bin("/tmp/poweroff", "passwd", &["/tmp/poweroff", "-f"]);
+    assert!(
+        matches!(&i.effect, Effect::None { why } if why == "poweroff runs passwd, which is no shutdown tool"),
+        "{i:?}"
+    );
+    // A `#!` script named like a tool runs its interpreter.
+    let i = bin(
+        "/usr/local/bin/reboot",
+        "dash",
+        &["/bin/sh", "/usr/local/bin/reboot", "-ff"],
+    );
+    assert!(matches!(i.effect, Effect::None { .. }), "{i:?}");
+    // Debian's `/sbin/poweroff -> /bin/systemctl`, busybox's applets.
+    assert_intent(
+        "poweroff -f",
+        &bin("/sbin/poweroff", "systemctl", &["poweroff", "-f"]),
+        &rebooting(Kind::Poweroff),
+    );
+    assert_intent(
+        "busybox reboot -f",
+        &bin("/sbin/reboot", "busybox", &["reboot", "-f"]),
+        &rebooting(Kind::Reboot),
+    );
+    // `exec -a poweroff kexec -f`: kexec does not read argv[0].
+    let i = bin("/sbin/kexec", "kexec", &["poweroff", "-f"]);
+    assert_ne!(i.kind, Kind::Poweroff, "{i:?}");
+    // Not read (no BTF): the path's name stands for the binary.
+    assert_intent(
+        "reboot -ff, binary unknown",
+        &decode_exec(
+            b"/sbin/reboot",
+            None,
+            &bytes(&["reboot", "-ff"]),
+            false,
+            now(),
+        ),
+        &rebooting(Kind::Reboot),
+    );
 }
 
 #[test]
