@@ -10,16 +10,17 @@ use std::{
 use lastgasp::{act::audit::AuditRecord, signal::ShutdownSignal};
 use lastgasp_tests::support::*;
 
-#[test]
-fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
-    if !can_load_ebpf("cli_standalone") {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("lastgasp-cli-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+/// `lastgasp run --standalone`, armed, its stdout's lines on a channel.
+struct Standalone {
+    agent: std::process::Child,
+    lines: mpsc::Receiver<String>,
+}
+
+fn standalone(dir: &std::path::Path) -> Standalone {
+    let _ = std::fs::remove_dir_all(dir);
     let mut agent = Command::new(agent_bin())
         .args(["run", "--standalone", "--audit-dir"])
-        .arg(&dir)
+        .arg(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -48,8 +49,7 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
         );
     }
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-
-    let (tx, rx) = mpsc::channel();
+    let (tx, lines) = mpsc::channel();
     let out = agent.stdout.take().unwrap();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines() {
@@ -59,39 +59,69 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
             }
         }
     });
+    Standalone { agent, lines }
+}
+
+impl Standalone {
+    /// The next printed signal (with its decision) that `pred` accepts.
+    fn next(
+        &self,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> (String, serde_json::Value) {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("no JSON line for {what} within 5 s"));
+            let v: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            if pred(&v) {
+                return (line, v);
+            }
+        }
+    }
+
+    /// SIGTERM, and a clean stop.
+    fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.agent.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        assert!(
+            self.agent.wait().unwrap().success(),
+            "SIGTERM is a clean stop"
+        );
+    }
+}
+
+#[test]
+fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
+    if !can_load_ebpf("cli_standalone") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lastgasp-cli-{}", std::process::id()));
+    let agent = standalone(&dir);
 
     let child = PidNsChild::spawn(&["pidns-reboot", "poweroff"]);
     let pid = child.init_pid;
     assert_eq!(child.ended(), "signal SIGINT");
-    let signal = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("no JSON line within 5 s");
-        let s: ShutdownSignal =
-            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        if s.actor.as_ref().is_some_and(|a| a.pid == pid) {
-            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-            assert_eq!(v["source"], "reboot-syscall");
-            assert_eq!(v["kind"], "poweroff");
-            assert_eq!(v["scope"], "container");
-            assert_eq!(v["effect"], "now");
-            assert_eq!(v["forced"], true);
-            assert_eq!(v["actor"]["comm"], "lastgasp-trigge");
-            assert_eq!(v["detail"]["valid_magic"], true);
-            assert_eq!(
-                v["decision"]["action"], "audit-only",
-                "a container's reboot never drains the node"
-            );
-            break s;
-        }
-    };
-
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert!(agent.wait().unwrap().success(), "SIGTERM is a clean stop");
+    let (line, v) = agent.next("the namespace's reboot(2)", |v| v["actor"]["pid"] == pid);
+    let signal: ShutdownSignal =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(v["source"], "reboot-syscall");
+    assert_eq!(v["kind"], "poweroff");
+    assert_eq!(v["scope"], "container");
+    assert_eq!(v["effect"], "now");
+    assert_eq!(v["forced"], true);
+    assert_eq!(v["actor"]["comm"], "lastgasp-trigge");
+    assert_eq!(v["detail"]["valid_magic"], true);
+    assert_eq!(
+        v["decision"]["action"], "audit-only",
+        "a container's reboot never drains the node"
+    );
+    agent.stop();
 
     let history = |boot: &str| -> Vec<AuditRecord> {
         let out = Command::new(agent_bin())
@@ -134,6 +164,41 @@ fn standalone_run_reports_a_namespace_poweroff_and_audits_it() {
         history("previous").is_empty(),
         "no earlier boot in a fresh log"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Root's `poweroff -f` whose tool never reaches the kernel (a stand-in
+/// that exits): the real agent decides it immediate on the direct tool's
+/// proof, then fails the episode when the tool ends, whether it ended
+/// after the agent asked the kernel to watch it or before.
+#[test]
+fn a_direct_tool_that_ends_without_a_reboot_fails_its_episode() {
+    if !can_load_ebpf("cli_tool_end") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("lastgasp-cli-end-{}", std::process::id()));
+    let agent = standalone(&dir);
+    let tool = dir.join("tools/poweroff");
+    std::fs::create_dir_all(tool.parent().unwrap()).unwrap();
+    std::fs::copy(trigger_bin(), &tool).unwrap();
+    for how in ["sleep:500", "sleep:0"] {
+        let mut child = Command::new(&tool)
+            .arg("-f")
+            .env("LASTGASP_STANDIN", how)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let (_, exec) = agent.next("the tool's exec", |v| {
+            v["source"] == "exec" && v["actor"]["pid"] == pid
+        });
+        assert_eq!(exec["decision"]["action"], "immediate", "{how}: {exec}");
+        let (_, end) = agent.next("the tool's end", |v| {
+            v["source"] == "tool-end" && v["actor"]["pid"] == pid
+        });
+        assert_eq!(end["decision"]["action"], "fail", "{how}: {end}");
+        child.wait().unwrap();
+    }
+    agent.stop();
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -355,34 +355,49 @@ async fn an_exec_carries_the_callers_credentials() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// A `#!` script named like a shutdown tool runs as its interpreter: it is
-/// matched by its name and decoded past the interpreter's arguments.
+/// A `#!` script named like a shutdown tool runs its interpreter: the
+/// kernel reads the binary (the shell), so the script is no tool; what it
+/// runs is judged in turn (here it exec's the tool, in the same process).
 #[tokio::test]
-async fn a_script_named_like_a_tool_is_decoded_past_its_interpreter() {
+async fn a_script_named_like_a_tool_is_judged_by_what_it_runs() {
     if !can_load_ebpf("script_tool") {
         return;
     }
     use std::os::unix::fs::PermissionsExt;
     let dir = tmpdir("script");
+    let tool = stand_in(&dir.join("tools"), "reboot");
     let script = dir.join("reboot");
-    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", tool.display()),
+    )
+    .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut det = load(NodePidNs::initial().unwrap());
     let child = Command::new(&script).arg("-ff").spawn().unwrap();
     let pid = child.id();
     child.wait_with_output().unwrap();
-    let s = det
-        .wait_for("the script's exec", |s| {
-            s.actor.as_ref().is_some_and(|a| a.pid == pid)
-        })
-        .await;
-    let Detail::Exec { argv, .. } = &s.detail else {
+    let ours =
+        |s: &lastgasp::signal::ShutdownSignal| s.actor.as_ref().is_some_and(|a| a.pid == pid);
+    let s = det.wait_for("the script's exec", ours).await;
+    let Detail::Exec { argv, binary, .. } = &s.detail else {
         panic!("{:?}", s.detail)
     };
     assert_eq!(
         argv.first().map(String::as_str),
         Some("/bin/sh"),
         "{argv:?}"
+    );
+    assert!(
+        binary.as_deref().is_some_and(|b| b != "reboot"),
+        "the interpreter ran: {binary:?}"
+    );
+    assert!(matches!(s.effect, Effect::None { .. }), "{:?}", s.effect);
+    let s = det.wait_for("the tool it exec'd", ours).await;
+    assert!(
+        matches!(&s.detail, Detail::Exec { binary: Some(b), .. } if b == "reboot"),
+        "{:?}",
+        s.detail
     );
     assert_eq!(
         (s.kind, s.forced, s.effect.clone()),
@@ -561,10 +576,12 @@ async fn exec_of_shutdown_tools_is_decoded() {
         match &s.detail {
             Detail::Exec {
                 path,
+                binary,
                 argv,
                 truncated,
                 ..
             } => {
+                assert_eq!(binary.as_deref(), Some(case.argv[0]), "{what}");
                 assert_eq!(path, &tool.display().to_string());
                 assert_eq!(argv[0], tool.display().to_string());
                 assert_eq!(&argv[1..], &case.argv[1..]);
@@ -593,6 +610,197 @@ async fn exec_of_shutdown_tools_is_decoded() {
         };
         assert_eq!(got, effect, "shutdown {args:?}");
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A setuid-root program that is no shutdown tool, run by uid 65534
+/// through a symlink named after each tool, and a setuid copy of a
+/// non-tool named `reboot`: the kernel reads that the exec lent the
+/// privilege (AT_SECURE) and which binary ran; nothing is proved, no
+/// episode opens, and such records go to the rate-limited ring, not the
+/// capable callers' one. Root's own exec of the same copy is unchanged.
+#[tokio::test]
+async fn privilege_an_exec_lends_proves_nothing() {
+    if !can_load_ebpf("borrowed_privilege") {
+        return;
+    }
+    use lastgasp::decide::{Action, Decider, Proof};
+    use std::os::unix::{
+        fs::{symlink, PermissionsExt},
+        process::CommandExt,
+    };
+    let dir = tmpdir("setuid");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let setuid = |path: &std::path::Path| {
+        std::fs::copy("/usr/bin/true", path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    };
+    let prog = dir.join("notatool");
+    setuid(&prog);
+    let copies = dir.join("copies");
+    std::fs::create_dir_all(&copies).unwrap();
+    std::fs::set_permissions(&copies, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = copies.join("reboot");
+    setuid(&copy);
+    let mut det = load(NodePidNs::initial().unwrap());
+    let nobody = |path: &std::path::Path, args: &[&str]| {
+        let child = Command::new(path)
+            .args(args)
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        child.wait_with_output().unwrap();
+        pid
+    };
+    let mut cases: Vec<(std::path::PathBuf, Vec<&str>, &str)> = Vec::new();
+    for (name, args) in [
+        ("poweroff", vec!["-f"]),
+        ("reboot", vec!["-ff"]),
+        ("halt", vec!["-f"]),
+        ("shutdown", vec!["-h", "now"]),
+        ("systemctl", vec!["poweroff", "-ff"]),
+        ("init", vec!["0"]),
+        ("telinit", vec!["0"]),
+        ("kexec", vec!["-e"]),
+        ("busybox", vec!["poweroff", "-f"]),
+    ] {
+        let link = dir.join(name);
+        symlink(&prog, &link).unwrap();
+        cases.push((link, args, "notatool"));
+    }
+    cases.push((copy.clone(), vec!["-ff"], "reboot"));
+    for (path, args, binary) in &cases {
+        let pid = nobody(path, args);
+        let what = format!("{} {args:?} as uid 65534", path.display());
+        let s = det
+            .wait_for(&what, |s| s.actor.as_ref().is_some_and(|a| a.pid == pid))
+            .await;
+        let a = s.actor.clone().unwrap();
+        assert_eq!(
+            (a.uid, a.euid, a.cap_sys_boot, a.borrowed),
+            (65534, Some(0), Some(true), Some(true)),
+            "{what}: the setuid exec gives euid 0 and CAP_SYS_BOOT, lent"
+        );
+        assert!(
+            matches!(&s.detail, Detail::Exec { binary: Some(b), .. } if b == binary),
+            "{what}: {:?}",
+            s.detail
+        );
+        let d = Decider::new().decide(&s);
+        assert!(
+            matches!(d.action, Action::AuditOnly { .. }) && d.episode.is_none(),
+            "{what}: {:?}",
+            d.action
+        );
+    }
+    // Root runs the same copy: its own privilege, a direct tool's proof.
+    let child = Command::new(&copy).arg("-ff").spawn().unwrap();
+    let pid = child.id();
+    child.wait_with_output().unwrap();
+    let s = det
+        .wait_for("root's reboot -ff", |s| {
+            s.actor.as_ref().is_some_and(|a| a.pid == pid)
+        })
+        .await;
+    assert_eq!(s.actor.as_ref().unwrap().borrowed, Some(false));
+    let d = Decider::new().decide(&s);
+    assert_eq!(
+        d.episode.and_then(|e| e.death).map(|x| x.proof),
+        Some(Proof::DirectTool)
+    );
+    // A loop of lent execs: rate-limited with the node's other callers.
+    let before = det.det.drops_by_cause();
+    for _ in 0..400 {
+        nobody(&dir.join("poweroff"), &["-f"]);
+    }
+    let after = det.det.drops_by_cause();
+    println!("drops after 400 lent execs: {after:?}");
+    assert!(
+        after.node_rate_limited > before.node_rate_limited,
+        "{after:?}"
+    );
+    assert_eq!(after.capable_full, 0, "{after:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A capable caller's direct tool (a stand-in that never reboots) whose
+/// exec the agent marks: its exit, or its exec of another program, is
+/// reported by the kernel, and withdraws its proof (the record fails). One
+/// that ended before it was marked cannot be marked. Unmarked tools' ends
+/// are not reported.
+#[tokio::test]
+async fn a_direct_tools_end_withdraws_its_proof() {
+    if !can_load_ebpf("tool_end") {
+        return;
+    }
+    use lastgasp::decide::{Action, Decider, Proof};
+    let dir = tmpdir("tool-end");
+    let tool = dir.join("poweroff");
+    std::fs::copy(trigger_bin(), &tool).unwrap();
+    let mut det = load(NodePidNs::initial().unwrap());
+    let start = |how: &str| {
+        Command::new(&tool)
+            .arg("-f")
+            .env("LASTGASP_STANDIN", how)
+            .spawn()
+            .unwrap()
+    };
+    // Not marked: its end says nothing (every wait below would see it).
+    let mut unmarked = start("sleep:100");
+    let unmarked_pid = unmarked.id();
+    let stray = move |s: &lastgasp::signal::ShutdownSignal| {
+        let pid = s.actor.as_ref().map(|a| a.pid);
+        assert!(
+            !(s.source == Source::ToolEnd && pid == Some(unmarked_pid)),
+            "an unmarked tool's end was reported: {s:?}"
+        );
+        pid
+    };
+    for (how, said) in [
+        ("sleep:600".to_string(), "exited"),
+        (
+            "exec:600:/usr/bin/true".to_string(),
+            "exec'd another program",
+        ),
+    ] {
+        let mut child = start(&how);
+        let pid = child.id();
+        let s = det
+            .wait_for("the tool's exec", |s| {
+                s.source == Source::Exec && stray(s) == Some(pid)
+            })
+            .await;
+        let mut d = Decider::new();
+        let proof = d.decide(&s).episode.and_then(|e| e.death);
+        assert_eq!(
+            proof.map(|p| (p.proof, p.pid)),
+            Some((Proof::DirectTool, Some(pid))),
+            "{how}"
+        );
+        assert!(det.det.watch(pid), "{how}: still running, so marked");
+        let end = det
+            .wait_for("its end", |s| {
+                s.source == Source::ToolEnd && stray(s) == Some(pid)
+            })
+            .await;
+        assert_eq!(end.detail, Detail::ToolEnd { how: said.into() }, "{how}");
+        let a = d.decide(&end).action;
+        assert!(matches!(a, Action::Fail { .. }), "{how}: {a:?}");
+        child.wait().unwrap();
+    }
+    unmarked.wait().unwrap();
+    // Ended before it was marked.
+    let mut child = start("sleep:0");
+    let pid = child.id();
+    child.wait().unwrap();
+    det.wait_for("the quick tool's exec", |s| {
+        s.source == Source::Exec && stray(s) == Some(pid)
+    })
+    .await;
+    assert!(!det.det.watch(pid), "gone: nothing to mark");
+    assert_no_hook_errors(&det);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -26,9 +26,29 @@ const CMD_POWER_OFF: libc::c_long = 0x4321FEDC;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: lastgasp-trigger bad-magic-reboot CMD_HEX | bad-magic-reboots N INTERVAL_MS | unprivileged-reboot-flood SECS | pidns-reboot poweroff|restart|halt | fake-init | nobody-init | reboot-init | exec-in-pidns PATH [ARGS...] | exec-loop N | exec-loop-in-pidns N PATH [ARGS...]"
+        "usage: LASTGASP_STANDIN=sleep:MS|exec:MS:PATH lastgasp-trigger (a copy under a tool's name) | lastgasp-trigger bad-magic-reboot CMD_HEX | bad-magic-reboots N INTERVAL_MS | unprivileged-reboot-flood SECS | pidns-reboot poweroff|restart|halt | fake-init | nobody-init | reboot-init | exec-in-pidns PATH [ARGS...] | exec-loop N | exec-loop-in-pidns N PATH [ARGS...]"
     );
     exit(2)
+}
+
+/// Copied under a shutdown tool's name, a tool that never reboots:
+/// `sleep:MS` runs MS milliseconds and exits 0; `exec:MS:PATH` runs MS
+/// milliseconds, then exec's PATH.
+fn stand_in_tool(how: &str) -> ! {
+    use std::os::unix::process::CommandExt;
+    let mut parts = how.splitn(3, ':');
+    let (what, ms) = (parts.next(), parts.next().and_then(|m| m.parse().ok()));
+    let Some(ms) = ms else { usage() };
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    match (what, parts.next()) {
+        (Some("sleep"), None) => exit(0),
+        (Some("exec"), Some(path)) => {
+            let e = std::process::Command::new(path).exec();
+            eprintln!("exec {path}: {e}");
+            exit(1)
+        }
+        _ => usage(),
+    }
 }
 
 fn pidns_ino() -> u64 {
@@ -38,6 +58,9 @@ fn pidns_ino() -> u64 {
 }
 
 fn main() {
+    if let Ok(how) = std::env::var("LASTGASP_STANDIN") {
+        stand_in_tool(&how);
+    }
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("bad-magic-reboot") => {
