@@ -733,84 +733,143 @@ fn only_a_nodes_own_agent_writes_its_evidence_and_the_controller_only_its_fence(
         let (a, b) = ("ev-a", "ev-b");
         sim.add_node(a).await.unwrap();
         sim.add_node(b).await.unwrap();
-        nodesim::schedulable(&admin, &[a, b], Duration::from_secs(60)).await.unwrap();
+        nodesim::schedulable(&admin, &[a, b], Duration::from_secs(60))
+            .await
+            .unwrap();
         apply(&admin, &objs, false).await;
-        // A node controller of somebody else's (a CNI, NFD, the autoscaler):
-        // it may patch Nodes.
-        let other = json!([
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "node-patcher", "namespace": NS}},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "lastgasp-test-node-patcher"},
-             "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "lastgasp-test-node-patcher"},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lastgasp-test-node-patcher"},
-             "subjects": [{"kind": "ServiceAccount", "name": "node-patcher", "namespace": NS}]}
-        ]);
-        apply(&admin, other.as_array().unwrap(), false).await;
+        let patcher = node_patcher(cp, &admin).await;
         evidence_enforced(&admin, a).await;
-        let patcher = cp.agent_client(&pod_token(&admin, NS, "node-patcher", None).await, Use::Requests);
         let pod_a = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
         let pod_b = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == b).await;
-        let agent_a = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&pod_a)).await, Use::Requests);
-        let agent_b = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&pod_b)).await, Use::Requests);
-        let controller = cp.agent_client(&pod_token(&admin, NS, CONTROLLER_SA, None).await, Use::Requests);
+        let agent_a = cp.agent_client(
+            &pod_token(&admin, NS, AGENT_SA, Some(&pod_a)).await,
+            Use::Requests,
+        );
+        let agent_b = cp.agent_client(
+            &pod_token(&admin, NS, AGENT_SA, Some(&pod_b)).await,
+            Use::Requests,
+        );
+        let controller = cp.agent_client(
+            &pod_token(&admin, NS, CONTROLLER_SA, None).await,
+            Use::Requests,
+        );
 
         // A's own agent writes A's record (the record's own field manager).
         let boot = sim.boot_id(a).unwrap();
-        let rec = lastgasp_tests::support::record_of(&boot, &lastgasp_tests::support::kernel_poweroff());
+        let rec =
+            lastgasp_tests::support::record_of(&boot, &lastgasp_tests::support::kernel_poweroff());
         let body = |v: Value| json!({"metadata": {"annotations": v}});
         let params = lastgasp::act::kube::record_params();
         let record_patch = Patch::Merge(body(json!({RECORD_ANNOTATION: rec.to_json()})));
-        Api::<Node>::all(agent_a.clone()).patch(a, &params, &record_patch).await.unwrap();
+        Api::<Node>::all(agent_a.clone())
+            .patch(a, &params, &record_patch)
+            .await
+            .unwrap();
         let n = Api::<Node>::all(admin.clone()).get(a).await.unwrap();
-        assert!(lastgasp::record::written_at(&n).is_some(), "the server stamped the record's write");
+        assert!(
+            lastgasp::record::written_at(&n).is_some(),
+            "the server stamped the record's write"
+        );
 
-        let forged = rec.clone().closed(lastgasp::record::Closing::Back, "x", std::time::SystemTime::now());
+        let forged = rec.clone().closed(
+            lastgasp::record::Closing::Back,
+            "x",
+            std::time::SystemTime::now(),
+        );
         let forge = Patch::Merge(body(json!({RECORD_ANNOTATION: forged.to_json()})));
         let refused = "is written only by the lastgasp agent on that node";
-        for (who, client) in [("a node patcher", &patcher), ("an administrator", &admin), ("node B's agent", &agent_b)] {
+        for (who, client) in [
+            ("a node patcher", &patcher),
+            ("an administrator", &admin),
+            ("node B's agent", &agent_b),
+        ] {
             denied_by(
                 &format!("{who} writing node A's record"),
-                Api::<Node>::all(client.clone()).patch(a, &params, &forge).await,
+                Api::<Node>::all(client.clone())
+                    .patch(a, &params, &forge)
+                    .await,
                 &[refused, "may only change its own Node"],
             );
         }
         denied(
             "a node patcher writing node B's record",
-            Api::<Node>::all(patcher.clone()).patch(b, &params, &record_patch).await,
+            Api::<Node>::all(patcher.clone())
+                .patch(b, &params, &record_patch)
+                .await,
             refused,
         );
-        let fence = Patch::Merge(body(json!({TAINTED_BY_ANNOTATION: "me", FENCED_BOOT_ANNOTATION: boot})));
+        let fence = Patch::Merge(body(
+            json!({TAINTED_BY_ANNOTATION: "me", FENCED_BOOT_ANNOTATION: boot}),
+        ));
         denied(
             "a node patcher marking node A fenced",
-            Api::<Node>::all(patcher.clone()).patch(a, &PatchParams::default(), &fence).await,
+            Api::<Node>::all(patcher.clone())
+                .patch(a, &PatchParams::default(), &fence)
+                .await,
             "written only by the lastgasp controller",
         );
         denied_by(
             "A's agent marking node A fenced",
-            Api::<Node>::all(agent_a.clone()).patch(a, &PatchParams::default(), &fence).await,
-            &["only its own annotation", "written only by the lastgasp controller"],
+            Api::<Node>::all(agent_a.clone())
+                .patch(a, &PatchParams::default(), &fence)
+                .await,
+            &[
+                "only its own annotation",
+                "written only by the lastgasp controller",
+            ],
         );
         // Taking the record away is allowed: it can only prevent a fence.
         Api::<Node>::all(patcher.clone())
-            .patch(a, &PatchParams::default(), &Patch::Merge(body(json!({RECORD_ANNOTATION: null}))))
+            .patch(
+                a,
+                &PatchParams::default(),
+                &Patch::Merge(body(json!({RECORD_ANNOTATION: null}))),
+            )
             .await
             .unwrap();
         // Other writes of the others are not judged: the patcher's own label.
         Api::<Node>::all(patcher.clone())
-            .patch(b, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"example.com/x": "y"}}})))
+            .patch(
+                b,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"example.com/x": "y"}}})),
+            )
             .await
             .unwrap();
 
         // The controller: its fence, and nothing else.
         let nodes = Api::<Node>::all(controller.clone());
         let pp = PatchParams::default();
-        nodes.patch(b, &pp, &fence).await.expect("the controller writes its annotations");
+        nodes
+            .patch(b, &pp, &fence)
+            .await
+            .expect("the controller writes its annotations");
         for (what, patch, why) in [
-            ("a label", json!({"metadata": {"labels": {"x": "y"}}}), "only its own annotations"),
-            ("another annotation", json!({"metadata": {"annotations": {"x": "y"}}}), "only its own annotations"),
-            ("the record", json!({"metadata": {"annotations": {RECORD_ANNOTATION: forged.to_json()}}}), "only its own annotations"),
-            ("cordoning", json!({"spec": {"unschedulable": true}}), "only its own taint"),
-            ("another taint", json!({"spec": {"taints": [{"key": "x", "effect": "NoExecute"}]}}), "only its own taint"),
+            (
+                "a label",
+                json!({"metadata": {"labels": {"x": "y"}}}),
+                "only its own annotations",
+            ),
+            (
+                "another annotation",
+                json!({"metadata": {"annotations": {"x": "y"}}}),
+                "only its own annotations",
+            ),
+            (
+                "the record",
+                json!({"metadata": {"annotations": {RECORD_ANNOTATION: forged.to_json()}}}),
+                "only its own annotations",
+            ),
+            (
+                "cordoning",
+                json!({"spec": {"unschedulable": true}}),
+                "only its own taint",
+            ),
+            (
+                "another taint",
+                json!({"spec": {"taints": [{"key": "x", "effect": "NoExecute"}]}}),
+                "only its own taint",
+            ),
         ] {
             denied_by(
                 &format!("the controller writing {what} of node B"),
@@ -825,10 +884,282 @@ fn only_a_nodes_own_agent_writes_its_evidence_and_the_controller_only_its_fence(
         denied(
             "the controller deleting a pod nothing evicts",
             Api::<Pod>::namespaced(controller.clone(), work)
-                .delete("running", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                .delete(
+                    "running",
+                    &DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..Default::default()
+                    },
+                )
                 .await,
             "only pods already being deleted",
         );
+    });
+}
+
+/// A ServiceAccount of somebody else's node controller (a CNI, NFD, the
+/// autoscaler) that may get and patch Nodes, and its client.
+async fn node_patcher(cp: &ControlPlane, admin: &Client) -> Client {
+    let other = json!([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "node-patcher", "namespace": NS}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "lastgasp-test-node-patcher"},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "lastgasp-test-node-patcher"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lastgasp-test-node-patcher"},
+         "subjects": [{"kind": "ServiceAccount", "name": "node-patcher", "namespace": NS}]}
+    ]);
+    apply(admin, other.as_array().unwrap(), false).await;
+    cp.agent_client(
+        &pod_token(admin, NS, "node-patcher", None).await,
+        Use::Requests,
+    )
+}
+
+fn has_out_of_service(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
+}
+
+/// The stamps the verdict reads and the fence are the node's agent's to
+/// give, on the real server: nobody else writes under the record's field
+/// manager (a patch of another field with its fieldManager, forged
+/// managedFields), so an old record cannot be made new; the controller's
+/// token adds the out-of-service taint only to a Node whose agent wrote a
+/// proof of death for its present boot; the fence's annotations go only
+/// with the taint.
+#[test]
+fn the_record_stamp_and_the_fence_are_the_node_agents_to_give() {
+    let test = "the_record_stamp_and_the_fence_are_the_node_agents_to_give";
+    let Some((cp, objs)) = setup(test) else {
+        return;
+    };
+    rt().block_on(async {
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let (a, b) = ("st-a", "st-b");
+        sim.add_node(a).await.unwrap();
+        sim.add_node(b).await.unwrap();
+        nodesim::schedulable(&admin, &[a, b], Duration::from_secs(60)).await.unwrap();
+        apply(&admin, &objs, false).await;
+        let patcher = node_patcher(cp, &admin).await;
+        evidence_enforced(&admin, a).await;
+        let pod_a = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
+        let agent_a = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&pod_a)).await, Use::Requests);
+        let controller = cp.agent_client(&pod_token(&admin, NS, CONTROLLER_SA, None).await, Use::Requests);
+        let nodes = Api::<Node>::all(admin.clone());
+
+        // A's agent writes its record, with its proof beside it.
+        let boot = sim.boot_id(a).unwrap();
+        recovery::last_gasp(&agent_a, a, &boot, lastgasp_tests::support::kernel_poweroff())
+            .await
+            .unwrap();
+        let n = nodes.get(a).await.unwrap();
+        assert_eq!(
+            n.annotations().get(lastgasp::record::PROOF_ANNOTATION).map(String::as_str),
+            Some(format!("kernel/{boot}").as_str()),
+            "the proof beside the record"
+        );
+        let stamp = lastgasp::record::written_at(&n).expect("the record's write time");
+        // The next second: a write under the record's manager would move it.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let as_record = PatchParams {
+            field_manager: Some(lastgasp::record::RECORD_MANAGER.into()),
+            ..Default::default()
+        };
+        let label = Patch::Merge(json!({"metadata": {"labels": {"example.com/touched": "yes"}}}));
+        // The re-dated entry must move in the list (sorted by time) for the
+        // server to keep it: the patcher's own write comes after the record.
+        // Their own writes under their own names pass (and are newer than the record).
+        Api::<Node>::all(patcher.clone()).patch(a, &PatchParams::default(), &label).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let refused = "is written under only by the lastgasp agent on that node";
+        for (who, client) in [("a node patcher", &patcher), ("an administrator", &admin)] {
+            denied(
+                &format!("{who} patching a label of node A as lastgasp-record"),
+                Api::<Node>::all(client.clone()).patch(a, &as_record, &label).await,
+                refused,
+            );
+            // managedFields in the body: the record's entry re-dated.
+            let mut fields = nodes.get(a).await.unwrap().metadata.managed_fields.unwrap();
+            for m in fields.iter_mut().filter(|m| m.manager.as_deref() == Some(lastgasp::record::RECORD_MANAGER)) {
+                m.time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+            }
+            denied(
+                &format!("{who} re-dating the record's managedFields on node A"),
+                Api::<Node>::all(client.clone())
+                    .patch(a, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"managedFields": fields}})))
+                    .await,
+                refused,
+            );
+        }
+        let n = nodes.get(a).await.unwrap();
+        assert_eq!(lastgasp::record::written_at(&n), Some(stamp), "the stamp did not move");
+
+        // The fence: the controller's token alone cannot set it.
+        let pp = PatchParams { field_manager: Some("lastgasp-controller".into()), ..Default::default() };
+        let fence = |boot: &str| {
+            Patch::Merge(json!({
+                "metadata": {"annotations": {TAINTED_BY_ANNOTATION: "test", FENCED_BOOT_ANNOTATION: boot}},
+                "spec": {"taints": [{"key": OUT_OF_SERVICE_KEY, "value": "nodeshutdown", "effect": "NoExecute"}]},
+            }))
+        };
+        let as_controller = Api::<Node>::all(controller.clone());
+        let no_proof = "only with its agent's proof of death for its present boot";
+        denied(
+            "the controller fencing node B, whose agent sent nothing",
+            as_controller.patch(b, &pp, &fence(&sim.boot_id(b).unwrap())).await,
+            no_proof,
+        );
+        // A's proof is of its present boot: the fence is admitted.
+        as_controller.patch(a, &pp, &fence(&boot)).await.expect("A's agent asked for it");
+        // Its annotations go only with the taint.
+        let keep_taint = Patch::Merge(json!({"metadata": {"annotations": {FENCED_BOOT_ANNOTATION: null}}}));
+        for (who, client) in [("a node patcher", &patcher), ("an administrator", &admin)] {
+            denied(
+                &format!("{who} removing the fence's boot annotation of node A, taint kept"),
+                Api::<Node>::all(client.clone()).patch(a, &PatchParams::default(), &keep_taint).await,
+                "are removed only with its out-of-service taint",
+            );
+        }
+        nodes
+            .patch(a, &PatchParams::default(), &Patch::Merge(json!({
+                "metadata": {"annotations": {TAINTED_BY_ANNOTATION: null, FENCED_BOOT_ANNOTATION: null}},
+                "spec": {"taints": []},
+            })))
+            .await
+            .expect("the taint and its annotations together");
+        // A reboots: the proof is of the boot before; no fence on it.
+        sim.add_node(a).await.unwrap();
+        denied(
+            "the controller fencing node A on its previous boot's proof",
+            as_controller.patch(a, &pp, &fence(&sim.boot_id(a).unwrap())).await,
+            no_proof,
+        );
+    });
+}
+
+/// The remediators' condition follows the taint: the taint removed by hand,
+/// the condition is False within a pass, and the fence is not set again on
+/// that record. A new leader (no memory) never force-deletes the pods of a
+/// fenced node that came back on the boot it was fenced in.
+#[test]
+fn the_condition_follows_the_taint_and_a_live_nodes_pods_are_never_forced() {
+    let test = "the_condition_follows_the_taint_and_a_live_nodes_pods_are_never_forced";
+    let Some((cp, objs)) = setup(test) else {
+        return;
+    };
+    rt().block_on(async {
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let names = ["cf-a", "cf-b", "cf-c"];
+        for n in names {
+            sim.add_node(n).await.unwrap();
+        }
+        nodesim::schedulable(&admin, &names, Duration::from_secs(60)).await.unwrap();
+        apply(&admin, &objs, false).await;
+        let (a, b) = (names[0], names[1]);
+        let ctl_pod = pod_of(&admin, "app.kubernetes.io/component=controller", |_, n| n == names[2]).await;
+        let controller = cp.agent_client(&pod_token(&admin, NS, CONTROLLER_SA, Some(&ctl_pod)).await, Use::Watch);
+        let work = "cf-work";
+        nodesim::namespace(&admin, work).await.unwrap();
+        // A pod on B that stays terminating (a finalizer): what a recovery deletes.
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), work);
+        let held: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "held", "namespace": work, "finalizers": ["example.com/hold"]},
+            "spec": {"nodeName": b, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &held).await.unwrap();
+        // Two replicas' Leases of this test's own (the chart grants one name).
+        let leases = json!([
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "lastgasp-test-cf-leases", "namespace": NS},
+             "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                        "resourceNames": ["lastgasp-controller-cf-1", "lastgasp-controller-cf-2"], "verbs": ["get", "update"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "lastgasp-test-cf-leases", "namespace": NS},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lastgasp-test-cf-leases"},
+             "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": NS}]}
+        ]);
+        apply(&admin, leases.as_array().unwrap(), false).await;
+        let replica = |id: &str| {
+            let mut cfg = recovery::controller_config(id);
+            cfg.lease_namespace = NS.into();
+            cfg
+        };
+        let c1 = recovery::spawn_controller(controller.clone(), replica("cf-1")).await.unwrap();
+        let nodes = Api::<Node>::all(admin.clone());
+        let fence = |node: &'static str| {
+            let (nodes, sim, cp, admin) = (nodes.clone(), &sim, cp, admin.clone());
+            async move {
+                let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == node).await;
+                let agent = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&agent_pod)).await, Use::Requests);
+                let boot = sim.boot_id(node).unwrap();
+                recovery::last_gasp(&agent, node, &boot, lastgasp_tests::support::kernel_poweroff())
+                    .await
+                    .unwrap();
+                sim.power_off(node);
+                let t0 = Instant::now();
+                loop {
+                    let n = nodes.get(node).await.unwrap();
+                    let cond = condition_of(&n, FENCED_CONDITION).map(|c| c.status);
+                    if has_out_of_service(&n) && cond.as_deref() == Some("True") {
+                        return boot;
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(40), "{node} not fenced within 40 s");
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        };
+        fence(a).await;
+        // The taint removed by hand, its annotations kept.
+        nodes
+            .patch(a, &PatchParams::default(), &Patch::Merge(json!({"spec": {"taints": []}})))
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        loop {
+            let n = nodes.get(a).await.unwrap();
+            let cond = condition_of(&n, FENCED_CONDITION).unwrap();
+            if cond.status == "False" {
+                assert_eq!(cond.reason.as_deref(), Some("FenceLifted"));
+                println!("condition False {:?} after the taint was removed by hand", t0.elapsed());
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "still {cond:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!has_out_of_service(&nodes.get(a).await.unwrap()), "fenced again on the same record");
+
+        // B fenced, its held pod force-deleted once; then B lives on, on the
+        // boot it was fenced in, and a new leader takes over.
+        let boot_b = fence(b).await;
+        let t0 = Instant::now();
+        while pods.get("held").await.unwrap().metadata.deletion_timestamp.is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "B's pod was never marked");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        c1.abort();
+        sim.resume(b, &boot_b).await.unwrap();
+        let from = cp.audit(&user(CONTROLLER_SA)).len();
+        let c2 = recovery::spawn_controller(controller.clone(), replica("cf-2")).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        c2.abort();
+        let forced: Vec<_> = cp.audit(&user(CONTROLLER_SA))[from..]
+            .iter()
+            .filter(|e| e.verb == "delete" && e.resource == "pods" && e.namespace == work)
+            .map(|e| e.name.clone())
+            .collect();
+        assert!(forced.is_empty(), "the new leader force-deleted a live node's pods: {forced:?}");
+        let n = nodes.get(b).await.unwrap();
+        let cond = condition_of(&n, FENCED_CONDITION).unwrap();
+        assert_eq!(cond.status, "False", "alive again on the fenced boot: {cond:?}");
+        // Clean up: the finalizer off.
+        pods.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+            .await
+            .unwrap();
     });
 }
 

@@ -369,7 +369,7 @@ fn the_admission_policy_lets_an_agent_write_only_its_own_node() {
 }
 
 /// On its own Node the agent may change only its own marks: its taint, its
-/// record annotation, its condition. Everything else the policy denies.
+/// record and proof annotations, its condition. Everything else the policy denies.
 #[test]
 fn the_admission_policy_keeps_the_agent_to_its_own_marks() {
     let (sa, vap) = agent_policy();
@@ -422,6 +422,11 @@ fn the_admission_policy_keeps_the_agent_to_its_own_marks() {
         &changed(&|n| {
             n["metadata"]["annotations"]["lastgasp.dev/last-shutdown"] = json!("{\"back\":true}");
         }),
+    );
+    // ... and the proof beside it.
+    allowed(
+        &main,
+        &changed(&|n| n["metadata"]["annotations"]["lastgasp.dev/proof"] = json!("kernel/b1")),
     );
     allowed(&main, &old);
     // Its own condition: allowed.

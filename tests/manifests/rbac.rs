@@ -437,7 +437,11 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
         requests
             .iter()
             .any(|r| r.method == "DELETE" && r.path.ends_with("/pods/stateful-0")),
-        "a grace-0 delete"
+        "a grace-0 delete: {:#?}",
+        requests
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect::<Vec<_>>()
     );
     assert_rbac_exact("controller", &grants, &requests);
 }

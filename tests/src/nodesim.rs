@@ -111,11 +111,18 @@ impl Sim {
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(e).context("registering the Node"),
         }
+        self.resume(name, &boot_id).await?;
+        Ok(boot_id)
+    }
+
+    /// Starts `name`'s kubelet on boot `boot_id` (a node that never went
+    /// down, when it is the boot it had).
+    pub async fn resume(&self, name: &str, boot_id: &str) -> Result<()> {
         let last_beat = Arc::new(Mutex::new(Instant::now()));
         let kubelet = Kubelet {
             client: self.client.clone(),
             name: name.to_string(),
-            boot_id: boot_id.clone(),
+            boot_id: boot_id.to_string(),
             last_beat: last_beat.clone(),
             ready_since: now_time(),
         };
@@ -129,12 +136,12 @@ impl Sim {
             NodeState {
                 task,
                 last_beat,
-                boot_id: boot_id.clone(),
+                boot_id: boot_id.to_string(),
             },
         ) {
             old.task.abort();
         }
-        Ok(boot_id)
+        Ok(())
     }
 
     /// When the node's last heartbeat (Lease and status) was answered.

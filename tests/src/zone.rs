@@ -26,7 +26,7 @@ use kube::{
 };
 use lastgasp::{
     act::{
-        kube::{record_params, Use, RECORD_ANNOTATION},
+        kube::{record_params, Use},
         last_gasp::{LastGasp, NotDelivered, Refusal},
     },
     controller::{Controller, ControllerConfig, OUT_OF_SERVICE_KEY},
@@ -578,7 +578,7 @@ impl Bench {
                         lg.bodies("ForcedShutdown", "poweroff -f (zone bench)", &rec, sig.at);
                     if arm == Arm::Before {
                         let mut spec = bodies.taint.clone();
-                        spec["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_json());
+                        spec["metadata"]["annotations"] = rec.annotations();
                         let (status, spec) =
                             (Patch::Strategic(&bodies.condition), Patch::Merge(&spec));
                         let (plain, rp) = (PatchParams::default(), record_params());
@@ -858,7 +858,7 @@ async fn before(
     dark: Instant,
 ) -> Gasp {
     let mut evidence = bodies.taint.clone();
-    evidence["metadata"]["annotations"][RECORD_ANNOTATION] = json!(rec.to_json());
+    evidence["metadata"]["annotations"] = rec.annotations();
     let (status, spec) = (Patch::Strategic(&bodies.condition), Patch::Merge(&evidence));
     // The record (with the taint) is the evidence; the condition beside it
     // only competes with it.

@@ -274,7 +274,7 @@ impl Default for ControllerMetrics {
         let actions = Family::<Labels, Counter>::default();
         r.register(
             "lastgasp_controller_actions",
-            "What the controller did or held back: taint-added, taint-removed, kept-same-boot, contradicted, would-fence (policy observe), held-opted-out, held-paused, held-ceiling, refused-rate-limit",
+            "What the controller did or held back: taint-added, taint-removed, kept-same-boot, condition-cleared, contradicted, would-fence (policy observe), held-opted-out, held-paused, held-ceiling, refused-rate-limit",
             actions.clone(),
         );
         let pass_errors = Counter::default();

@@ -84,6 +84,10 @@ pub struct ControllerConfig {
     pub reboot_timeout: Duration,
     /// How long the kernel's own proof of death stands before the fence.
     pub proof_quiet: Duration,
+    /// How long a direct tool's proof stands before the fence: longer than
+    /// the agent keeps one whose reboot(2) never comes (its
+    /// `trust.directToolWithin`), plus the time its withdrawal takes to land.
+    pub direct_tool_quiet: Duration,
     /// Added to the kubelet's Lease renew interval before it counts as silent.
     pub lease_margin: Duration,
     /// Fences across the cluster per minute; 0: no limit.
@@ -105,6 +109,7 @@ impl ControllerConfig {
             policy: FencePolicy::PoweroffOnly,
             reboot_timeout: Duration::from_secs(600),
             proof_quiet: Duration::from_secs(2),
+            direct_tool_quiet: Duration::from_secs(8),
             lease_margin: Duration::from_secs(2),
             max_fences_per_minute: 0,
             max_fenced: 0,
@@ -135,6 +140,12 @@ pub struct ControllerArgs {
     /// or power-off function) stands before the fence (API server's clock).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s", env = "LASTGASP_PROOF_QUIET")]
     pub proof_quiet: Duration,
+    /// How long a direct tool's proof (`poweroff -f`: its exec, before its
+    /// reboot(2)) stands before the fence (API server's clock). Keep it
+    /// above the agents' `trust.directToolWithin` (5 s) plus the time a
+    /// withdrawal takes to land.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "8s", env = "LASTGASP_DIRECT_TOOL_QUIET")]
+    pub direct_tool_quiet: Duration,
     /// Added to the kubelet's Lease renew interval (10 s by default) before
     /// a node counts as silent (a direct tool's proof: `poweroff -f`).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2s", env = "LASTGASP_LEASE_MARGIN")]
@@ -197,6 +208,7 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         policy: args.policy,
         reboot_timeout: args.reboot_timeout,
         proof_quiet: args.proof_quiet,
+        direct_tool_quiet: args.direct_tool_quiet,
         lease_margin: args.lease_margin,
         max_fences_per_minute: args.max_fences_per_minute,
         max_fenced: args.max_fenced,

@@ -22,8 +22,8 @@ use super::{
     lead::Leadership,
     rule::{self, boot_id, fenced_by_us, judge, Verdict},
     write::{get_with_date, Done, Recovery, Work, Writer},
-    ControllerConfig, FencePolicy, FENCED_BOOT_ANNOTATION, KEPT_SAME_BOOT, NODE_LEASE_NAMESPACE,
-    OPT_OUT_LABEL, OPT_OUT_VALUE,
+    ControllerConfig, FencePolicy, FENCED_BOOT_ANNOTATION, FENCED_CONDITION, KEPT_SAME_BOOT,
+    NODE_LEASE_NAMESPACE, OPT_OUT_LABEL, OPT_OUT_VALUE,
 };
 use crate::act::metrics::ControllerMetrics;
 
@@ -135,11 +135,14 @@ impl Controller {
                 self.unrecovered.insert(name.clone());
             }
             let verdict = judge(&node, leases.get(name.as_str()), server_now, &self.cfg);
+            let down = verdict == Verdict::Fenced;
             let w = self.work_for(&node, verdict, term.paused, now, &mut fenced);
-            let w = w.or_else(|| {
-                (self.unrecovered.contains(&name) && fenced_by_us(&node) && !term.paused)
-                    .then_some(Work::Recover)
-            });
+            let w = w
+                .or_else(|| {
+                    (self.unrecovered.contains(&name) && down && !term.paused)
+                        .then_some(Work::Recover)
+                })
+                .or_else(|| rule::stale_condition(&node).map(|reason| Work::Clear { reason }));
             if let Some(w) = w {
                 work.push((name, w));
             }
@@ -346,6 +349,14 @@ impl Controller {
                 self.record(&name, Verdict::Untaint);
             }
             (Work::Recover, Ok(Done::Recovered(r))) => self.recovered(&name, r),
+            (Work::Recover, Ok(Done::NotRecovered(now))) => {
+                self.unrecovered.remove(&name);
+                tracing::info!(node = %name, "its pods NOT deleted: the live read says {now}");
+            }
+            (Work::Clear { reason }, Ok(_)) => {
+                self.metrics.count_action("condition-cleared");
+                tracing::info!(node = %name, reason, "{FENCED_CONDITION} set False: the fence it reported is gone");
+            }
             (_, Ok(_)) => {}
             (w, Err(e)) => {
                 self.metrics.pass_errors.inc();

@@ -10,9 +10,14 @@
 //! its Lease after the proof was written. Then:
 //! - the kernel's own power-off: fenced once the proof has stood for the
 //!   quiet time, so that a reboot(2) that returned can be retracted first;
-//! - a direct tool (`poweroff -f`): fenced once the kubelet's Lease is
-//!   silent past its renew interval and the margin, since nothing stops the
-//!   kubelet before the tool's own reboot(2).
+//! - a direct tool (`poweroff -f`): fenced once the proof has stood for
+//!   its own quiet time (longer than the agent keeps a proof whose
+//!   reboot(2) never comes, so that its withdrawal lands first) and the
+//!   kubelet's Lease is silent past its renew interval and the margin,
+//!   since nothing stops the kubelet before the tool's own reboot(2).
+//!
+//! Every time compared is the API server's own stamp: the record's write
+//! and the kubelet's (its Lease, its Ready), the server's `Date`.
 //!
 //! A record without proof (a graceful shutdown, or one through PID 1, which
 //! stops or kills every process and waits for each) fences nothing until
@@ -26,8 +31,8 @@ use k8s_openapi::api::{
 use kube::ResourceExt;
 
 use super::{
-    ControllerConfig, FencePolicy, FENCED_BOOT_ANNOTATION, FENCE_MANAGER, OUT_OF_SERVICE_KEY,
-    TAINTED_BY_ANNOTATION,
+    ControllerConfig, FencePolicy, FENCED_BOOT_ANNOTATION, FENCED_CONDITION, FENCE_MANAGER,
+    OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION,
 };
 use crate::{
     decide::Proof,
@@ -89,12 +94,25 @@ fn ready_condition(node: &Node) -> Option<&NodeCondition> {
         .find(|c| c.type_ == "Ready")
 }
 
-/// When Ready last turned True, while it is True.
-pub fn ready_since(node: &Node) -> Option<SystemTime> {
-    let c = ready_condition(node).filter(|c| c.status == "True")?;
-    c.last_transition_time
-        .as_ref()
+/// While Ready is True: the API server's time of the last write of the
+/// manager that owns the Ready condition (the kubelet saying it is Ready).
+/// The condition's own times are the kubelet's clock, and are not used.
+pub fn ready_written(node: &Node) -> Option<SystemTime> {
+    ready_condition(node).filter(|c| c.status == "True")?;
+    node.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1.as_ref().is_some_and(|f| {
+                f.0.pointer("/f:status/f:conditions")
+                    .and_then(|c| c.get(r#"k:{"type":"Ready"}"#))
+                    .is_some()
+            })
+        })
+        .filter_map(|m| m.time.as_ref())
         .map(|t| SystemTime::from(t.0))
+        .max()
 }
 
 pub fn boot_id(node: &Node) -> Option<&str> {
@@ -190,8 +208,41 @@ pub fn judge(
     };
     match evidence(node, &rec, now, cfg) {
         Err(why) => Verdict::nothing(why),
+        Ok(ev) if lifted_by_hand(node, &ev) => Verdict::nothing(format!(
+            "{}; this controller fenced the node on it, and its taint was removed by hand: not again on this record",
+            ev.what
+        )),
         Ok(ev) => weigh(&ev, lease, now, cfg),
     }
+}
+
+/// This controller fenced the node in its present boot on this record
+/// (its annotations stay), and someone removed the taint since.
+fn lifted_by_hand(node: &Node, ev: &Evidence) -> bool {
+    let same_boot = matches!(node.annotations().get(FENCED_BOOT_ANNOTATION),
+        Some(b) if Some(b.as_str()) == boot_id(node));
+    same_boot
+        && node.annotations().contains_key(TAINTED_BY_ANNOTATION)
+        && fenced_at(node).is_some_and(|f| f >= ev.written)
+}
+
+/// Why the remediators' condition, True on `node`, no longer holds: this
+/// controller's taint is gone (`FenceLifted`: removed by hand, by another
+/// tool, or lifted), or the node runs another boot than the one fenced
+/// (`NodeBack`). `None`: it holds, or it is not True.
+pub fn stale_condition(node: &Node) -> Option<&'static str> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == FENCED_CONDITION && c.status == "True")?;
+    if !fenced_by_us(node) {
+        return Some("FenceLifted");
+    }
+    let same_boot = matches!(node.annotations().get(FENCED_BOOT_ANNOTATION),
+        Some(b) if Some(b.as_str()) == boot_id(node));
+    (!same_boot).then_some("NodeBack")
 }
 
 /// A current record's proof, and the server's time of its write.
@@ -238,9 +289,9 @@ fn evidence(
     if written > now + STAMP {
         return Err("the record was written after the server's time of this read".into());
     }
-    if let Some(r) = ready_since(node).filter(|r| certainly_after(*r, written)) {
+    if let Some(r) = ready_written(node).filter(|r| certainly_after(*r, written)) {
         return Err(format!(
-            "it is older than the node's last Ready ({})",
+            "its kubelet said Ready after it was written ({})",
             humantime::format_rfc3339_seconds(r)
         ));
     }
@@ -321,7 +372,19 @@ fn weigh(ev: &Evidence, lease: Option<&Lease>, now: SystemTime, cfg: &Controller
             }
         }
         Proof::DirectTool => {
-            if live.silent > live.interval + cfg.lease_margin {
+            let stood = now
+                .duration_since(ev.written)
+                .unwrap_or_default()
+                .saturating_sub(STAMP);
+            if stood < cfg.direct_tool_quiet {
+                Verdict::Wait {
+                    why: format!(
+                        "{}; quiet for {}s first (the tool's reboot(2) may not come)",
+                        ev.what,
+                        cfg.direct_tool_quiet.as_secs()
+                    ),
+                }
+            } else if live.silent > live.interval + cfg.lease_margin {
                 Verdict::Fence {
                     why: format!(
                         "{}; its kubelet's Lease unwritten for over {}s since",
@@ -359,7 +422,7 @@ fn judge_fenced(node: &Node, lease: Option<&Lease>, now: SystemTime) -> Verdict 
     let Some(fenced) = fenced_at(node) else {
         return Verdict::Fenced;
     };
-    let ready_after = ready_since(node).is_some_and(|r| r >= fenced);
+    let ready_after = ready_written(node).is_some_and(|r| r >= fenced);
     let lease_after = lease
         .and_then(|l| liveness(l, now).ok())
         .is_some_and(|l| certainly_after(l.written, fenced));
@@ -444,29 +507,42 @@ mod tests {
         ShutdownRecord::after("b1", signals)
     }
 
-    /// A Node of boot b1, Ready `ready` since `ready_at`, with `rec` written
-    /// at `written` (server time).
+    /// A Node of boot b1, its Ready `ready` last written by its kubelet at
+    /// `ready_at` (server time; the condition's own lastTransitionTime, the
+    /// kubelet's clock, says a year later and is not read), with `rec`
+    /// written at `written` (server time).
     fn node(rec: Option<&ShutdownRecord>, written: u64, ready: &str, ready_at: u64) -> Node {
         let mut n = Node::default();
         n.metadata.name = Some("n1".into());
+        let mut fields = vec![ManagedFieldsEntry {
+            manager: Some("kubelet".into()),
+            operation: Some("Update".into()),
+            subresource: Some("status".into()),
+            time: Some(stamp(ready_at)),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                serde_json::json!({"f:status": {"f:conditions": {r#"k:{"type":"Ready"}"#: {}}}}),
+            )),
+            ..Default::default()
+        }];
         if let Some(r) = rec {
             n.metadata.annotations = Some(
                 [(RECORD_ANNOTATION.to_string(), r.to_json())]
                     .into_iter()
                     .collect(),
             );
-            n.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            fields.push(ManagedFieldsEntry {
                 manager: Some(RECORD_MANAGER.into()),
                 operation: Some("Update".into()),
                 time: Some(stamp(written)),
                 ..Default::default()
-            }]);
+            });
         }
+        n.metadata.managed_fields = Some(fields);
         n.status = Some(NodeStatus {
             conditions: Some(vec![NodeCondition {
                 type_: "Ready".into(),
                 status: ready.into(),
-                last_transition_time: Some(stamp(ready_at)),
+                last_transition_time: Some(stamp(ready_at + 365 * 86_400)),
                 ..Default::default()
             }]),
             node_info: Some(NodeSystemInfo {
@@ -562,6 +638,8 @@ mod tests {
             ("--force through PID 1: not until its reboot(2)", through_pid1, 100, Some(50), 10_000, "-"),
             ("a direct tool, kubelet still renewing", direct.clone(), 100, Some(99), 111, "wait"),
             ("a direct tool, kubelet silent 13 s", direct.clone(), 100, Some(99), 113, "fence"),
+            ("a direct tool, kubelet silent long before it: its quiet time first", direct.clone(), 100, Some(10), 108, "wait"),
+            ("... 8 s quiet (stamps: 9 s)", direct.clone(), 100, Some(10), 109, "fence"),
             ("a direct tool, kubelet wrote after it", direct, 100, Some(102), 200, "contradicted"),
             ("no Lease to check", kernel(), 100, None, 200, "-"),
             ("a reboot: policy poweroff-only", reboot, 100, Some(95), 10_000, "-"),
@@ -603,7 +681,11 @@ mod tests {
         assert_eq!(fence(&n), "-");
         // Another manager's write is not the record's.
         let mut n = node(Some(&rec), 100, "Unknown", 10);
-        n.metadata.managed_fields.as_mut().unwrap()[0].manager = Some("kubectl".into());
+        for m in n.metadata.managed_fields.iter_mut().flatten() {
+            if m.manager.as_deref() == Some(RECORD_MANAGER) {
+                m.manager = Some("kubectl".into());
+            }
+        }
         assert_eq!(fence(&n), "-");
         // No bootID, or another boot: no evidence.
         let mut n = node(Some(&rec), 100, "Unknown", 10);
@@ -659,6 +741,104 @@ mod tests {
             "fence",
             "down past the timeout"
         );
+    }
+
+    /// A fence this controller set on this record and someone lifted by
+    /// hand (the taint gone, its annotations kept) is not set again on it;
+    /// a record written after the fence is judged as any.
+    #[test]
+    fn a_fence_lifted_by_hand_stays_lifted_on_its_record() {
+        let lifted = |record_at: u64| {
+            let rec = kernel();
+            let mut n = node(Some(&rec), record_at, "Unknown", 10);
+            let ann = n.metadata.annotations.as_mut().unwrap();
+            ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
+            ann.insert(FENCED_BOOT_ANNOTATION.into(), "b1".into());
+            n.metadata
+                .managed_fields
+                .as_mut()
+                .unwrap()
+                .push(ManagedFieldsEntry {
+                    manager: Some(FENCE_MANAGER.into()),
+                    time: Some(stamp(103)),
+                    ..Default::default()
+                });
+            short(&judge(&n, Some(&lease(90)), t(200), &cfg()))
+        };
+        assert_eq!(lifted(100), "-", "the record it fenced on");
+        assert_eq!(lifted(150), "fence", "a record written after the fence");
+        assert!(
+            matches!(
+                judge(
+                    &{
+                        let rec = kernel();
+                        let mut n = node(Some(&rec), 100, "Unknown", 10);
+                        let ann = n.metadata.annotations.as_mut().unwrap();
+                        ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
+                        ann.insert(FENCED_BOOT_ANNOTATION.into(), "b0".into());
+                        n
+                    },
+                    Some(&lease(90)),
+                    t(200),
+                    &cfg()
+                ),
+                Verdict::Fence { .. }
+            ),
+            "an earlier boot's fence annotations say nothing of this one"
+        );
+    }
+
+    /// The remediators' condition holds only while this controller's taint
+    /// is on the Node, on the boot it fenced.
+    #[test]
+    fn the_condition_follows_the_taint() {
+        let with = |taint: bool, ours: bool, boot: &str, cond: &str| {
+            let mut n = node(Some(&kernel()), 100, "Unknown", 10);
+            if taint {
+                n.spec = Some(NodeSpec {
+                    taints: Some(vec![Taint {
+                        key: OUT_OF_SERVICE_KEY.into(),
+                        effect: "NoExecute".into(),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                });
+            }
+            let ann = n.metadata.annotations.as_mut().unwrap();
+            if ours {
+                ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
+            }
+            ann.insert(FENCED_BOOT_ANNOTATION.into(), boot.into());
+            n.status
+                .as_mut()
+                .unwrap()
+                .conditions
+                .as_mut()
+                .unwrap()
+                .push(NodeCondition {
+                    type_: FENCED_CONDITION.into(),
+                    status: cond.into(),
+                    ..Default::default()
+                });
+            stale_condition(&n)
+        };
+        assert_eq!(with(true, true, "b1", "True"), None, "fenced, this boot");
+        assert_eq!(
+            with(false, true, "b1", "True"),
+            Some("FenceLifted"),
+            "taint removed by hand"
+        );
+        assert_eq!(
+            with(true, false, "b1", "True"),
+            Some("FenceLifted"),
+            "not our taint"
+        );
+        assert_eq!(
+            with(true, true, "b0", "True"),
+            Some("NodeBack"),
+            "another boot"
+        );
+        assert_eq!(with(false, true, "b1", "False"), None, "already False");
     }
 
     /// The episode's kind, not its first signal's: a path whose first

@@ -43,8 +43,13 @@ pub(super) enum Work {
     },
     Untaint,
     /// Delete the pods of a node fenced earlier (a delete that failed or
-    /// waited, or an earlier leader's fence).
+    /// waited, or an earlier leader's fence), once a live read says it is
+    /// still down on the boot it was fenced in.
     Recover,
+    /// The remediators' condition False: what it said no longer holds.
+    Clear {
+        reason: &'static str,
+    },
     /// An Event only (a fence held back or observed, a contradicted record,
     /// a node back on the boot it was fenced in).
     Tell {
@@ -70,6 +75,9 @@ pub(super) enum Done {
     },
     /// The live read no longer gives the verdict: nothing written.
     NotFenced(String),
+    /// The live read says the node is not (or no longer) this controller's
+    /// fence of a node still down: no pod deleted.
+    NotRecovered(String),
     Untainted,
     NotUntainted,
     Recovered(Result<Recovery>),
@@ -136,7 +144,25 @@ impl Writer {
                     .await;
                 Ok(Done::Untainted)
             }
-            Work::Recover => Ok(Done::Recovered(self.recover(name).await)),
+            Work::Recover => {
+                // A fence of an earlier pass or leader: the node must still
+                // be down on the boot it was fenced in, read now.
+                let (live, lease, now) = self.read_live(name).await?;
+                match judge(&live, lease.as_ref(), now, &self.cfg) {
+                    Verdict::Fenced => {}
+                    other => return Ok(Done::NotRecovered(format!("{other:?}"))),
+                }
+                self.leading()?;
+                Ok(Done::Recovered(self.recover(name).await))
+            }
+            Work::Clear { reason } => {
+                let note = match *reason {
+                    "NodeBack" => "the node runs another boot than the one fenced",
+                    _ => "this controller's out-of-service taint is no longer on the node",
+                };
+                self.mark(name, Mark::Cleared { reason }, note).await;
+                Ok(Done::Told)
+            }
             Work::Tell {
                 type_,
                 reason,
