@@ -136,6 +136,42 @@ async fn a_last_gasp_lost_to_a_dead_api_server_is_delivered_after_the_next_boot(
     );
 }
 
+/// The agent's first boot on this node (no earlier boot in its audit) and
+/// it restarts with its own open record of this boot on the Node, proof
+/// and marks included: the boot went on, so the record is closed as
+/// failed and its marks come off.
+#[tokio::test]
+async fn an_open_record_of_this_boot_is_closed_on_the_first_boot_too() {
+    let s = setup("firstboot", vec![]).await;
+    let c = cluster(&s).await;
+    let rec = record_of("boot-1", &lastgasp_tests::support::kernel_poweroff());
+    s.nc.set_taint_and_record(true, Some(&rec)).await.unwrap();
+    let mut agent = agent_at(&s.dir, "boot-1", Some(c));
+    assert!(
+        agent.after_boot("boot-1").await.unwrap().is_none(),
+        "no previous boot"
+    );
+    let mut closed = None;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let n: Node = s.double.get("", NODE).unwrap();
+        let r = record::of_node(&n).unwrap().unwrap();
+        if r.closed.is_some() && !taint_keys(&n).contains(&TAINT_KEY.to_string()) {
+            closed = r.closed;
+            assert!(
+                !n.metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .contains_key(record::PROOF_ANNOTATION),
+                "the proof goes with the close"
+            );
+            break;
+        }
+    }
+    let closed = closed.expect("the open record of this boot was not closed");
+    assert_eq!(closed.how, Closing::Failed, "{closed:?}");
+}
+
 /// With the API server hanging at start, telling the cluster how the
 /// previous boot ended runs beside the loop: `after_boot` returns while
 /// that delivery still waits, and the next shutdown is audited and its

@@ -62,6 +62,7 @@ impl Actuator {
             }
         }
         let Some(prev) = prev else {
+            self.close_own_orphan();
             return Ok(None);
         };
         let r = report::classify(&contents.records, &prev);
@@ -93,6 +94,29 @@ impl Actuator {
             report: r,
             delivery,
         }))
+    }
+
+    /// No earlier boot in the audit (the agent's first on this node, its
+    /// log lost): a record of this boot that an earlier start of the agent
+    /// left open is still closed, beside the loop, once the cluster is here.
+    pub(super) fn close_own_orphan(&mut self) {
+        let Some(c) = self.link.cluster.clone() else {
+            self.link.orphan_pending = self.link.coming.is_some();
+            return;
+        };
+        let (host, boot_id) = (self.host.clone(), self.hands.boot_id.clone());
+        tokio::spawn(async move {
+            match c.node.record().await {
+                Ok(Some(rec)) if rec.boot_id == boot_id && rec.closed.is_none() => {
+                    unwind::close_orphan(&c, &host, rec).await;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    error = format!("{e:#}"),
+                    "reading the Node's shutdown record"
+                ),
+            }
+        });
     }
 
     /// The cluster half of the previous boot's report, beside the loop: with

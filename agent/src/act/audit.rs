@@ -19,6 +19,10 @@ use serde::{Deserialize, Serialize};
 use crate::{decide::Decision, signal::ShutdownSignal};
 
 pub const FILE_NAME: &str = "audit.jsonl";
+/// Containers' records (a child PID namespace's reboot(2) or tool exec,
+/// audit-only by rule), beside the node's and rotated on their own: no
+/// container flood rotates the node's history away.
+pub const CONTAINER_FILE_NAME: &str = "audit-containers.jsonl";
 /// Where the agent keeps its audit log unless told otherwise.
 pub const DEFAULT_DIR: &str = "/var/lib/lastgasp";
 
@@ -101,9 +105,9 @@ impl AuditRecord {
     }
 }
 
-/// How much audit the node keeps: `files` files of at most `max_file_bytes`
-/// each (the current one and `files - 1` rotated ones, `audit.jsonl.1` the
-/// newest of those).
+/// How much audit the node keeps, per log (the node's, the containers'):
+/// `files` files of at most `max_file_bytes` each (the current one and
+/// `files - 1` rotated ones, `audit.jsonl.1` the newest of those).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_file_bytes: u64,
@@ -112,7 +116,8 @@ pub struct Limits {
 
 impl Default for Limits {
     /// 8 MiB × 4: about 40,000 records (~850 bytes each), read whole at start
-    /// in well under a second, and never more than 32 MiB of the node's disk.
+    /// in well under a second, and never more than 32 MiB of the node's disk
+    /// per log (64 MiB with the containers' beside it).
     fn default() -> Self {
         Limits {
             max_file_bytes: 8 << 20,
@@ -126,20 +131,29 @@ impl Default for Limits {
 const TAIL_BYTES: u64 = 256 << 10;
 
 pub struct AuditLog {
-    file: File,
-    path: PathBuf,
+    /// The node's records: every episode, its outcomes, the agent's starts.
+    node: Sink,
+    /// Containers' records (`Scope::Container`).
+    containers: Sink,
     boot_id: String,
+    /// Numbers this boot's records across both logs.
     next_seq: u64,
-    limits: Limits,
-    /// The current file's length as written.
-    len: u64,
-    /// Records written since the last fdatasync.
-    unsynced: bool,
     /// Runs before the fdatasync of [`AuditLog::sync_beside`] (tests hold a
     /// sync there, as a loaded disk would).
     before_beside_sync: Option<Arc<dyn Fn() + Send + Sync>>,
     /// Held while the log is open: one writer per directory.
     _lock: File,
+}
+
+/// One log file and its rotated ones.
+struct Sink {
+    file: File,
+    path: PathBuf,
+    limits: Limits,
+    /// The current file's length as written.
+    len: u64,
+    /// Records written since the last fdatasync.
+    unsynced: bool,
 }
 
 /// A decision as an audit line carries it: the episode with its first
@@ -196,45 +210,33 @@ impl AuditLog {
                 return Err(e).with_context(|| format!("locking {}", lock_path.display()))
             }
         }
-        let path = dir.join(FILE_NAME);
-        let mut file =
-            open_private(&path).with_context(|| format!("opening audit log {}", path.display()))?;
-        // A log written by an older agent (0644) becomes private too.
-        file.set_permissions(fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("chmod 0600 {}", path.display()))?;
-        let mut len = file.metadata()?.len();
-        // A power loss mid-write leaves a line without its newline: end it,
-        // so that the next record starts a line of its own (the torn bytes
-        // stay, reported as unreadable).
-        if len > 0 && last_byte(&mut file, len)? != b'\n' {
-            file.write_all(b"\n")
-                .context("ending the torn last line of the audit log")?;
-            file.sync_data()?;
-            len += 1;
-            tracing::warn!(file = %path.display(), "audit log: a torn last line was ended");
-        }
-        let next_seq = files(&path)
-            .iter()
-            .rev()
-            .find_map(|p| last_seq(p, boot_id))
+        let node = Sink::open(&dir.join(FILE_NAME), limits)?;
+        let containers = Sink::open(&dir.join(CONTAINER_FILE_NAME), limits)?;
+        let next_seq = [&node.path, &containers.path]
+            .into_iter()
+            .flat_map(|p| {
+                files(p)
+                    .into_iter()
+                    .rev()
+                    .find_map(|p| last_seq(&p, boot_id))
+            })
+            .max()
             .map_or(0, |s| s + 1);
-        // Make the file's own directory entry durable too.
+        // Make the files' own directory entries durable too.
         File::open(dir).and_then(|d| d.sync_all()).ok();
         Ok(AuditLog {
             _lock: lock,
-            file,
-            path,
+            node,
+            containers,
             boot_id: boot_id.to_string(),
             next_seq,
-            limits,
-            len,
-            unsynced: false,
             before_beside_sync: None,
         })
     }
 
+    /// The node's log (the containers' is [`CONTAINER_FILE_NAME`] beside it).
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.node.path
     }
 
     /// The boot this log writes for.
@@ -289,6 +291,7 @@ impl AuditLog {
     /// and a direct reboot(2) leaves about as long.
     pub fn sync_beside(&self) -> Result<impl FnOnce() -> Result<()> + Send + 'static> {
         let file = self
+            .node
             .file
             .try_clone()
             .context("duplicating the audit log's fd")?;
@@ -307,13 +310,10 @@ impl AuditLog {
         self.before_beside_sync = Some(Arc::new(f));
     }
 
-    /// Makes every record written so far durable (one fdatasync).
+    /// Makes every record written so far durable (one fdatasync per log).
     pub fn flush(&mut self) -> Result<()> {
-        if self.unsynced {
-            self.file.sync_data().context("fsync of the audit log")?;
-            self.unsynced = false;
-        }
-        Ok(())
+        self.node.flush()?;
+        self.containers.flush()
     }
 
     fn write(&mut self, entry: Entry, durability: Durability) -> Result<AuditRecord> {
@@ -328,11 +328,56 @@ impl AuditLog {
         };
         let mut line = serde_json::to_vec(&record)?;
         line.push(b'\n');
+        let container = record
+            .signal()
+            .is_some_and(|s| s.scope == crate::signal::Scope::Container);
+        let sink = if container {
+            &mut self.containers
+        } else {
+            &mut self.node
+        };
+        sink.append(&line)?;
+        if durability == Durability::Now {
+            sink.flush()?;
+        }
+        Ok(record)
+    }
+}
+
+impl Sink {
+    /// Opened for appending (0600), a torn last line ended.
+    fn open(path: &Path, limits: Limits) -> Result<Self> {
+        let mut file =
+            open_private(path).with_context(|| format!("opening audit log {}", path.display()))?;
+        // A log written by an older agent (0644) becomes private too.
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("chmod 0600 {}", path.display()))?;
+        let mut len = file.metadata()?.len();
+        // A power loss mid-write leaves a line without its newline: end it,
+        // so that the next record starts a line of its own (the torn bytes
+        // stay, reported as unreadable).
+        if len > 0 && last_byte(&mut file, len)? != b'\n' {
+            file.write_all(b"\n")
+                .context("ending the torn last line of the audit log")?;
+            file.sync_data()?;
+            len += 1;
+            tracing::warn!(file = %path.display(), "audit log: a torn last line was ended");
+        }
+        Ok(Sink {
+            file,
+            path: path.to_path_buf(),
+            limits,
+            len,
+            unsynced: false,
+        })
+    }
+
+    fn append(&mut self, line: &[u8]) -> Result<()> {
         if self.len > 0 && self.len + line.len() as u64 > self.limits.max_file_bytes {
             self.rotate().context("rotating the audit log")?;
         }
         // One write(2) on an O_APPEND file: a record is never interleaved.
-        if let Err(e) = self.file.write_all(&line) {
+        if let Err(e) = self.file.write_all(line) {
             // Part of it may be there (ENOSPC): cut back to the record
             // boundary, so the file never holds half a record.
             if let Err(t) = self.file.set_len(self.len) {
@@ -342,10 +387,15 @@ impl AuditLog {
         }
         self.len += line.len() as u64;
         self.unsynced = true;
-        if durability == Durability::Now {
-            self.flush()?;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.unsynced {
+            self.file.sync_data().context("fsync of the audit log")?;
+            self.unsynced = false;
         }
-        Ok(record)
+        Ok(())
     }
 
     /// The current file becomes `.1`, `.1` becomes `.2`..., the oldest goes.
@@ -526,15 +576,22 @@ pub fn select<'a>(
         .collect()
 }
 
-/// `lastgasp history`: the audit log's records of `boot`, as JSON lines.
+/// `lastgasp history`: the audit log's records of `boot`, the node's and
+/// the containers' in the order they were written, as JSON lines.
 pub fn history(dir: &Path, boot: &BootFilter) -> Result<()> {
-    let path = dir.join(FILE_NAME);
-    let contents = read(&path)?;
-    let current = crate::node::boot_id().context("reading the current boot id")?;
-    for (line, err) in &contents.unreadable {
-        eprintln!("{}:{line}: unreadable record: {err}", path.display());
+    let mut records = Vec::new();
+    for name in [FILE_NAME, CONTAINER_FILE_NAME] {
+        let path = dir.join(name);
+        let contents = read(&path)?;
+        for (line, err) in &contents.unreadable {
+            eprintln!("{}:{line}: unreadable record: {err}", path.display());
+        }
+        records.extend(contents.records);
     }
-    for r in select(&contents.records, boot, &current) {
+    // Stable: each log's own order stands where two times are equal.
+    records.sort_by_key(|r| r.written_at);
+    let current = crate::node::boot_id().context("reading the current boot id")?;
+    for r in select(&records, boot, &current) {
         println!("{}", serde_json::to_string(r)?);
     }
     Ok(())
@@ -720,6 +777,43 @@ mod tests {
         // Reopened (a restart), this boot's numbering goes on from the tail.
         let mut again = AuditLog::open_with(&dir, "boot-a", limits).unwrap();
         assert_eq!(again.outcome(1, Outcome::Cancelled).unwrap().seq, 40);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A container flood fills and rotates the containers' log only: the
+    /// node's history stays whole, and numbering runs across both.
+    #[test]
+    fn a_container_flood_never_rotates_the_nodes_history_away() {
+        let dir = scratch("containers");
+        let limits = Limits {
+            max_file_bytes: 4096,
+            files: 2,
+        };
+        let mut a = AuditLog::open_with(&dir, "boot-a", limits).unwrap();
+        a.append(&signal(Kind::Poweroff), None).unwrap();
+        let mut flood = signal(Kind::Reboot);
+        flood.scope = crate::signal::Scope::Container;
+        for _ in 0..200 {
+            a.append_as(&flood, None, Durability::Batched).unwrap();
+        }
+        let last = a.outcome(1, Outcome::Cancelled).unwrap();
+        a.flush().unwrap();
+        assert_eq!(last.seq, 201);
+        let node = read(&dir.join(FILE_NAME)).unwrap().records;
+        assert_eq!(node.len(), 2, "the node's record and its outcome, kept");
+        assert_eq!(node[0].signal().map(|s| s.kind), Some(Kind::Poweroff));
+        let ctr = read(&dir.join(CONTAINER_FILE_NAME)).unwrap().records;
+        assert!(!ctr.is_empty() && ctr.len() < 200, "rotated: {}", ctr.len());
+        assert!(ctr.iter().all(|r| r
+            .signal()
+            .is_some_and(|s| s.scope == crate::signal::Scope::Container)));
+        drop(a);
+        let mut again = AuditLog::open_with(&dir, "boot-a", limits).unwrap();
+        assert_eq!(
+            again.agent_start().unwrap().seq,
+            202,
+            "numbering goes on across both"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 

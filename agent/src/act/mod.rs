@@ -90,6 +90,9 @@ struct ClusterLink {
     previous_boot: Option<after_boot::PreviousBoot>,
     /// The current episode's action that needed the cluster.
     unsent: Option<(ShutdownSignal, Action, u32)>,
+    /// No previous boot to report: this boot's own open record is looked
+    /// for when the cluster joins.
+    orphan_pending: bool,
 }
 
 pub struct Actuator {
@@ -178,6 +181,8 @@ impl Actuator {
         self.link.coming = None;
         if let Some(p) = self.link.previous_boot.take() {
             drop(self.deliver_previous_boot(c, p));
+        } else if std::mem::take(&mut self.link.orphan_pending) {
+            self.close_own_orphan();
         }
     }
 

@@ -118,11 +118,14 @@ pub fn read_audit(img: &Path) -> Result<AuditDisk> {
             String::from_utf8_lossy(&st.stderr).trim()
         );
     }
-    let text = output(
-        Command::new("debugfs")
-            .args(["-R", "cat /audit.jsonl"])
-            .arg(&copy),
-    )?;
+    // The node's log and the containers' beside it (absent: none written).
+    let mut text = String::new();
+    for file in ["/audit.jsonl", "/audit-containers.jsonl"] {
+        let cmd = format!("cat {file}");
+        text.push_str(&output(
+            Command::new("debugfs").args(["-R", &cmd]).arg(&copy),
+        )?);
+    }
     let _ = fs::remove_file(&copy);
     let mut records = Vec::new();
     let mut others = Vec::new();
@@ -135,6 +138,15 @@ pub fn read_audit(img: &Path) -> Result<AuditDisk> {
         }
     }
     fs::write(img.with_extension("audit.jsonl"), &text)?;
+    // In the order written, across the two logs.
+    let written = |v: &Value| {
+        v.get("written_at")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    records.sort_by_key(written);
+    others.sort_by_key(written);
     Ok(AuditDisk {
         records,
         others,
