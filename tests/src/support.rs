@@ -292,10 +292,12 @@ pub fn put_record(
     let stamp = Time(k8s_openapi::jiff::Timestamp::try_from(written).unwrap());
     double
         .modify::<k8s_openapi::api::core::v1::Node, _>("", node, |n| {
-            n.metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(lastgasp::record::RECORD_ANNOTATION.into(), rec.to_json());
+            let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+            ann.insert(lastgasp::record::RECORD_ANNOTATION.into(), rec.to_json());
+            match rec.proof_mark() {
+                Some(p) => ann.insert(lastgasp::record::PROOF_ANNOTATION.into(), p),
+                None => ann.remove(lastgasp::record::PROOF_ANNOTATION),
+            };
             let mf = n
                 .metadata
                 .managed_fields

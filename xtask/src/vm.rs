@@ -361,8 +361,8 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
     {
         println!("vm-test: [{}/{total}] real node, arm {arm}: {sc}", i + 1);
         // CI's scenario must win: the record before the node dies, the fence after.
-        // The drill is judged by its own checks: the node stays up.
-        let strict = arm == node::CI_ARM && node::CI.contains(&sc) && sc != "drill";
+        // Those that stay up are judged by their own checks.
+        let strict = arm == node::CI_ARM && node::CI.contains(&sc) && !node::STAYS_UP.contains(&sc);
         let run = |dir: String| {
             node::run(
                 &guest,

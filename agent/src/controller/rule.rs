@@ -36,7 +36,7 @@ use super::{
 };
 use crate::{
     decide::Proof,
-    record::{self, managed_time, ShutdownRecord, MAX_SKEW},
+    record::{self, managed_time, ShutdownRecord, MAX_SKEW, PROOF_ANNOTATION},
     signal::Kind,
 };
 
@@ -314,6 +314,15 @@ fn evidence(
     let death = rec.death().ok_or_else(|| {
         format!("a {kind} announced, with no proof that the kernel went down (yet)")
     })?;
+    // What admission reads before it lets the taint on (an agent older than
+    // the proof annotation writes none: its node is not fenced).
+    let mark = node.annotations().get(PROOF_ANNOTATION);
+    if mark != rec.proof_mark().as_ref() {
+        return Err(format!(
+            "its proof is not the one the node's agent wrote for admission ({PROOF_ANNOTATION}: {})",
+            mark.map_or("none", String::as_str)
+        ));
+    }
     Ok(Evidence {
         proof: death.proof,
         written,
@@ -528,6 +537,7 @@ mod tests {
             n.metadata.annotations = Some(
                 [(RECORD_ANNOTATION.to_string(), r.to_json())]
                     .into_iter()
+                    .chain(r.proof_mark().map(|p| (PROOF_ANNOTATION.to_string(), p)))
                     .collect(),
             );
             fields.push(ManagedFieldsEntry {
@@ -678,6 +688,22 @@ mod tests {
         // No server time of the write: no evidence.
         let mut n = node(Some(&rec), 100, "Unknown", 10);
         n.metadata.managed_fields = None;
+        assert_eq!(fence(&n), "-");
+        // The proof admission reads (lastgasp.dev/proof) missing, or of
+        // another boot: no evidence (an older agent's record).
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(PROOF_ANNOTATION);
+        assert_eq!(fence(&n), "-");
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(PROOF_ANNOTATION.into(), "kernel/b0".into());
         assert_eq!(fence(&n), "-");
         // Another manager's write is not the record's.
         let mut n = node(Some(&rec), 100, "Unknown", 10);

@@ -47,6 +47,31 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "drill",
         "the README's drill: shutdown -h +10, shutdown -c 15 s later",
     ),
+    (
+        "refused-poweroff-f",
+        "kubelet stopped; poweroff -f, its reboot(2) refused by seccomp",
+    ),
+    (
+        "killed-poweroff-f",
+        "kubelet stopped; poweroff -f killed before its reboot(2)",
+    ),
+    (
+        "slow-poweroff-f",
+        "poweroff -f held 12 s before its reboot(2) (past the agent's 5 s bound)",
+    ),
+    (
+        "apparmor-refused-poweroff-f",
+        "poweroff -f refused by AppArmor at the capability check, under a flood (needs --apparmor)",
+    ),
+];
+
+/// Scenarios whose node lives on: judged by their own checks (no fence
+/// is the pass), never by CI's "fenced after the kernel's end".
+pub const STAYS_UP: &[&str] = &[
+    "drill",
+    "refused-poweroff-f",
+    "killed-poweroff-f",
+    "apparmor-refused-poweroff-f",
 ];
 
 pub const ARMS: &[&str] = &["lastgasp", "kubelet", "both"];
@@ -84,10 +109,17 @@ impl CgroupDriver {
 /// `cargo xtask test`'s real-node scenarios: the agent as its DaemonSet's
 /// pod, the kubelet's graceful shutdown off, a forced power-off; the same
 /// with the agent killed in systemd-shutdown's sweep (its courier must send
-/// the last word); and the README's drill (scheduled, cancelled, nothing
-/// moved); one boot each.
+/// the last word); the README's drill (scheduled, cancelled, nothing
+/// moved); and a direct tool that never reaches the kernel, refused and
+/// killed, with the kubelet stopped (never fenced); one boot each.
 pub const CI_ARM: &str = "lastgasp";
-pub const CI: &[&str] = &["poweroff-force", "poweroff-force-agent-killed", "drill"];
+pub const CI: &[&str] = &[
+    "poweroff-force",
+    "poweroff-force-agent-killed",
+    "drill",
+    "refused-poweroff-f",
+    "killed-poweroff-f",
+];
 
 /// The guest's memory with the kubelet, containerd and four pods (the
 /// runner reports what is in use when the pods run: `mem_used_mib`).
@@ -163,6 +195,7 @@ pub fn prepare(
         ("node/watch.sh".into(), read(&node_dir.join("watch.sh"))?),
         ("node/images/lastgasp.tar".into(), read(&agent_image.0)?),
         ("node/images/sleeper.tar".into(), read(&sleeper.0)?),
+        ("node/hold.so".into(), read(&hold(root)?)?),
     ];
     // What the DaemonSet names the image: the CRI's docker.io/library/...
     let version = agent_image.1.rsplit(':').next().unwrap_or_default();
@@ -178,6 +211,21 @@ pub fn prepare(
         objects: node_dir.join("objects.json"),
         node_dir,
     })
+}
+
+/// `tests/vm/node/hold.c` as a shared library (the guest's glibc is
+/// Debian's, as the host's): what holds a tool before its own code runs.
+fn hold(root: &Path) -> Result<PathBuf> {
+    let out = crate::build::target_dir(root).join("vm/hold.so");
+    fs::create_dir_all(out.parent().unwrap_or(root))?;
+    crate::cmd::run(
+        std::process::Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&out)
+            .arg(root.join("tests/vm/node/hold.c")),
+    )
+    .context("gcc -shared tests/vm/node/hold.c")?;
+    Ok(out)
 }
 
 /// One (arm, scenario): its outcome for the table.
@@ -552,6 +600,63 @@ fn drill(
     );
 }
 
+/// A proof of death whose reboot(2) never reached the kernel, or was
+/// refused there: the node stayed up, the record carried the proof on the
+/// API server and was then closed as failed, and nothing fenced it. Says
+/// how long the proof stood on the API server (what races the controller's
+/// quiet time), by the watch's host times.
+fn taken_back(seen: &Seen, o: &mut NodeOutcome) {
+    if o.scenario == "apparmor-refused-poweroff-f" && o.apparmor.is_none() {
+        o.problems
+            .push("this scenario needs AppArmor on: vm-test --node --apparmor default".into());
+    }
+    let Some(up) = seen
+        .run
+        .markers("STILL-UP")
+        .first()
+        .map(|l| seen.secs(at(seen.run, l.t)))
+    else {
+        o.problems.push("the node did not stay up".into());
+        return;
+    };
+    let node = |l: &&Value| l["kind"] == "Node" && l["obj"]["name"] == NODE;
+    let during: Vec<&Value> = seen
+        .lines
+        .iter()
+        .filter(node)
+        .filter(|l| seen.rel(l) > 0.0 && seen.rel(l) <= up)
+        .collect();
+    let record = |l: &Value| l["obj"]["record"].clone();
+    let open_with = |l: &&&Value, proof: Option<&str>| {
+        let r = record(l);
+        r["closed"].is_null()
+            && proof.map_or(!r["proof"].is_null(), |p| r["proof"].as_str() == Some(p))
+    };
+    let first_proof = during
+        .iter()
+        .find(|l| open_with(l, None))
+        .map(|l| seen.rel(l));
+    let kernel = during
+        .iter()
+        .find(|l| open_with(l, Some("kernel")))
+        .map(|l| seen.rel(l));
+    let closed = during
+        .iter()
+        .find(|l| record(l)["closed"].as_str() == Some("failed"))
+        .map(|l| seen.rel(l));
+    let (Some(from), Some(to)) = (first_proof, closed) else {
+        o.problems.push(format!(
+            "the record must carry a proof, then close as failed: proof {first_proof:?}, closed {closed:?}"
+        ));
+        return;
+    };
+    let mut stood = format!("the proof stood {:.2} s on the API server", to - from);
+    if let Some(k) = kernel {
+        stood.push_str(&format!(" (the kernel's, {:.2} s)", to - k));
+    }
+    o.fence = format!("{}; {stood}, closed failed +{to:.1} s", o.fence);
+}
+
 /// The Node's `ShutdownInProgress` as it went (status/reason), each
 /// change once.
 fn shutdown_condition_history(during: &[&Value]) -> Vec<String> {
@@ -775,6 +880,8 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
     o.events = node_events(&seen);
     if o.scenario == "drill" {
         drill(run, &seen.lines, trig, &pods, o);
+    } else if STAYS_UP.contains(&o.scenario) {
+        taken_back(&seen, o);
     }
     o.agent_end = agent_end(&seen, o.arm != "kubelet");
     Ok(())
