@@ -172,6 +172,78 @@ async fn an_open_record_of_this_boot_is_closed_on_the_first_boot_too() {
     assert_eq!(closed.how, Closing::Failed, "{closed:?}");
 }
 
+/// A direct tool's proof that fails on the cluster: with nothing else
+/// confirming the shutdown, the record is closed as failed, its proof
+/// annotation and the agent's taint gone; in a shutdown logind confirmed,
+/// the shutdown goes on and the record is written again without the proof.
+#[tokio::test]
+async fn a_withdrawn_proof_leaves_the_nodes_record() {
+    use lastgasp::{detect::hooks::tool_end, record::PROOF_ANNOTATION};
+    use lastgasp_tests::support::direct_poweroff;
+    let now = || (std::time::SystemTime::now(), 0);
+    let proof_on = |s: &Setup| -> Option<String> {
+        let n: Node = s.double.get("", NODE).unwrap();
+        n.metadata
+            .annotations
+            .unwrap_or_default()
+            .get(PROOF_ANNOTATION)
+            .cloned()
+    };
+    async fn settled(s: &Setup, done: impl Fn(&record::ShutdownRecord, &Node) -> bool) -> bool {
+        for _ in 0..50 {
+            let n: Node = s.double.get("", NODE).unwrap();
+            if record::of_node(&n)
+                .and_then(Result::ok)
+                .is_some_and(|r| done(&r, &n))
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+    // Nothing else confirms it: failed.
+    let s = setup("withdraw-fail", vec![]).await;
+    let mut agent = agent_at(&s.dir, "boot-1", Some(cluster(&s).await));
+    let d = agent.handle(direct_poweroff()).await.unwrap();
+    assert!(
+        matches!(d.action, Action::Immediate { .. }),
+        "{:?}",
+        d.action
+    );
+    assert_eq!(proof_on(&s).as_deref(), Some("direct-tool/boot-1"));
+    let d = agent.handle(tool_end::gone(4242, now())).await.unwrap();
+    assert!(matches!(d.action, Action::Fail { .. }), "{:?}", d.action);
+    let failed = |r: &record::ShutdownRecord, n: &Node| {
+        r.closed.as_ref().is_some_and(|c| c.how == Closing::Failed)
+            && !taint_keys(n).contains(&TAINT_KEY.to_string())
+    };
+    assert!(settled(&s, failed).await, "closed as failed, the taint off");
+    assert_eq!(proof_on(&s), None, "the proof annotation goes with it");
+
+    // logind confirmed the shutdown: it goes on, without the proof.
+    let s = setup("withdraw-confirmed", vec![]).await;
+    let mut agent = agent_at(&s.dir, "boot-1", Some(cluster(&s).await));
+    agent.handle(logind_signal()).await.unwrap();
+    let d = agent.handle(direct_poweroff()).await.unwrap();
+    assert!(
+        matches!(d.action, Action::Immediate { escalated: true }),
+        "{:?}",
+        d.action
+    );
+    assert_eq!(proof_on(&s).as_deref(), Some("direct-tool/boot-1"));
+    let d = agent.handle(tool_end::gone(4242, now())).await.unwrap();
+    assert!(
+        matches!(d.action, Action::Withdraw { .. }),
+        "{:?}",
+        d.action
+    );
+    let withdrawn =
+        |r: &record::ShutdownRecord, _: &Node| r.closed.is_none() && r.death().is_none();
+    assert!(settled(&s, withdrawn).await, "open, without the proof");
+    assert_eq!(proof_on(&s), None);
+}
+
 /// With the API server hanging at start, telling the cluster how the
 /// previous boot ended runs beside the loop: `after_boot` returns while
 /// that delivery still waits, and the next shutdown is audited and its
