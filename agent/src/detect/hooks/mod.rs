@@ -32,8 +32,8 @@ pub const HOOKS: &[Hook] = &[
     reboot_exit::HOOK,
     exec::HOOK,
     signal::HOOK,
-    kernel::HOOK,
     tool_end::HOOK,
+    kernel::HOOK,
 ];
 
 /// One hook: the records it writes, where it attaches, and how its records
