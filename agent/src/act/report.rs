@@ -74,11 +74,16 @@ pub fn classify(records: &[AuditRecord], boot_id: &str) -> BootReport {
         pods_remaining: None,
         undelivered: false,
     };
-    // An episode abandoned or expired (no shutdown came) did not end the boot.
+    // An episode abandoned, expired or failed (no shutdown came) did not end
+    // the boot.
     let ended = |id: u32| {
         !adopted
-            && outcomes(id)
-                .any(|o| matches!(o, Outcome::Abandoned { .. } | Outcome::Expired { .. }))
+            && outcomes(id).any(|o| {
+                matches!(
+                    o,
+                    Outcome::Abandoned { .. } | Outcome::Expired { .. } | Outcome::Failed { .. }
+                )
+            })
     };
     let Some(ep) = last
         .filter(|e| matches!(e.path, ShutdownPath::Graceful | ShutdownPath::Immediate))
