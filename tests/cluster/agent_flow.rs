@@ -172,6 +172,30 @@ async fn an_open_record_of_this_boot_is_closed_on_the_first_boot_too() {
     assert_eq!(closed.how, Closing::Failed, "{closed:?}");
 }
 
+/// Privilege an exec lent (a setuid program under a tool's name, as uid
+/// 65534) moves nothing in the cluster: no write at all, only the audit.
+#[tokio::test]
+async fn a_borrowed_privilege_writes_nothing() {
+    let s = setup("borrowed", vec![]).await;
+    let mut agent = agent_at(&s.dir, "boot-1", Some(cluster(&s).await));
+    let from = s.double.requests().len();
+    let mut lent = lastgasp_tests::support::direct_poweroff();
+    let a = lent.actor.as_mut().unwrap();
+    (a.uid, a.borrowed) = (65534, Some(true));
+    let d = agent.handle(lent).await.unwrap();
+    assert!(
+        matches!(d.action, Action::AuditOnly { .. }),
+        "{:?}",
+        d.action
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(writes_since(&s, from), Vec::<String>::new());
+    assert!(
+        records(&s.dir).iter().any(|r| r.signal().is_some()),
+        "audited"
+    );
+}
+
 /// A direct tool's proof that fails on the cluster: with nothing else
 /// confirming the shutdown, the record is closed as failed, its proof
 /// annotation and the agent's taint gone; in a shutdown logind confirmed,
