@@ -216,6 +216,7 @@ pub fn prepare(
 /// `tests/vm/node/hold.c` as a shared library (the guest's glibc is
 /// Debian's, as the host's): what holds a tool before its own code runs.
 fn hold(root: &Path) -> Result<PathBuf> {
+    crate::setup::ensure_debs(&[("gcc", "gcc")])?;
     let out = crate::build::target_dir(root).join("vm/hold.so");
     fs::create_dir_all(out.parent().unwrap_or(root))?;
     crate::cmd::run(
