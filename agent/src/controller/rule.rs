@@ -689,22 +689,6 @@ mod tests {
         let mut n = node(Some(&rec), 100, "Unknown", 10);
         n.metadata.managed_fields = None;
         assert_eq!(fence(&n), "-");
-        // The proof admission reads (lastgasp.dev/proof) missing, or of
-        // another boot: no evidence (an older agent's record).
-        let mut n = node(Some(&rec), 100, "Unknown", 10);
-        n.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .remove(PROOF_ANNOTATION);
-        assert_eq!(fence(&n), "-");
-        let mut n = node(Some(&rec), 100, "Unknown", 10);
-        n.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(PROOF_ANNOTATION.into(), "kernel/b0".into());
-        assert_eq!(fence(&n), "-");
         // Another manager's write is not the record's.
         let mut n = node(Some(&rec), 100, "Unknown", 10);
         for m in n.metadata.managed_fields.iter_mut().flatten() {
@@ -767,6 +751,30 @@ mod tests {
             "fence",
             "down past the timeout"
         );
+    }
+
+    /// The proof admission reads (lastgasp.dev/proof) missing, or of
+    /// another boot: no evidence (an older agent's record).
+    #[test]
+    fn the_proof_annotation_must_be_the_records() {
+        let rec = kernel();
+        let l = lease(90);
+        let fence = |n: &Node| short(&judge(n, Some(&l), t(200), &cfg()));
+        assert_eq!(fence(&node(Some(&rec), 100, "Unknown", 10)), "fence");
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .remove(PROOF_ANNOTATION);
+        assert_eq!(fence(&n), "-");
+        let mut n = node(Some(&rec), 100, "Unknown", 10);
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(PROOF_ANNOTATION.into(), "kernel/b0".into());
+        assert_eq!(fence(&n), "-");
     }
 
     /// A fence this controller set on this record and someone lifted by

@@ -144,17 +144,7 @@ impl Writer {
                     .await;
                 Ok(Done::Untainted)
             }
-            Work::Recover => {
-                // A fence of an earlier pass or leader: the node must still
-                // be down on the boot it was fenced in, read now.
-                let (live, lease, now) = self.read_live(name).await?;
-                match judge(&live, lease.as_ref(), now, &self.cfg) {
-                    Verdict::Fenced => {}
-                    other => return Ok(Done::NotRecovered(format!("{other:?}"))),
-                }
-                self.leading()?;
-                Ok(Done::Recovered(self.recover(name).await))
-            }
+            Work::Recover => self.recover_if_down(name).await,
             Work::Clear { reason } => {
                 let note = match *reason {
                     "NodeBack" => "the node runs another boot than the one fenced",
@@ -182,6 +172,18 @@ impl Writer {
                 Ok(Done::Told)
             }
         }
+    }
+
+    /// A fence of an earlier pass or leader: its pods go only where the
+    /// node, read now, is still down on the boot it was fenced in.
+    async fn recover_if_down(&self, name: &str) -> Result<Done> {
+        let (live, lease, now) = self.read_live(name).await?;
+        match judge(&live, lease.as_ref(), now, &self.cfg) {
+            Verdict::Fenced => {}
+            other => return Ok(Done::NotRecovered(format!("{other:?}"))),
+        }
+        self.leading()?;
+        Ok(Done::Recovered(self.recover(name).await))
     }
 
     fn leading(&self) -> Result<()> {
