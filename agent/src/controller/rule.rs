@@ -564,6 +564,21 @@ mod tests {
         n
     }
 
+    /// This controller's marks of a fence of boot `boot` (its annotations,
+    /// its write at 103), the taint aside.
+    fn marked_fenced(n: &mut Node, boot: &str) {
+        let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+        ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
+        ann.insert(FENCED_BOOT_ANNOTATION.into(), boot.into());
+        n.metadata
+            .managed_fields
+            .get_or_insert_with(Default::default)
+            .push(ManagedFieldsEntry {
+                manager: Some(FENCE_MANAGER.into()),
+                time: Some(stamp(103)),
+                ..Default::default()
+            });
+    }
     fn lease(written: u64) -> Lease {
         let mut l = Lease::default();
         l.metadata.managed_fields = Some(vec![
@@ -785,39 +800,16 @@ mod tests {
         let lifted = |record_at: u64| {
             let rec = kernel();
             let mut n = node(Some(&rec), record_at, "Unknown", 10);
-            let ann = n.metadata.annotations.as_mut().unwrap();
-            ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
-            ann.insert(FENCED_BOOT_ANNOTATION.into(), "b1".into());
-            n.metadata
-                .managed_fields
-                .as_mut()
-                .unwrap()
-                .push(ManagedFieldsEntry {
-                    manager: Some(FENCE_MANAGER.into()),
-                    time: Some(stamp(103)),
-                    ..Default::default()
-                });
+            marked_fenced(&mut n, "b1");
             short(&judge(&n, Some(&lease(90)), t(200), &cfg()))
         };
         assert_eq!(lifted(100), "-", "the record it fenced on");
         assert_eq!(lifted(150), "fence", "a record written after the fence");
-        assert!(
-            matches!(
-                judge(
-                    &{
-                        let rec = kernel();
-                        let mut n = node(Some(&rec), 100, "Unknown", 10);
-                        let ann = n.metadata.annotations.as_mut().unwrap();
-                        ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
-                        ann.insert(FENCED_BOOT_ANNOTATION.into(), "b0".into());
-                        n
-                    },
-                    Some(&lease(90)),
-                    t(200),
-                    &cfg()
-                ),
-                Verdict::Fence { .. }
-            ),
+        let mut earlier = node(Some(&kernel()), 100, "Unknown", 10);
+        marked_fenced(&mut earlier, "b0");
+        assert_eq!(
+            short(&judge(&earlier, Some(&lease(90)), t(200), &cfg())),
+            "fence",
             "an earlier boot's fence annotations say nothing of this one"
         );
     }
@@ -838,11 +830,12 @@ mod tests {
                     ..Default::default()
                 });
             }
-            let ann = n.metadata.annotations.as_mut().unwrap();
             if ours {
-                ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
+                marked_fenced(&mut n, boot);
+            } else {
+                let ann = n.metadata.annotations.as_mut().unwrap();
+                ann.insert(FENCED_BOOT_ANNOTATION.into(), boot.into());
             }
-            ann.insert(FENCED_BOOT_ANNOTATION.into(), boot.into());
             n.status
                 .as_mut()
                 .unwrap()
@@ -907,18 +900,7 @@ mod tests {
                 ..Default::default()
             });
             if ours {
-                let ann = n.metadata.annotations.as_mut().unwrap();
-                ann.insert(TAINTED_BY_ANNOTATION.into(), "a".into());
-                ann.insert(FENCED_BOOT_ANNOTATION.into(), "b1".into());
-                n.metadata
-                    .managed_fields
-                    .as_mut()
-                    .unwrap()
-                    .push(ManagedFieldsEntry {
-                        manager: Some(FENCE_MANAGER.into()),
-                        time: Some(stamp(103)),
-                        ..Default::default()
-                    });
+                marked_fenced(&mut n, "b1");
             }
             n.status
                 .as_mut()
