@@ -281,6 +281,33 @@ fn the_charts_values_take_effect() {
         .as_str()
         .unwrap()
         .contains("system:serviceaccount:lastgasp:shutdown-agent"));
+    // ... and the controller and the uninstall's lift use the Lease the
+    // renamed Role grants.
+    let role = find(&renamed, "Role", "shutdown-controller-lease");
+    let granted = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|r| r["resourceNames"][0].as_str())
+        .unwrap();
+    assert_eq!(granted, "shutdown-controller");
+    for (kind, name) in [
+        ("Deployment", "shutdown-controller"),
+        ("Job", "shutdown-lift-fences"),
+    ] {
+        let o = find(&renamed, kind, name);
+        let args: Vec<&str> = o["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let lease = args
+            .windows(2)
+            .find(|w| w[0] == "--lease-name")
+            .map(|w| w[1]);
+        assert_eq!(lease, Some(granted), "{kind} {name}: {args:?}");
+    }
     // rbac.create / serviceAccount.create off: those objects are the user's.
     let bare = render(&["rbac.create=false", "serviceAccount.create=false"]);
     for kind in [
