@@ -351,6 +351,71 @@ async fn the_pause_switch_holds_fences_back() {
     assert!(!pod_left(&double, "n1"));
 }
 
+/// The uninstall's pause (its lift's) holds the controllers it paused, and
+/// is lifted by a reinstall's: one whose Deployment was created after it,
+/// by the server's stamps. An operator's pause stays.
+#[tokio::test]
+async fn a_reinstall_lifts_the_uninstalls_pause_and_only_it() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use lastgasp::controller::{lift, PAUSED_BY_ANNOTATION};
+    let double = cluster(&["n1"]).await;
+    powered_off(&double, "n1");
+    double
+        .create_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}),
+        )
+        .ok();
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "lastgasp-controller", "namespace": "kube-system"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "c"}},
+            "template": {"metadata": {"labels": {"app": "c"}},
+                "spec": {"containers": [{"name": "c", "image": "lastgasp"}]}}}});
+    double.create_value(deployment.clone()).unwrap();
+    let cfg = ControllerConfig {
+        deployment: Some("lastgasp-controller".into()),
+        policy: FencePolicy::Observe,
+        ..ControllerConfig::new("a")
+    };
+    let mut old = controller(&double, cfg.clone()).await;
+    old.tick().await.unwrap();
+    // Stamps are whole seconds: the pause a second after the install.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    lift::pause(double.client().await, "kube-system", "lastgasp-controller")
+        .await
+        .unwrap();
+    let paused = || {
+        let l: Lease = double.get("kube-system", "lastgasp-controller").unwrap();
+        l.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(PAUSE_ANNOTATION)
+    };
+    old.tick().await.unwrap();
+    assert!(paused(), "the uninstalled release's own controller stays paused");
+    assert!(old.metrics.encode().contains("lastgasp_controller_paused 1"));
+    // Reinstalled: a new Deployment, created after the pause.
+    kube::Api::<Deployment>::namespaced(double.client().await, "kube-system")
+        .delete("lastgasp-controller", &Default::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    double.create_value(deployment).unwrap();
+    let mut new = controller(&double, cfg.clone()).await;
+    new.tick().await.unwrap();
+    assert!(!paused(), "a reinstall lifts the uninstall's pause");
+    assert!(new.metrics.encode().contains("lastgasp_controller_paused 0"));
+    // An operator's pause (no paused-by) stays, whatever the Deployment.
+    double
+        .modify::<Lease, _>("kube-system", "lastgasp-controller", |l| {
+            let ann = l.metadata.annotations.get_or_insert_with(Default::default);
+            ann.insert(PAUSE_ANNOTATION.into(), "true".into());
+            ann.remove(PAUSED_BY_ANNOTATION);
+        })
+        .unwrap();
+    new.tick().await.unwrap();
+    assert!(paused(), "an operator's pause stays");
+}
+
 /// A node labelled `lastgasp.dev/fencing=disabled` is never fenced; the
 /// ceiling holds back fences past `--max-fenced` with a Warning.
 #[tokio::test]

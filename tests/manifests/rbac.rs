@@ -355,6 +355,7 @@ async fn controller_rbac_is_exactly_what_the_controller_calls() {
     let cfg = |id: &str| ControllerConfig {
         lease_namespace: flag(&args, "--lease-namespace").unwrap_or("kube-system".into()),
         lease_name: flag(&args, "--lease-name").unwrap_or("lastgasp-controller".into()),
+        deployment: flag(&args, "--deployment"),
         ..ControllerConfig::new(id)
     };
     assert_eq!(cfg("a").lease_namespace, "lastgasp");

@@ -14,7 +14,7 @@ use k8s_openapi::{
 };
 use kube::{api::PostParams, Api, ResourceExt};
 
-use super::{ControllerConfig, PAUSE_ANNOTATION};
+use super::{ControllerConfig, PAUSED_BY_ANNOTATION, PAUSE_ANNOTATION, UNINSTALL_MANAGER};
 
 /// Another holder's Lease as this replica last saw it: (holder, renewTime,
 /// when that pair was first seen, on the local monotonic clock). A Lease is
@@ -53,15 +53,22 @@ pub(super) struct Leadership {
     seen: Arc<Mutex<LeaseSeen>>,
     /// When this replica last renewed the Lease (monotonic).
     renewed: Arc<Mutex<Option<Instant>>>,
+    /// The API server's creation time of this replica's Deployment.
+    installed: Option<SystemTime>,
 }
 
 impl Leadership {
-    pub(super) fn new(leases: Api<Lease>, cfg: ControllerConfig) -> Self {
+    pub(super) fn new(
+        leases: Api<Lease>,
+        cfg: ControllerConfig,
+        installed: Option<SystemTime>,
+    ) -> Self {
         Leadership {
             leases,
             cfg,
             seen: Arc::default(),
             renewed: Arc::default(),
+            installed,
         }
     }
 
@@ -126,10 +133,21 @@ impl Leadership {
                 })
             }
             Some(mut lease) => {
-                let paused = lease
+                let mut paused = lease
                     .annotations()
                     .get(PAUSE_ANNOTATION)
                     .is_some_and(|v| v == "true");
+                if paused && reinstalled(&lease, self.installed) {
+                    // Lifted by the write below, when this replica leads.
+                    let ann = lease.annotations_mut();
+                    ann.remove(PAUSE_ANNOTATION);
+                    ann.remove(PAUSED_BY_ANNOTATION);
+                    paused = false;
+                    tracing::info!(
+                        lease = cfg.lease_name,
+                        "the Lease was paused by an uninstall before this Deployment was created: a reinstall, the pause lifted"
+                    );
+                }
                 let cur = lease.spec.clone().unwrap_or_default();
                 let mine = cur.holder_identity.as_deref() == Some(cfg.identity.as_str());
                 let dur =
@@ -173,6 +191,17 @@ impl Leadership {
             }
         }
     }
+}
+
+/// The uninstall paused `lease` (its lift's annotation and field manager)
+/// before this replica's Deployment was `installed`, by the server's stamps.
+fn reinstalled(lease: &Lease, installed: Option<SystemTime>) -> bool {
+    let by_uninstall = lease
+        .annotations()
+        .get(PAUSED_BY_ANNOTATION)
+        .is_some_and(|v| v == "uninstall");
+    let paused_at = crate::record::managed_time(&lease.metadata, UNINSTALL_MANAGER);
+    by_uninstall && matches!((paused_at, installed), (Some(p), Some(i)) if i > p)
 }
 
 #[cfg(test)]

@@ -12,22 +12,29 @@ use kube::{
 
 use super::{
     write::{fence_params, fence_patch, set_condition, Mark},
-    FENCED_BOOT_ANNOTATION, PAUSE_ANNOTATION, TAINTED_BY_ANNOTATION,
+    FENCED_BOOT_ANNOTATION, PAUSED_BY_ANNOTATION, PAUSE_ANNOTATION, TAINTED_BY_ANNOTATION,
+    UNINSTALL_MANAGER,
 };
 
 /// Pauses the replicas still running (the controller's Lease annotated
-/// `lastgasp.dev/paused=true`), so that none fences again while the
-/// uninstall removes them. No Lease: no replica ever led.
+/// `lastgasp.dev/paused=true`, `lastgasp.dev/paused-by=uninstall`), so
+/// that none fences again while the uninstall removes them; a reinstall's
+/// controller lifts it. No Lease: no replica ever led.
 pub async fn pause(client: Client, namespace: &str, name: &str) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(client, namespace);
     for _ in 0..3 {
         let Some(mut lease) = leases.get_opt(name).await? else {
             return Ok(());
         };
-        lease
-            .annotations_mut()
-            .insert(PAUSE_ANNOTATION.into(), "true".into());
-        match leases.replace(name, &PostParams::default(), &lease).await {
+        let ann = lease.annotations_mut();
+        ann.insert(PAUSE_ANNOTATION.into(), "true".into());
+        ann.insert(PAUSED_BY_ANNOTATION.into(), "uninstall".into());
+        // Its own field manager: the server's stamp says when it paused.
+        let pp = PostParams {
+            field_manager: Some(UNINSTALL_MANAGER.into()),
+            ..Default::default()
+        };
+        match leases.replace(name, &pp, &lease).await {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => {} // changed meanwhile: again
             Err(e) => return Err(e.into()),

@@ -62,6 +62,12 @@ pub const OPT_OUT_VALUE: &str = "disabled";
 /// Lease stops every fence and pod delete until it is removed; the
 /// controller says what it holds back.
 pub const PAUSE_ANNOTATION: &str = "lastgasp.dev/paused";
+/// Who paused: `uninstall` when the uninstall's lift did (written under
+/// the field manager [`UNINSTALL_MANAGER`], whose server stamp says when).
+/// A controller whose own Deployment was created after that stamp is a
+/// reinstall, and lifts that pause; an operator's pause stays.
+pub const PAUSED_BY_ANNOTATION: &str = "lastgasp.dev/paused-by";
+pub const UNINSTALL_MANAGER: &str = "lastgasp-uninstall";
 
 /// Which shutdowns are fenced.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -100,6 +106,9 @@ pub struct ControllerConfig {
     pub lease_duration: Duration,
     /// Writes in flight at once in a pass (fences, pod deletes, Events).
     pub concurrency: usize,
+    /// This replica's Deployment, in `lease_namespace`: created after the
+    /// uninstall's pause, it lifts that pause (a reinstall).
+    pub deployment: Option<String>,
 }
 
 impl ControllerConfig {
@@ -118,6 +127,7 @@ impl ControllerConfig {
             identity: identity.into(),
             lease_duration: Duration::from_secs(15),
             concurrency: 16,
+            deployment: None,
         }
     }
 }
@@ -174,6 +184,10 @@ pub struct ControllerArgs {
     /// This replica's name in the Lease (default: $POD_NAME).
     #[arg(long, env = "LASTGASP_IDENTITY")]
     pub identity: Option<String>,
+    /// This replica's Deployment (in --lease-namespace): one created after
+    /// an uninstall paused the Lease is a reinstall, and lifts that pause.
+    #[arg(long, env = "LASTGASP_DEPLOYMENT")]
+    pub deployment: Option<String>,
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s", env = "LASTGASP_INTERVAL")]
     pub interval: Duration,
     /// Serve /metrics, /readyz and /healthz on ADDR:PORT, or `off`
@@ -215,6 +229,7 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         lease_namespace: args.lease_namespace,
         lease_name: args.lease_name,
         concurrency: args.concurrency,
+        deployment: args.deployment,
         ..ControllerConfig::new(&identity)
     };
     let listen = http::resolve(

@@ -68,9 +68,14 @@ impl Controller {
             controller: "lastgasp-controller".into(),
             instance: Some(cfg.identity.clone()),
         };
+        let installed = match &cfg.deployment {
+            Some(d) => installed(&client, &cfg.lease_namespace, d).await,
+            None => None,
+        };
         let lead = Leadership::new(
             Api::namespaced(client.clone(), &cfg.lease_namespace),
             cfg.clone(),
+            installed,
         );
         Ok(Controller {
             writer: Writer {
@@ -408,6 +413,20 @@ impl std::fmt::Debug for Controller {
             .field("identity", &self.cfg.identity)
             .field("leading", &self.leading)
             .finish()
+    }
+}
+
+/// The API server's creation time of this replica's Deployment, or none
+/// (said in the log: an uninstall's pause then stays).
+async fn installed(client: &Client, ns: &str, name: &str) -> Option<SystemTime> {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), ns);
+    match deployments.get(name).await {
+        Ok(d) => d.metadata.creation_timestamp.map(|t| SystemTime::from(t.0)),
+        Err(e) => {
+            tracing::warn!(deployment = name, error = %e, "this replica's Deployment not read: a pause an uninstall left stays");
+            None
+        }
     }
 }
 
