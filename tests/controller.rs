@@ -534,10 +534,13 @@ async fn failures_and_a_new_leader() {
 #[tokio::test]
 async fn a_direct_tool_then_back_on_a_new_boot() {
     let double = cluster(&["n1"]).await;
-    // The kubelet wrote its Lease 5 s ago: the tool's record came after.
-    put_lease(&double, "n1", SystemTime::now() - Duration::from_secs(5));
-    let rec = record_of("n1-boot", &direct_poweroff());
-    put_record(&double, "n1", &rec, SystemTime::now());
+    // The kubelet wrote its Lease 10 s ago: the tool's record came after,
+    // 9 s ago (past the direct tool's quiet time, 8 s).
+    let now = SystemTime::now();
+    put_lease(&double, "n1", now - Duration::from_secs(10));
+    let mut tool = direct_poweroff();
+    tool.at = now - Duration::from_secs(9);
+    put_record(&double, "n1", &record_of("n1-boot", &tool), tool.at);
     let mut c = controller(&double, ControllerConfig::new("a")).await;
     c.tick().await.unwrap();
     assert!(!fenced(&double, "n1"), "the kubelet is not silent yet");
