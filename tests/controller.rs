@@ -391,8 +391,14 @@ async fn a_reinstall_lifts_the_uninstalls_pause_and_only_it() {
             .contains_key(PAUSE_ANNOTATION)
     };
     old.tick().await.unwrap();
-    assert!(paused(), "the uninstalled release's own controller stays paused");
-    assert!(old.metrics.encode().contains("lastgasp_controller_paused 1"));
+    assert!(
+        paused(),
+        "the uninstalled release's own controller stays paused"
+    );
+    assert!(old
+        .metrics
+        .encode()
+        .contains("lastgasp_controller_paused 1"));
     // Reinstalled: a new Deployment, created after the pause.
     kube::Api::<Deployment>::namespaced(double.client().await, "kube-system")
         .delete("lastgasp-controller", &Default::default())
@@ -403,7 +409,10 @@ async fn a_reinstall_lifts_the_uninstalls_pause_and_only_it() {
     let mut new = controller(&double, cfg.clone()).await;
     new.tick().await.unwrap();
     assert!(!paused(), "a reinstall lifts the uninstall's pause");
-    assert!(new.metrics.encode().contains("lastgasp_controller_paused 0"));
+    assert!(new
+        .metrics
+        .encode()
+        .contains("lastgasp_controller_paused 0"));
     // An operator's pause (no paused-by) stays, whatever the Deployment.
     double
         .modify::<Lease, _>("kube-system", "lastgasp-controller", |l| {

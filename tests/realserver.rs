@@ -671,6 +671,20 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         // pre-delete hook) with the controller's own token lifts every fence
         // it set (B's, as a fence leaves it), and no one else's (C's).
         let (b, c) = (names[1], names[2]);
+        // B's agent asked for it (admission admits no fence without that).
+        let agent_b = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == b).await;
+        let agent_b = cp.agent_client(
+            &pod_token(&admin, NS, AGENT_SA, Some(&agent_b)).await,
+            Use::Requests,
+        );
+        recovery::last_gasp(
+            &agent_b,
+            b,
+            &sim.boot_id(b).unwrap(),
+            lastgasp_tests::support::kernel_poweroff(),
+        )
+        .await
+        .unwrap();
         let fence = json!({
             "metadata": {"annotations": {TAINTED_BY_ANNOTATION: "deployed", FENCED_BOOT_ANNOTATION: sim.boot_id(b).unwrap()}},
             "spec": {"taints": [{"key": OUT_OF_SERVICE_KEY, "value": "nodeshutdown", "effect": "NoExecute"}]},
@@ -1060,7 +1074,10 @@ fn the_condition_follows_the_taint_and_a_live_nodes_pods_are_never_forced() {
         nodesim::schedulable(&admin, &names, Duration::from_secs(60)).await.unwrap();
         apply(&admin, &objs, false).await;
         let (a, b) = (names[0], names[1]);
-        let ctl_pod = pod_of(&admin, "app.kubernetes.io/component=controller", |_, n| n == names[2]).await;
+        let ctl_pod = pod_of(&admin, "app.kubernetes.io/component=controller", |_, n| {
+            n != names[0] && n != names[1]
+        })
+        .await;
         let controller = cp.agent_client(&pod_token(&admin, NS, CONTROLLER_SA, Some(&ctl_pod)).await, Use::Watch);
         let work = "cf-work";
         nodesim::namespace(&admin, work).await.unwrap();
