@@ -158,6 +158,29 @@ fn the_readmes_five_minutes_install_and_check_on_the_real_control_plane() {
             }
         }
         std::fs::remove_dir_all(&home).ok();
+        // Safe first: the five minutes install observe (nothing fenced, no
+        // pod removed).
+        let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+            Api::namespaced(admin.clone(), "lastgasp");
+        let ctl = deployments.get("lastgasp-controller").await.unwrap();
+        let args = ctl.spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            args.windows(2).any(|w| w[0] == "--policy" && w[1] == "observe"),
+            "{args:?}"
+        );
+        let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "lastgasp");
+        let config = cms
+            .list(&ListParams::default().labels("app.kubernetes.io/component=agent"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .flat_map(|c| c.data.unwrap_or_default().into_values())
+            .collect::<String>();
+        assert!(config.contains("podRemoval: none"), "{config}");
         println!("ran as written, or as their API calls: {ran:#?}");
         assert_eq!(
             ran.len(),
