@@ -152,7 +152,7 @@ fn runbook_anchors() -> BTreeSet<String> {
 fn every_alert_has_a_runbook() {
     let anchors = runbook_anchors();
     for (alert, _, ann) in alerts(&rules()) {
-        let runbook = ann["runbook"].as_str().unwrap_or_default();
+        let runbook = ann["runbook_url"].as_str().unwrap_or_default();
         let anchor = runbook
             .strip_prefix("docs/runbooks.md#")
             .unwrap_or_else(|| panic!("{alert}: runbook {runbook:?} is not in docs/runbooks.md"));

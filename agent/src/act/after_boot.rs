@@ -216,6 +216,7 @@ async fn deliver_late(c: &Cluster, hands: &super::Hands, p: &PreviousBoot, ep: &
     let record = ShutdownRecord::late(&p.prev, ep, SystemTime::now());
     match c.node.set_earlier_record(&record, &p.current).await {
         Ok(true) => {
+            hands.metrics.last_gasps_delivered_late.inc();
             let late = Outcome::DeliveredLate {
                 boot_id: p.prev.clone(),
             };

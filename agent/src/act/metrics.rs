@@ -29,6 +29,9 @@ pub struct Metrics {
     pub decisions: Family<Labels, Counter>,
     pub last_gasp_latency: Histogram,
     pub last_gasp_failures: Counter,
+    /// An earlier boot's last gasp that never reached the API server,
+    /// delivered by this boot: counted where it survives the node's death.
+    pub last_gasps_delivered_late: Counter,
     /// Kernel records lost, by scope and cause.
     pub ringbuf_drops: Family<Labels, Counter>,
     pub hook_errors: Family<Labels, Counter>,
@@ -109,6 +112,12 @@ impl Default for Metrics {
             "Last gasps the API server did not acknowledge (the record waits in the audit log for the next boot)",
             last_gasp_failures.clone(),
         );
+        let last_gasps_delivered_late = Counter::default();
+        r.register(
+            "lastgasp_last_gasps_delivered_late",
+            "Last gasps of an earlier boot that did not reach the API server before the node went down, delivered by this boot (the failure counted where it survives)",
+            last_gasps_delivered_late.clone(),
+        );
         let ringbuf_drops = Family::<Labels, Counter>::default();
         r.register(
             "lastgasp_ringbuf_drops",
@@ -156,6 +165,7 @@ impl Default for Metrics {
             decisions,
             last_gasp_latency,
             last_gasp_failures,
+            last_gasps_delivered_late,
             ringbuf_drops,
             hook_errors,
             hooks,
@@ -356,6 +366,7 @@ mod tests {
             "lastgasp_ringbuf_drops_total{scope=\"node\",reason=\"full\"} 0",
             "lastgasp_audit_write_failures_total 0",
             "lastgasp_last_gasp_failures_total 0",
+            "lastgasp_last_gasps_delivered_late_total 0",
             "# TYPE graceful_shutdown_start_time_seconds gauge",
             "lastgasp_graceful_path_armed 0",
             concat!(
