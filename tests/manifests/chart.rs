@@ -558,3 +558,37 @@ fn the_chart_readme_names_every_top_level_value() {
         "deploy/helm/lastgasp/README.md does not name: {missing:?}"
     );
 }
+
+/// Values that would render a broken install are refused by the chart
+/// with what to do: a PDB that keeps every controller replica (a node
+/// drain could never evict the controller).
+#[test]
+fn values_that_would_break_the_install_are_refused() {
+    let Some(h) = helm() else {
+        return skip(
+            "values_that_would_break_the_install_are_refused",
+            "no helm",
+        );
+    };
+    let refused = |set: &[&str]| -> String {
+        let home = std::env::temp_dir().join(format!("lastgasp-helm-refuse-{}", std::process::id()));
+        let mut cmd = lastgasp_tests::render::helm_command(&h, &home);
+        cmd.args(["template", "lastgasp"])
+            .arg(lastgasp_tests::render::chart_dir())
+            .args(["--namespace", "lastgasp"]);
+        for s in set {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        std::fs::remove_dir_all(&home).ok();
+        assert!(!out.status.success(), "{set:?} rendered");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(&["controller.replicas=1"]);
+    assert!(
+        err.contains("controller.pdb.minAvailable (1) must be below controller.replicas (1)"),
+        "{err}"
+    );
+    let one = render_helm(&h, &["controller.replicas=1", "controller.pdb.enabled=false"]);
+    assert!(!one.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+}
