@@ -163,12 +163,13 @@ fn the_readmes_five_minutes_install_and_check_on_the_real_control_plane() {
         let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
             Api::namespaced(admin.clone(), "lastgasp");
         let ctl = deployments.get("lastgasp-controller").await.unwrap();
-        let args = ctl.spec.unwrap().template.spec.unwrap().containers[0]
+        let args = ctl.spec.template.spec.unwrap().containers[0]
             .args
             .clone()
             .unwrap_or_default();
         assert!(
-            args.windows(2).any(|w| w[0] == "--policy" && w[1] == "observe"),
+            args.windows(2)
+                .any(|w| w[0] == "--policy" && w[1] == "observe"),
             "{args:?}"
         );
         let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "lastgasp");

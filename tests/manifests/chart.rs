@@ -565,13 +565,11 @@ fn the_chart_readme_names_every_top_level_value() {
 #[test]
 fn values_that_would_break_the_install_are_refused() {
     let Some(h) = helm() else {
-        return skip(
-            "values_that_would_break_the_install_are_refused",
-            "no helm",
-        );
+        return skip("values_that_would_break_the_install_are_refused", "no helm");
     };
     let refused = |set: &[&str]| -> String {
-        let home = std::env::temp_dir().join(format!("lastgasp-helm-refuse-{}", std::process::id()));
+        let home =
+            std::env::temp_dir().join(format!("lastgasp-helm-refuse-{}", std::process::id()));
         let mut cmd = lastgasp_tests::render::helm_command(&h, &home);
         cmd.args(["template", "lastgasp"])
             .arg(lastgasp_tests::render::chart_dir())
@@ -589,6 +587,9 @@ fn values_that_would_break_the_install_are_refused() {
         err.contains("controller.pdb.minAvailable (1) must be below controller.replicas (1)"),
         "{err}"
     );
-    let one = render_helm(&h, &["controller.replicas=1", "controller.pdb.enabled=false"]);
+    let one = render_helm(
+        &h,
+        &["controller.replicas=1", "controller.pdb.enabled=false"],
+    );
     assert!(!one.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
 }

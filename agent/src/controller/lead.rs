@@ -133,21 +133,7 @@ impl Leadership {
                 })
             }
             Some(mut lease) => {
-                let mut paused = lease
-                    .annotations()
-                    .get(PAUSE_ANNOTATION)
-                    .is_some_and(|v| v == "true");
-                if paused && reinstalled(&lease, self.installed) {
-                    // Lifted by the write below, when this replica leads.
-                    let ann = lease.annotations_mut();
-                    ann.remove(PAUSE_ANNOTATION);
-                    ann.remove(PAUSED_BY_ANNOTATION);
-                    paused = false;
-                    tracing::info!(
-                        lease = cfg.lease_name,
-                        "the Lease was paused by an uninstall before this Deployment was created: a reinstall, the pause lifted"
-                    );
-                }
+                let paused = self.paused(&mut lease);
                 let cur = lease.spec.clone().unwrap_or_default();
                 let mine = cur.holder_identity.as_deref() == Some(cfg.identity.as_str());
                 let dur =
@@ -190,6 +176,29 @@ impl Leadership {
                 Ok(Term { leading, paused })
             }
         }
+    }
+}
+
+impl Leadership {
+    /// Whether `lease` is paused. A pause an uninstall left before this
+    /// replica's Deployment was created (a reinstall) is taken off `lease`,
+    /// and goes with the write that renews it, when this replica leads.
+    fn paused(&self, lease: &mut Lease) -> bool {
+        let paused = lease
+            .annotations()
+            .get(PAUSE_ANNOTATION)
+            .is_some_and(|v| v == "true");
+        if !paused || !reinstalled(lease, self.installed) {
+            return paused;
+        }
+        let ann = lease.annotations_mut();
+        ann.remove(PAUSE_ANNOTATION);
+        ann.remove(PAUSED_BY_ANNOTATION);
+        tracing::info!(
+            lease = self.cfg.lease_name,
+            "the Lease was paused by an uninstall before this Deployment was created: a reinstall, the pause lifted"
+        );
+        false
     }
 }
 
