@@ -593,3 +593,41 @@ fn values_that_would_break_the_install_are_refused() {
     );
     assert!(!one.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
 }
+
+/// `agent.config.apiServer.serverFromKubeconfig` mounts the file it names
+/// (it rendered with no mount, and every agent failed at start), and the
+/// extra volumes reach the agent's pod.
+#[test]
+fn a_kubeconfig_the_agent_reads_is_mounted() {
+    let Some(h) = helm() else {
+        return skip("a_kubeconfig_the_agent_reads_is_mounted", "no helm");
+    };
+    let objs = render_helm(
+        &h,
+        &[
+            "agent.config.apiServer.serverFromKubeconfig=/etc/kubernetes/kubelet.conf",
+            "agent.extraVolumes[0].name=ca",
+            "agent.extraVolumes[0].hostPath.path=/etc/pki",
+            "agent.extraVolumeMounts[0].name=ca",
+            "agent.extraVolumeMounts[0].mountPath=/etc/pki",
+        ],
+    );
+    let ds = objs
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .expect("the agent's DaemonSet");
+    let spec = &ds["spec"]["template"]["spec"];
+    let mounts = spec["containers"][0]["volumeMounts"].as_array().unwrap();
+    let volumes = spec["volumes"].as_array().unwrap();
+    let mounted = |path: &str| {
+        let m = mounts
+            .iter()
+            .find(|m| m["mountPath"] == path)
+            .unwrap_or_else(|| panic!("{path} not mounted: {mounts:?}"));
+        volumes
+            .iter()
+            .any(|v| v["name"] == m["name"] && v["hostPath"]["path"] == path)
+    };
+    assert!(mounted("/etc/kubernetes/kubelet.conf"));
+    assert!(mounted("/etc/pki"));
+}

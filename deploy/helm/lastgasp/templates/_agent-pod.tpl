@@ -202,6 +202,16 @@ containers:
         mountPath: {{ $root.Values.agent.kubeletConfigPath }}
         readOnly: true
       {{- end }}
+      {{- with ((($root.Values.agent.config).apiServer).serverFromKubeconfig) }}
+      # The kubeconfig whose server the agent reaches (never its
+      # credentials), at the path the config names.
+      - name: server-kubeconfig
+        mountPath: {{ . }}
+        readOnly: true
+      {{- end }}
+      {{- with $root.Values.agent.extraVolumeMounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
 volumes:
   - name: config
     configMap:
@@ -251,5 +261,14 @@ volumes:
     hostPath:
       path: {{ $root.Values.agent.kubeletConfigPath }}
       type: File
+  {{- end }}
+  {{- with ((($root.Values.agent.config).apiServer).serverFromKubeconfig) }}
+  - name: server-kubeconfig
+    hostPath:
+      path: {{ . }}
+      type: File
+  {{- end }}
+  {{- with $root.Values.agent.extraVolumes }}
+  {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end -}}
