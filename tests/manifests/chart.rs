@@ -561,7 +561,10 @@ fn the_chart_readme_names_every_top_level_value() {
 
 /// Values that would render a broken install are refused by the chart
 /// with what to do: a PDB that keeps every controller replica (a node
-/// drain could never evict the controller).
+/// drain could never evict the controller), an agent's termination grace
+/// at or below its graceful path (a pod stop mid-shutdown kills the drain),
+/// a NetworkPolicy with no peer (it would admit every one), a capability
+/// the agent cannot run without.
 #[test]
 fn values_that_would_break_the_install_are_refused() {
     let Some(h) = helm() else {
@@ -592,6 +595,65 @@ fn values_that_would_break_the_install_are_refused() {
         &["controller.replicas=1", "controller.pdb.enabled=false"],
     );
     assert!(!one.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+
+    let grace = |o: &[serde_json::Value]| {
+        let ds = o.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+        ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"].as_i64()
+    };
+    let err = refused(&[
+        "agent.shutdownGracePeriod=1m29.5s",
+        "agent.terminationGracePeriodSeconds=90",
+    ]);
+    assert!(
+        err.contains("agent.terminationGracePeriodSeconds (90) must be above the agent's graceful path (90s)"),
+        "{err}"
+    );
+    let ok = render_helm(
+        &h,
+        &[
+            "agent.shutdownGracePeriod=1m30s",
+            "agent.terminationGracePeriodSeconds=91",
+        ],
+    );
+    assert_eq!(grace(&ok), Some(91));
+    // By priority, the path is the buckets' sum (the kubelet's semantics).
+    let buckets = [
+        "agent.shutdownGracePeriod=",
+        "agent.shutdownGracePeriodCriticalPods=",
+        "agent.config.shutdownGracePeriodByPodPriority[0].priority=0",
+        "agent.config.shutdownGracePeriodByPodPriority[0].shutdownGracePeriodSeconds=40",
+        "agent.config.shutdownGracePeriodByPodPriority[1].priority=100000",
+        "agent.config.shutdownGracePeriodByPodPriority[1].shutdownGracePeriodSeconds=10",
+    ];
+    let err = refused(&buckets);
+    assert!(
+        err.contains("(45) must be above the agent's graceful path (50s)"),
+        "{err}"
+    );
+    let ok = render_helm(
+        &h,
+        &[&buckets[..], &["agent.terminationGracePeriodSeconds=51"]].concat(),
+    );
+    assert_eq!(grace(&ok), Some(51));
+
+    let err = refused(&["controller.networkPolicy.metricsFrom=null"]);
+    assert!(
+        err.contains("metricsFrom is empty, which would admit every peer"),
+        "{err}"
+    );
+    let err = refused(&["agent.dropCapabilities={BPF}"]);
+    assert!(
+        err.contains("agent.dropCapabilities.0 must be one of"),
+        "{err}"
+    );
+    let fewer = render_helm(&h, &["agent.dropCapabilities={SYS_ADMIN}"]);
+    let ds = fewer.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+    let caps = &ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"];
+    assert_eq!(
+        caps["add"],
+        serde_json::json!(["BPF", "PERFMON", "SYS_PTRACE"])
+    );
+    assert_eq!(caps["drop"], serde_json::json!(["ALL"]));
 }
 
 /// `agent.config.apiServer.serverFromKubeconfig` mounts the file it names

@@ -143,15 +143,19 @@ containers:
           # Attach tracing programs: perf_event_open(2) for the
           # tracepoints, fentry/kprobe on the kernel's power-off paths.
           - PERFMON
+          {{- if not (has "SYS_ADMIN" $root.Values.agent.dropCapabilities) }}
           # Where kernel.perf_event_paranoid=3 (Debian, Ubuntu:
           # CONFIG_SECURITY_PERF_EVENTS_RESTRICT), perf_event_open(2) is
           # refused with EACCES without it and no tracepoint arms (the
           # VM harness's `privileges` scenario shows it). On nodes with
-          # paranoid <= 2 it can be dropped.
+          # paranoid <= 2 it can be dropped (agent.dropCapabilities).
           - SYS_ADMIN
+          {{- end }}
+          {{- if not (has "SYS_PTRACE" $root.Values.agent.dropCapabilities) }}
           # Read other processes' /proc/PID/exe (and /proc/1/ns/pid) for
           # the actor of a shutdown; without it `exe` is left out.
           - SYS_PTRACE
+          {{- end }}
     volumeMounts:
       - name: config
         mountPath: /etc/lastgasp

@@ -18,3 +18,27 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end -}}
+
+{{/* A Go duration ("1m30s", "500ms") in whole seconds, rounded up. */}}
+{{- define "lastgasp.seconds" -}}
+{{- $units := dict "ns" 1e-9 "us" 1e-6 "µs" 1e-6 "ms" 1e-3 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" (toString .) -1 -}}
+{{- $unit := regexFind "(ns|us|µs|ms|s|m|h)$" . -}}
+{{- $total = addf $total (mulf (float64 (trimSuffix $unit .)) (get $units $unit)) -}}
+{{- end -}}
+{{- ceil $total | int -}}
+{{- end -}}
+
+{{/* The agent's graceful path at most, in seconds: the kubelet's
+semantics (the sum of the priority buckets, or shutdownGracePeriod). */}}
+{{- define "lastgasp.gracefulSeconds" -}}
+{{- $buckets := .Values.agent.config.shutdownGracePeriodByPodPriority | default list -}}
+{{- if $buckets -}}
+{{- $sum := 0 -}}
+{{- range $buckets }}{{ $sum = add $sum .shutdownGracePeriodSeconds }}{{ end -}}
+{{- $sum -}}
+{{- else -}}
+{{- include "lastgasp.seconds" .Values.agent.shutdownGracePeriod -}}
+{{- end -}}
+{{- end -}}
