@@ -342,26 +342,26 @@ fn wait_ready(addr: &str, what: &str, secs: u64, pred: impl Fn(u16, &str) -> boo
 
 /// `start_run` on `bus` (its address and its fake's logind root), serving
 /// on a free loopback port; returns the agent and that address.
-fn start_on_bus(dir: &std::path::Path, bus: &TestBus) -> (Running, String) {
+fn start_on_bus(dir: &std::path::Path, bus: &TestBus, extra: &[&str]) -> (Running, String) {
     let root = bus.root.to_str().unwrap();
-    let agent = start_run(
-        dir,
-        &[
-            "--logind-root",
-            root,
-            "--system-bus",
-            &bus.address,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-    );
+    let mut args = vec![
+        "--logind-root",
+        root,
+        "--system-bus",
+        &bus.address,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let agent = start_run(dir, &args);
     let addr = listen_addr(&agent.logs);
     (agent, addr)
 }
 
 /// A node whose system bus goes away: the agent it had connected to logind
 /// and systemd says so on /readyz until both are back (a real dbus-daemon,
-/// killed and started again on the same socket).
+/// killed and started again on the same socket); unready meanwhile, as
+/// `--unready-unless-armed` asks.
 #[tokio::test]
 async fn readiness_is_lost_with_the_bus_and_comes_back_with_it() {
     if !can_load_ebpf("observe_readiness_bus") || !have_dbus_daemon("observe_readiness_bus") {
@@ -370,7 +370,7 @@ async fn readiness_is_lost_with_the_bus_and_comes_back_with_it() {
     let mut bus = TestBus::start("readyz", &[], &[]);
     let dir = std::env::temp_dir().join(format!("lastgasp-readyz-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let (agent, addr) = start_on_bus(&dir, &bus);
+    let (agent, addr) = start_on_bus(&dir, &bus, &["--unready-unless-armed"]);
     agent.wait_log("systemd detector started", |v| {
         v["fields"]["message"] == "systemd: following shutdown jobs"
     });
@@ -399,8 +399,9 @@ async fn readiness_is_lost_with_the_bus_and_comes_back_with_it() {
 
 /// A node whose bus is not there when the agent starts (dbus-daemon late,
 /// or a security module refusing the pod's connection): the lost graceful
-/// path is loud at once (readiness, the metric, `check`), the agent keeps
-/// trying, and arms when the bus comes.
+/// path is loud at once (readiness says degraded, the metric, `check`
+/// fails) without stopping a rollout (200), the agent keeps trying, and
+/// arms when the bus comes.
 #[tokio::test]
 async fn a_graceful_path_not_armed_at_start_is_loud_and_armed_when_the_bus_comes() {
     if !can_load_ebpf("observe_graceful_path_not_armed")
@@ -435,10 +436,17 @@ async fn a_graceful_path_not_armed_at_start_is_loud_and_armed_when_the_bus_comes
     let dir = std::env::temp_dir().join(format!("lastgasp-notarmed-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let started = Instant::now();
-    let (agent, addr) = start_on_bus(&dir, &bus);
-    let body = wait_ready(&addr, "unready, naming the graceful path", 10, |c, b| {
-        c == 503 && b.contains("logind: ") && b.contains("graceful path is NOT armed")
-    });
+    let (agent, addr) = start_on_bus(&dir, &bus, &[]);
+    let body = wait_ready(
+        &addr,
+        "ready but degraded, naming the graceful path",
+        10,
+        |c, b| {
+            c == 200
+                && b.starts_with("ok, degraded: logind: ")
+                && b.contains("graceful path is NOT armed")
+        },
+    );
     let metric_zero = loop {
         let (_, m) = get(&addr, "/metrics").unwrap();
         if m.lines().any(|l| l == "lastgasp_graceful_path_armed 0") {
@@ -448,7 +456,7 @@ async fn a_graceful_path_not_armed_at_start_is_loud_and_armed_when_the_bus_comes
         std::thread::sleep(Duration::from_millis(50));
     };
     println!(
-        "not armed: /readyz 503 and lastgasp_graceful_path_armed 0 within {metric_zero:?} of start: {}",
+        "not armed: /readyz degraded and lastgasp_graceful_path_armed 0 within {metric_zero:?} of start: {}",
         body.trim()
     );
     // Alive, detecting, and trying again without a log line per try.
@@ -462,7 +470,12 @@ async fn a_graceful_path_not_armed_at_start_is_loud_and_armed_when_the_bus_comes
     assert_eq!(warned, 1, "one WARN for the loss, not one per try");
 
     bus.start_bus().await;
-    wait_ready(&addr, "ready once the bus is there", 20, |c, _| c == 200);
+    wait_ready(
+        &addr,
+        "no longer degraded once the bus is there",
+        20,
+        |c, b| c == 200 && b.trim() == "ok",
+    );
     let ready = Instant::now();
     loop {
         let (_, m) = get(&addr, "/metrics").unwrap();
@@ -477,6 +490,134 @@ async fn a_graceful_path_not_armed_at_start_is_loud_and_armed_when_the_bus_comes
     }
     bus.wait_event("the delay lock taken late", |e| e.is("inhibit"), 1)
         .await;
+    drop(agent);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// What an operator who never reads /readyz sees: a cluster-mode agent
+/// whose graceful path cannot arm (no bus) shows it on its Node
+/// (`LastgaspDegraded` True, a Warning Event) once the loss has held for
+/// `HOLD`, while staying Ready; when the bus comes, False and a Normal Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_agent_says_so_on_its_node_and_stays_ready() {
+    use k8s_openapi::api::{core::v1::Node, events::v1::Event};
+    if !can_load_ebpf("observe_degraded_node") || !have_dbus_daemon("observe_degraded_node") {
+        return;
+    }
+    let mut bus = TestBus::start("degraded", &[], &[]);
+    bus.stop_bus();
+    let double = ApiDouble::start().await.unwrap();
+    let node = "n-degraded";
+    double
+        .create_value(lastgasp_tests::nodes::node(node).json())
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("lastgasp-degraded-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cfg, kubeconfig) = (dir.join("config.yaml"), dir.join("kubeconfig"));
+    let url = double.url();
+    std::fs::write(
+        &cfg,
+        format!("shutdownGracePeriod: 4s\napiServer: {{endpoint: \"{url}\"}}\n"),
+    )
+    .unwrap();
+    write_kubeconfig(&kubeconfig, &url);
+    let mut cmd = Command::new(agent_bin());
+    cmd.args([
+        "--json-logs",
+        "run",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--logind-root",
+    ])
+    .arg(&bus.root)
+    .arg("--system-bus")
+    .arg(&bus.address)
+    .arg("--config")
+    .arg(&cfg)
+    .arg("--audit-dir")
+    .arg(dir.join("audit"))
+    .env("KUBECONFIG", &kubeconfig)
+    .env("NODE_NAME", node)
+    .env_remove("POD_NAME")
+    .env_remove("POD_NAMESPACE")
+    .env_remove("KUBERNETES_SERVICE_HOST");
+    let agent = Running::spawn(cmd);
+    let logs = agent.logs.clone();
+    let addr = tokio::task::spawn_blocking(move || listen_addr(&logs))
+        .await
+        .unwrap();
+    let a = addr.clone();
+    let body = tokio::task::spawn_blocking(move || {
+        wait_ready(&a, "Ready but degraded", 30, |c, b| {
+            c == 200 && b.starts_with("ok, degraded: logind")
+        })
+    })
+    .await
+    .unwrap();
+    let degraded_at = Instant::now();
+
+    let condition = |want: &str| {
+        let n: Node = double.get("", node).unwrap();
+        n.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "LastgaspDegraded" && c.status == want)
+    };
+    let events = |reason: &str| -> Vec<Event> {
+        double
+            .list::<Event>("default")
+            .into_iter()
+            .chain(double.list::<Event>(""))
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
+            })
+            .collect()
+    };
+    let wait = |what: &str, secs: u64, f: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < Duration::from_secs(secs),
+                "{what} not within {secs} s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait("LastgaspDegraded True", 30, &|| condition("True").is_some());
+    let shown = degraded_at.elapsed();
+    let c = condition("True").unwrap();
+    assert_eq!(c.reason.as_deref(), Some("GracefulPathNotArmed"), "{c:?}");
+    assert!(
+        c.message
+            .as_deref()
+            .unwrap_or("")
+            .contains("graceful path is NOT armed"),
+        "{c:?}"
+    );
+    assert!(
+        shown >= lastgasp::act::degraded::HOLD - Duration::from_secs(2),
+        "shown after {shown:?}: a short loss must not reach the Node"
+    );
+    wait("a Warning Event", 10, &|| {
+        !events("GracefulPathNotArmed").is_empty()
+    });
+    let ev = &events("GracefulPathNotArmed")[0];
+    assert_eq!(ev.type_.as_deref(), Some("Warning"), "{ev:?}");
+    // Ready all the while.
+    assert_eq!(get(&addr, "/readyz").unwrap().0, 200);
+
+    bus.start_bus().await;
+    let back = Instant::now();
+    wait("LastgaspDegraded False", 30, &|| {
+        condition("False").is_some()
+    });
+    let cleared = back.elapsed();
+    assert_eq!(condition("False").unwrap().reason.as_deref(), Some("Armed"));
+    wait("a Normal Event", 10, &|| !events("Armed").is_empty());
+    assert_eq!(events("Armed")[0].type_.as_deref(), Some("Normal"));
+    println!("degraded: /readyz 200 {:?}; on the Node {shown:?} later; False {cleared:?} after the bus came", body.trim());
     drop(agent);
     std::fs::remove_dir_all(&dir).ok();
 }

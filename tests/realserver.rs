@@ -457,6 +457,14 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         for t in ["ShutdownInProgress", "DrainInProgress", "Drained"] {
             assert_eq!(st(&cancelled, t), Some(("False".into(), "ShutdownCancelled".into())), "{t}");
         }
+        // Its health on its Node, admitted by the policy: degraded, then back.
+        nc.set_degraded(Some(("GracefulPathNotArmed", "logind: gone"))).await.unwrap();
+        let degraded = nodes.get(a).await.unwrap();
+        assert_eq!(st(&degraded, "LastgaspDegraded"), Some(("True".into(), "GracefulPathNotArmed".into())));
+        nc.set_degraded(None).await.unwrap();
+        let back = nodes.get(a).await.unwrap();
+        assert_eq!(st(&back, "LastgaspDegraded"), Some(("False".into(), "Armed".into())));
+        assert_eq!(st(&back, "Ready"), st(&degraded, "Ready"), "the kubelet's conditions stay");
 
         // Every request of the agent: none refused, exactly its grants.
         let full = cp.audit(&user(AGENT_SA));

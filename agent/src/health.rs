@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     time::{Duration, Instant},
@@ -26,6 +26,14 @@ pub struct Health {
     /// Milliseconds since `started` of the loop's last turn; `NOT_LOOPING`
     /// until the first (the start itself is readiness's business).
     heartbeat_ms: AtomicU64,
+    /// A lost bus part (the graceful path) makes it unready, not only degraded.
+    unready_when_degraded: AtomicBool,
+}
+
+/// A part of the host's bus (logind, its delay lock, systemd): losing one
+/// degrades the agent (the eBPF hooks and the last gasp still work).
+fn bus_part(part: &str) -> bool {
+    matches!(part.split(' ').next(), Some("logind" | "systemd"))
 }
 
 impl Health {
@@ -36,7 +44,14 @@ impl Health {
             lost: Mutex::default(),
             buses: Mutex::default(),
             heartbeat_ms: AtomicU64::new(NOT_LOOPING),
+            unready_when_degraded: AtomicBool::new(false),
         })
+    }
+
+    /// Whether a lost bus part makes the agent unready (`--unready-unless-armed`)
+    /// or only degraded (the default: Ready, so that rollouts go on).
+    pub fn unready_when_degraded(&self, on: bool) {
+        self.unready_when_degraded.store(on, Ordering::Relaxed);
     }
 
     pub fn not_ready(&self, why: &str) {
@@ -67,6 +82,11 @@ impl Health {
         locked(&self.buses).insert(part);
     }
 
+    /// Whether any bus part was started (not `--no-dbus`).
+    pub fn buses_expected(&self) -> bool {
+        !locked(&self.buses).is_empty()
+    }
+
     /// Whether logind or systemd can be reached now (a started part not lost).
     pub fn bus_reachable(&self) -> bool {
         let lost = locked(&self.lost);
@@ -81,19 +101,29 @@ impl Health {
             && !lost.keys().any(|p| p.split(' ').next() == Some(part))
     }
 
-    pub fn readiness(&self) -> Result<(), String> {
+    /// Ready (`ok`, or `ok, degraded: ...` naming lost bus parts), or why not.
+    pub fn readiness(&self) -> Result<String, String> {
         if let Some(why) = &*locked(&self.not_ready) {
             return Err(why.clone());
         }
+        let strict = self.unready_when_degraded.load(Ordering::Relaxed);
         let lost = locked(&self.lost);
-        if lost.is_empty() {
-            return Ok(());
+        let (degraded, unready): (Vec<_>, Vec<_>) =
+            lost.iter().partition(|(part, _)| !strict && bus_part(part));
+        if !unready.is_empty() {
+            return Err(reasons(unready));
         }
-        Err(lost
-            .iter()
-            .map(|(part, why)| format!("{part}: {why}"))
-            .collect::<Vec<_>>()
-            .join("; "))
+        Ok(match degraded.is_empty() {
+            true => "ok".into(),
+            false => format!("ok, degraded: {}", reasons(degraded)),
+        })
+    }
+
+    /// The lost bus parts, with why; `None` while every started one holds.
+    pub fn degraded(&self) -> Option<String> {
+        let lost = locked(&self.lost);
+        let parts: Vec<_> = lost.iter().filter(|(part, _)| bus_part(part)).collect();
+        (!parts.is_empty()).then(|| reasons(parts))
     }
 
     /// The main loop calls this on every turn.
@@ -140,8 +170,17 @@ impl Health {
             lost: Mutex::default(),
             buses: Mutex::default(),
             heartbeat_ms: AtomicU64::new(0),
+            unready_when_degraded: AtomicBool::new(false),
         })
     }
+}
+
+fn reasons(parts: Vec<(&&'static str, &String)>) -> String {
+    parts
+        .iter()
+        .map(|(part, why)| format!("{part}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The lock, even if a holder panicked (the state is a plain record).
@@ -156,6 +195,7 @@ mod tests {
     #[test]
     fn a_lost_part_makes_it_unready_until_regained() {
         let h = Health::new("starting");
+        h.unready_when_degraded(true);
         h.ready();
         h.lost("systemd", "the bus connection closed");
         h.lost("logind", "the bus connection closed");
@@ -169,7 +209,7 @@ mod tests {
             Err("systemd: the bus connection closed".into())
         );
         h.regained("systemd");
-        assert_eq!(h.readiness(), Ok(()));
+        assert_eq!(h.readiness(), Ok("ok".into()));
         // The buses count as reachable while a started one is not lost.
         let h = Health::new("starting");
         assert!(!h.bus_reachable(), "none started");
@@ -185,6 +225,29 @@ mod tests {
         let h = Health::new("arming the hooks");
         h.lost("logind", "gone");
         assert_eq!(h.readiness(), Err("arming the hooks".into()));
+    }
+
+    #[test]
+    fn a_lost_bus_part_only_degrades_by_default() {
+        let h = Health::new("starting");
+        h.ready();
+        assert_eq!(h.degraded(), None);
+        h.lost("logind delay lock", "cannot take a delay lock: denied");
+        assert_eq!(
+            h.readiness(),
+            Ok("ok, degraded: logind delay lock: cannot take a delay lock: denied".into())
+        );
+        assert_eq!(
+            h.degraded().as_deref(),
+            Some("logind delay lock: cannot take a delay lock: denied")
+        );
+        // The API server is no bus part: unready either way.
+        h.lost("api-server", "connection refused");
+        assert_eq!(h.readiness(), Err("api-server: connection refused".into()));
+        h.regained("api-server");
+        h.regained("logind delay lock");
+        assert_eq!(h.readiness(), Ok("ok".into()));
+        assert_eq!(h.degraded(), None);
     }
 
     #[test]

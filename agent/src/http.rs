@@ -10,8 +10,9 @@
 //! a slow attacker's never is.
 //!
 //! - `/readyz`: 200 `ok` once the agent is ready (hooks armed and, in cluster
-//!   mode, the warm watches listed) and while no part it had is lost (the
-//!   logind or systemd bus connection); else 503 with a one-line reason.
+//!   mode, the warm watches listed); `ok, degraded: ...` while a bus part it
+//!   had (logind, its delay lock, systemd) is lost, or 503 with
+//!   `--unready-unless-armed`; else 503 with a one-line reason.
 //! - `/healthz`: 200 while the main loop turns (it stamps a heartbeat every
 //!   tick); 503 once the last stamp is older than the stall limit (30 s).
 use std::{
@@ -217,14 +218,14 @@ fn route(
     if method != hyper::Method::GET && method != hyper::Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into(), PLAIN);
     }
-    let status = |r: Result<(), String>| match r {
-        Ok(()) => text(StatusCode::OK, "ok\n".into(), PLAIN),
+    let status = |r: Result<String, String>| match r {
+        Ok(body) => text(StatusCode::OK, format!("{body}\n"), PLAIN),
         Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"), PLAIN),
     };
     match path {
         "/metrics" => text(StatusCode::OK, metrics(), OPENMETRICS),
         "/readyz" => status(health.readiness()),
-        "/healthz" | "/livez" => status(health.liveness()),
+        "/healthz" | "/livez" => status(health.liveness().map(|()| "ok".into())),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: /metrics, /readyz, /healthz\n".into(),
@@ -350,7 +351,7 @@ mod tests {
         let h = Health::new("arming the hooks");
         assert_eq!(h.readiness(), Err("arming the hooks".into()));
         h.ready();
-        assert_eq!(h.readiness(), Ok(()));
+        assert_eq!(h.readiness(), Ok("ok".into()));
         assert!(h.liveness().is_ok(), "alive while starting");
         assert_eq!(h.since_beat(), None);
         h.beat();

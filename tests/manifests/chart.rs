@@ -162,6 +162,21 @@ fn the_charts_values_take_effect() {
     ]));
     assert_eq!(flag_of(&a, "--policy").as_deref(), Some("observe"));
     assert_eq!(flag_of(&a, "--max-fenced").as_deref(), Some("3"));
+    // Readiness: degraded by default, unready by choice.
+    let env_of = |objs: &[Value], name: &str| {
+        ds(objs)["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(env_of(&default, "LASTGASP_UNREADY_UNLESS_ARMED"), None);
+    let strict = render(&["agent.unreadyUnlessArmed=true"]);
+    assert_eq!(
+        env_of(&strict, "LASTGASP_UNREADY_UNLESS_ARMED"),
+        Some(json!("true"))
+    );
     let d = ds(&default);
     let pod = &d["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));

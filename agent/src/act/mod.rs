@@ -26,6 +26,7 @@ use crate::{
 pub mod after_boot;
 pub mod audit;
 pub mod courier;
+pub mod degraded;
 mod graceful_run;
 pub mod kube;
 pub mod last_gasp;
@@ -107,6 +108,8 @@ pub struct Actuator {
     /// The run directory of systemd-shutdown's hook and the API server the
     /// agent was told to use: the courier's kit goes there.
     courier: Option<(PathBuf, Option<String>)>,
+    /// The agent's health as its Node shows it (`LastgaspDegraded`).
+    degraded: degraded::Degraded,
 }
 
 impl Actuator {
@@ -132,6 +135,15 @@ impl Actuator {
             host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),
             last_delivery: None,
             courier: None,
+            degraded: degraded::Degraded::default(),
+        }
+    }
+
+    /// Shows `state` on the Node once the cluster half is here (see
+    /// `degraded`); the caller keeps it out of shutdowns.
+    pub async fn report_degraded(&mut self, state: &degraded::State, now: std::time::Instant) {
+        if let Some(c) = &self.link.cluster {
+            self.degraded.report(&c.node, state, now).await;
         }
     }
 

@@ -124,6 +124,17 @@ impl Agent {
         self.act.join_cluster(c, current).await;
     }
 
+    /// The agent's health on its Node (`LastgaspDegraded`), outside any
+    /// shutdown: one under way takes the bus down with it, and the API
+    /// server's time is the last gasp's.
+    pub async fn report_degraded(&mut self, state: &crate::act::degraded::State) {
+        if self.decider.episode().is_none() {
+            self.act
+                .report_degraded(state, std::time::Instant::now())
+                .await;
+        }
+    }
+
     /// How the last last gasp or last word went, since the last call.
     pub fn take_delivery(&mut self) -> Option<Outcome> {
         self.act.take_delivery()
@@ -355,7 +366,11 @@ async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Heal
             }
             _ = tick.tick() => {
                 health.beat();
-                metrics.graceful_path_armed.set(i64::from(health.armed(crate::detect::logind::PART)));
+                let armed = health.armed(crate::detect::logind::PART);
+                metrics.graceful_path_armed.set(i64::from(armed));
+                if health.buses_expected() {
+                    agent.report_degraded(&degraded_state(health, armed)).await;
+                }
                 agent.tick(SystemTime::now()).await;
                 drops = report_drops(&det, drops, metrics);
             }
@@ -372,6 +387,17 @@ async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Heal
     }
     tracing::info!(ring_buffer_drops = det.drops(), "stopping");
     Ok(())
+}
+
+/// The Node's `LastgaspDegraded`: which part of the graceful path is lost
+/// (with `--no-dbus` nothing is expected, and nothing reported).
+fn degraded_state(health: &Health, armed: bool) -> crate::act::degraded::State {
+    let why = health.degraded()?;
+    let reason = match armed {
+        false => "GracefulPathNotArmed",
+        true => "ShutdownJobsNotFollowed",
+    };
+    Some((reason, why))
 }
 
 /// A direct tool's exec (by `pid`, seen at `at`) just became the episode's

@@ -66,6 +66,12 @@ pub struct RunArgs {
     /// path on the node and here.
     #[arg(long, default_value = "/run/lastgasp", env = "LASTGASP_RUN_DIR")]
     pub run_dir: PathBuf,
+    /// A lost bus part (logind, its delay lock, systemd: the graceful path)
+    /// makes /readyz 503. Default: Ready but degraded (`ok, degraded: ...`,
+    /// `lastgasp_graceful_path_armed` 0, the Node's `LastgaspDegraded`
+    /// condition and an Event), so that rollouts go on.
+    #[arg(long, env = "LASTGASP_UNREADY_UNLESS_ARMED")]
+    pub unready_unless_armed: bool,
     #[command(flatten)]
     pub dbus: DbusArgs,
 }
@@ -109,6 +115,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let cfg = load_config(&args)?;
     let metrics = Metrics::default();
     let health = Health::new("arming the hooks");
+    health.unready_when_degraded(args.unready_unless_armed);
     let _endpoint = start_endpoint(&args, &metrics, &health).await?;
     let audit_dir = args
         .audit_dir

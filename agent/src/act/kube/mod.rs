@@ -37,6 +37,9 @@ pub const CONDITION: &str = "ShutdownInProgress";
 /// Never `GracefulNodeShutdownInProgress`: that one is the kubelet's own.
 pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
 pub const DRAINED: &str = "Drained";
+/// The agent's own health on its Node: True while part of the graceful path
+/// is lost (problem polarity, as node-problem-detector's conditions).
+pub const DEGRADED: &str = "LastgaspDegraded";
 pub const DRAIN_REASON: &str = "NodeShutdown";
 /// The `ShutdownInProgress` reason of the graceful path's start.
 const GRACEFUL_REASON: &str = "GracefulShutdown";
@@ -98,9 +101,19 @@ impl NodeClient {
     }
 
     pub async fn event(&self, type_: EventType, action: &str, note: String) -> Result<()> {
+        self.event_because(type_, EVENT_REASON, action, note).await
+    }
+
+    pub async fn event_because(
+        &self,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> Result<()> {
         let ev = Event {
             type_,
-            reason: EVENT_REASON.into(),
+            reason: reason.into(),
             note: Some(note),
             action: action.into(),
             secondary: None,
@@ -171,6 +184,17 @@ impl NodeClient {
             named_condition(DRAINED, drained, DRAIN_REASON, message, now),
         ])
         .await
+    }
+
+    /// `LastgaspDegraded`: True with `reason` while a part of the graceful
+    /// path is lost, False (`Armed`) once it is back.
+    pub async fn set_degraded(&self, degraded: Option<(&str, &str)>) -> Result<()> {
+        let (status, reason, message) = match degraded {
+            Some((reason, why)) => (true, reason, why),
+            None => (false, "Armed", "the graceful path is armed"),
+        };
+        let cond = named_condition(DEGRADED, status, reason, message, SystemTime::now());
+        self.patch_conditions(vec![cond]).await
     }
 
     async fn patch_conditions(&self, conds: Vec<NodeCondition>) -> Result<()> {
@@ -476,7 +500,7 @@ pub fn condition(status: bool, reason: &str, message: &str, at: SystemTime) -> N
 }
 
 /// One of the agent's conditions ([`CONDITION`], [`DRAIN_IN_PROGRESS`],
-/// [`DRAINED`]: its admission policy allows these and no other).
+/// [`DRAINED`], [`DEGRADED`]: its admission policy allows these and no other).
 fn named_condition(
     type_: &str,
     status: bool,

@@ -35,7 +35,7 @@ pub const PERMISSIONS: &[(&str, &str, &str, &str, &str, &str)] = &[
         "nodes",
         "status",
         "",
-        "its conditions (ShutdownInProgress, DrainInProgress, Drained)",
+        "its conditions (ShutdownInProgress, DrainInProgress, Drained, LastgaspDegraded)",
     ),
     (
         "list",

@@ -87,6 +87,12 @@ containers:
         valueFrom:
           fieldRef:
             fieldPath: status.podIP
+      {{- if $root.Values.agent.unreadyUnlessArmed }}
+      # A graceful path that cannot arm makes the agent unready (a rollout
+      # then stops at that node); else Ready but degraded.
+      - name: LASTGASP_UNREADY_UNLESS_ARMED
+        value: "true"
+      {{- end }}
       {{- with $root.Values.agent.extraEnv }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
