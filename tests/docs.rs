@@ -43,6 +43,7 @@ fn every_metric_the_docs_name_exists() {
         true,
     );
     m.set_boot("b");
+    m.set_last_word("shutdown-hook", true);
     m.count_boot_end(lastgasp::act::report::BootEnd::Forced.as_str());
     m.set_ringbuf_drops(&Drops::default().by_label());
     m.set_hook_errors(Drops::default().hook_errors_by_label());

@@ -52,7 +52,7 @@ fn exported() -> String {
     ] {
         f.get_or_create(&one()).inc();
     }
-    for f in [&m.hooks, &m.boot_info] {
+    for f in [&m.hooks, &m.boot_info, &m.last_word_armed] {
         f.get_or_create(&one()).set(1);
     }
     let c = ControllerMetrics::default();
@@ -233,4 +233,16 @@ fn the_chart_and_the_kustomize_component_ship_the_same_rules_and_dashboard() {
     }
     let pm = |objs: &[Value]| find(objs, "PodMonitor", "lastgasp-controller")["spec"].clone();
     assert_eq!(pm(&chart), pm(&kust));
+    // A renamed release's alerts select its own agents.
+    let renamed = render_helm(
+        &h,
+        &[
+            "monitoring.prometheusRule.enabled=true",
+            "nameOverride=shutdown",
+        ],
+    );
+    let spec = find(&renamed, "PrometheusRule", "shutdown")["spec"].to_string();
+    assert!(!spec.contains("lastgasp-agent"), "{spec}");
+    assert!(spec.contains(r#"up{job=~\".*shutdown-agent\"}"#), "{spec}");
+    assert!(spec.contains(r#"daemonset=\"shutdown-agent\""#), "{spec}");
 }

@@ -596,6 +596,9 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         let mut cfg = recovery::controller_config("deployed");
         cfg.lease_namespace = NS.into();
         cfg.lease_name = "lastgasp-controller".into();
+        // As the chart runs it (`--deployment`): it reads its Deployment's
+        // creation, to tell a reinstall's pause from a running one's.
+        cfg.deployment = Some("lastgasp-controller".into());
         let from = cp.audit(&user(CONTROLLER_SA)).len();
         let ctl = recovery::spawn_controller(client.clone(), cfg).await.unwrap();
 

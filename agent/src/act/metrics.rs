@@ -40,6 +40,8 @@ pub struct Metrics {
     pub audit_failures: Counter,
     /// 1 while logind's delay lock is held and its signals are followed.
     pub graceful_path_armed: Gauge,
+    /// The shutdown hook and the courier, 1 installed, 0 not.
+    pub last_word_armed: Family<Labels, Gauge>,
 }
 
 /// `lastgasp_build_info{version, component}` = 1 in `r`.
@@ -154,10 +156,17 @@ impl Default for Metrics {
             "1 while the graceful path is armed (logind's delay lock held, its signals followed); 0 without it: shutdowns are still seen and the last gasp sent, but nothing holds a shutdown for the pods to leave",
             graceful_path_armed.clone(),
         );
+        let last_word_armed = Family::<Labels, Gauge>::default();
+        r.register(
+            "lastgasp_last_word_armed",
+            "1 while the part of the last word is installed (shutdown-hook: systemd-shutdown's hook; courier: the binary it runs without the agent); 0 when it could not be (a read-only /usr): the last word then races the kernel's power-off",
+            last_word_armed.clone(),
+        );
         register_build_info(&mut r, "agent");
         Metrics {
             registry: Arc::new(r),
             graceful_path_armed,
+            last_word_armed,
             graceful_start,
             graceful_end,
             boots_ended,
@@ -214,6 +223,12 @@ impl Metrics {
                 ("hook".into(), hook.to_string()),
                 ("attach".into(), attach.to_string()),
             ])
+            .set(i64::from(armed));
+    }
+
+    pub fn set_last_word(&self, part: &str, armed: bool) {
+        self.last_word_armed
+            .get_or_create(&vec![("part".to_string(), part.to_string())])
             .set(i64::from(armed));
     }
 

@@ -153,7 +153,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     }
     // logind and systemd over D-Bus, and systemd-shutdown's hook, feed the same loop.
     let (dbus_tx, dbus_rx) = tokio::sync::mpsc::channel(64);
-    let (hook, courier) = start_shutdown_hook(&args, &node, &dbus_tx);
+    let (hook, courier) = start_shutdown_hook(&args, &node, &dbus_tx, &metrics);
     let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
     let policy = crate::decide::DecisionPolicy {
         trust_unowned_bus_signals: args.dbus.trust_unowned_bus_signals,
@@ -322,6 +322,7 @@ fn start_shutdown_hook(
     args: &RunArgs,
     node: &NodePidNs,
     tx: &tokio::sync::mpsc::Sender<crate::signal::ShutdownSignal>,
+    metrics: &Metrics,
 ) -> (Option<shutdown_hook::HookPaths>, Option<PathBuf>) {
     let Some(paths) = args
         .shutdown_hook_dir
@@ -333,7 +334,9 @@ fn start_shutdown_hook(
     else {
         return (None, None);
     };
-    if let Err(e) = shutdown_hook::start(&paths, node, tx.clone()) {
+    let installed = shutdown_hook::start(&paths, node, tx.clone());
+    metrics.set_last_word("shutdown-hook", installed.is_ok());
+    if let Err(e) = installed {
         tracing::warn!(error = format!("{e:#}"), "systemd-shutdown's hook NOT installed: the last word of a shutdown through systemd races the kernel's power-off");
         return (Some(paths), None);
     }
@@ -342,8 +345,11 @@ fn start_shutdown_hook(
     }
     // A copy of the binary (megabytes): beside the loop, not before it.
     let (hook_dir, run_dir) = (paths.hook_dir.clone(), paths.run_dir.clone());
+    let metrics = metrics.clone();
     std::thread::spawn(move || {
-        if let Err(e) = crate::act::courier::install(&hook_dir, &run_dir) {
+        let installed = crate::act::courier::install(&hook_dir, &run_dir);
+        metrics.set_last_word("courier", installed.is_ok());
+        if let Err(e) = installed {
             tracing::warn!(error = format!("{e:#}"), "no courier: a shutdown that kills the agent before systemd-shutdown's hook loses its last word");
         }
     });
