@@ -671,6 +671,71 @@ fn values_that_would_break_the_install_are_refused() {
     assert_eq!(caps["drop"], serde_json::json!(["ALL"]));
 }
 
+/// One component at a time: `agent.image` keeps the agents at their version
+/// (a tag over the release's digest) while the controller and its lift Job
+/// move, and the reverse; a repository alone keeps the release's tag.
+#[test]
+fn each_component_can_be_held_at_its_own_image() {
+    let Some(h) = helm() else {
+        return skip("each_component_can_be_held_at_its_own_image", "no helm");
+    };
+    let images = |set: &[&str]| -> Vec<(String, String)> {
+        let mut v: Vec<_> = render_helm(&h, set)
+            .iter()
+            .filter(|o| {
+                ["DaemonSet", "Deployment", "Job", "Pod"]
+                    .contains(&o["kind"].as_str().unwrap_or(""))
+            })
+            .map(|o| {
+                let spec = if o["kind"] == "Pod" {
+                    &o["spec"]
+                } else {
+                    &o["spec"]["template"]["spec"]
+                };
+                (
+                    o["kind"].as_str().unwrap().to_string(),
+                    spec["containers"][0]["image"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let chart =
+        std::fs::read_to_string(lastgasp_tests::render::chart_dir().join("Chart.yaml")).unwrap();
+    let app = chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion: "))
+        .unwrap()
+        .trim_matches('"');
+    let (release, reg) = (format!("lastgasp:{app}"), format!("reg/lg:{app}"));
+    let digest = format!("image.digest=sha256:{}", "a".repeat(64));
+    let pinned = format!("lastgasp@sha256:{}", "a".repeat(64));
+    let want = |ds: &str, ctl: &str| {
+        let mut v = vec![
+            ("DaemonSet".to_string(), ds.to_string()),
+            ("Deployment".to_string(), ctl.to_string()),
+            ("Job".to_string(), ctl.to_string()),
+            ("Pod".to_string(), ds.to_string()),
+        ];
+        v.sort();
+        v
+    };
+    assert_eq!(images(&[&digest]), want(&pinned, &pinned));
+    assert_eq!(
+        images(&[&digest, "agent.image.tag=0.0.9"]),
+        want("lastgasp:0.0.9", &pinned)
+    );
+    assert_eq!(
+        images(&["controller.image.tag=0.0.9"]),
+        want(&release, "lastgasp:0.0.9")
+    );
+    assert_eq!(
+        images(&["controller.image.repository=reg/lg"]),
+        want(&release, &reg)
+    );
+}
+
 /// `agent.config.apiServer.serverFromKubeconfig` mounts the file it names
 /// (it rendered with no mount, and every agent failed at start), and the
 /// extra volumes reach the agent's pod.

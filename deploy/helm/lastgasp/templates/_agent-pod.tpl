@@ -50,7 +50,7 @@ securityContext:
     type: RuntimeDefault
 containers:
   - name: agent
-    image: {{ include "lastgasp.image" $root }}
+    image: {{ include "lastgasp.image" (dict "root" $root "over" $root.Values.agent.image) }}
     imagePullPolicy: {{ $root.Values.image.pullPolicy }}
     args:
       {{- toYaml .args | nindent 6 }}

@@ -1,8 +1,15 @@
+{{/* A component's image (dict "root" $ "over" .Values.agent.image):
+image.*, unless the component names its own tag or digest (an upgrade or
+rollback one component at a time); its repository overrides alone. */}}
 {{- define "lastgasp.image" -}}
-{{- if .Values.image.digest -}}
-{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- $g := .root.Values.image -}}
+{{- $o := .over | default dict -}}
+{{- $repo := $o.repository | default $g.repository -}}
+{{- $pin := ternary $o $g (or (not (empty $o.tag)) (not (empty $o.digest))) -}}
+{{- if $pin.digest -}}
+{{ $repo }}@{{ $pin.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ $repo }}:{{ $pin.tag | default .root.Chart.AppVersion }}
 {{- end -}}
 {{- end -}}
 
