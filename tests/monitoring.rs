@@ -244,5 +244,8 @@ fn the_chart_and_the_kustomize_component_ship_the_same_rules_and_dashboard() {
     let spec = find(&renamed, "PrometheusRule", "shutdown")["spec"].to_string();
     assert!(!spec.contains("lastgasp-agent"), "{spec}");
     assert!(spec.contains(r#"up{job=~\".*shutdown-agent\"}"#), "{spec}");
-    assert!(spec.contains(r#"daemonset=\"shutdown-agent\""#), "{spec}");
+    assert!(
+        spec.contains(r#"daemonset=~\"shutdown-agent(-.+)?\""#),
+        "{spec}"
+    );
 }

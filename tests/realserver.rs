@@ -1239,3 +1239,143 @@ fn the_vm_scenarios_cluster_is_admitted_by_the_real_server() {
         );
     });
 }
+
+/// One release, two agent pools (`agent.pools`), on the real server: each
+/// pool's DaemonSet runs on its own nodes only, and the one admission
+/// policy admits each pool's agent on its own Node and refuses it on the
+/// other pool's.
+#[test]
+fn two_agent_pools_of_one_release_each_run_on_their_nodes_and_are_admitted() {
+    let test = "two_agent_pools_of_one_release_each_run_on_their_nodes_and_are_admitted";
+    let Some((cp, objs)) = setup(test) else {
+        return;
+    };
+    let Some(h) = helm() else {
+        return println!("SKIPPED {test}: no helm (`cargo xtask test` installs it)");
+    };
+    rt().block_on(async {
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let (a, b) = ("pool-main-1", "pool-bare-1");
+        for (n, pool) in [(a, "main"), (b, "bare")] {
+            sim.add_node(n).await.unwrap();
+            let label = Patch::Merge(json!({"metadata": {"labels": {"lastgasp.dev/pool": pool}}}));
+            Api::<Node>::all(admin.clone())
+                .patch(n, &PatchParams::default(), &label)
+                .await
+                .unwrap();
+        }
+        nodesim::schedulable(&admin, &[a, b], Duration::from_secs(60))
+            .await
+            .unwrap();
+        apply(&admin, &objs, false).await;
+        let pools = render_helm(
+            &h,
+            &[
+                "agent.pools[0].name=main",
+                "agent.pools[0].nodeSelector.lastgasp\\.dev/pool=main",
+                "agent.pools[1].name=bare",
+                "agent.pools[1].nodeSelector.lastgasp\\.dev/pool=bare",
+                "agent.pools[1].extraArgs[0]=--no-dbus",
+            ],
+        );
+        // The pools' own objects (the rest is the kustomize render's twin).
+        let own: Vec<Value> = pools
+            .into_iter()
+            .filter(|o| {
+                let name = o["metadata"]["name"].as_str().unwrap_or("");
+                ["DaemonSet", "ConfigMap"].contains(&o["kind"].as_str().unwrap_or(""))
+                    && name.starts_with("lastgasp-agent-")
+            })
+            .collect();
+        assert_eq!(own.len(), 4, "two DaemonSets, two ConfigMaps: {own:#?}");
+        // The pools replace the one DaemonSet (its pods hold the host port).
+        let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin.clone(), NS);
+        ds.delete("lastgasp-agent", &DeleteParams::foreground())
+            .await
+            .unwrap();
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+        let t0 = Instant::now();
+        while !pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=agent"))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the single DaemonSet's pods stay"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        apply(&admin, &own, false).await;
+        evidence_enforced(&admin, a).await;
+
+        let on = |pool: &'static str| format!("lastgasp.dev/pool={pool}");
+        let main_a = pod_of(&admin, &on("main"), |_, n| n == a).await;
+        let bare_b = pod_of(&admin, &on("bare"), |_, n| n == b).await;
+        // Settled: no pool's pod on the other's node.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for (pool, other) in [("main", b), ("bare", a)] {
+            let list = pods
+                .list(&ListParams::default().labels(&on(pool)))
+                .await
+                .unwrap();
+            let wrong: Vec<_> = list
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(other))
+                .map(|p| p.name_any())
+                .collect();
+            assert!(wrong.is_empty(), "pool {pool} on {other}: {wrong:?}");
+        }
+        let bare = ds.get("lastgasp-agent-bare").await.unwrap();
+        let spec = serde_json::to_value(&bare).unwrap()["spec"]["template"]["spec"].clone();
+        let args = spec["containers"][0]["args"].clone();
+        assert_eq!(args, json!(["--json-logs", "run", "--no-dbus"]));
+
+        // Each pool's agent writes its own Node's record, not the other's.
+        let params = lastgasp::act::kube::record_params();
+        for (pod, mine, other) in [(&main_a, a, b), (&bare_b, b, a)] {
+            let client = cp.agent_client(
+                &pod_token(&admin, NS, AGENT_SA, Some(pod)).await,
+                Use::Requests,
+            );
+            let rec = lastgasp_tests::support::record_of(
+                &sim.boot_id(mine).unwrap(),
+                &lastgasp_tests::support::kernel_poweroff(),
+            );
+            let patch = Patch::Merge(
+                json!({"metadata": {"annotations": {RECORD_ANNOTATION: rec.to_json()}}}),
+            );
+            Api::<Node>::all(client.clone())
+                .patch(mine, &params, &patch)
+                .await
+                .unwrap();
+            denied(
+                &format!("{}'s agent writing {other}'s record", pod.name_any()),
+                Api::<Node>::all(client).patch(other, &params, &patch).await,
+                "may only change its own Node",
+            );
+        }
+        println!(
+            "two pools: {} on {a}, {} on {b}; each admitted on its own Node only",
+            main_a.name_any(),
+            bare_b.name_any()
+        );
+        // Leave the shared control plane as the other tests expect it: the
+        // one DaemonSet back.
+        for o in &own {
+            let name = o["metadata"]["name"].as_str().unwrap();
+            match o["kind"].as_str().unwrap() {
+                "DaemonSet" => drop(ds.delete(name, &DeleteParams::default()).await),
+                _ => drop(
+                    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), NS)
+                        .delete(name, &DeleteParams::default())
+                        .await,
+                ),
+            }
+        }
+        apply(&admin, &objs, false).await;
+    });
+}

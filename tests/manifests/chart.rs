@@ -651,6 +651,16 @@ fn values_that_would_break_the_install_are_refused() {
     );
     assert_eq!(grace(&ok), Some(51));
 
+    // Pools: a name or a selector twice.
+    let err = refused(&["agent.pools[0].name=a,agent.pools[0].nodeSelector.p=a,agent.pools[1].name=a,agent.pools[1].nodeSelector.p=b"]);
+    assert!(
+        err.contains("agent.pools: the name a is taken twice"),
+        "{err}"
+    );
+    let err = refused(&["agent.pools[0].name=a,agent.pools[0].nodeSelector.p=a,agent.pools[1].name=b,agent.pools[1].nodeSelector.p=a"]);
+    assert!(err.contains("b selects the nodes a does"), "{err}");
+    let err = refused(&["agent.pools[0].name=a"]);
+    assert!(err.contains("nodeSelector is required"), "{err}");
     let err = refused(&["controller.networkPolicy.metricsFrom=null"]);
     assert!(
         err.contains("metricsFrom is empty, which would admit every peer"),
@@ -734,6 +744,74 @@ fn each_component_can_be_held_at_its_own_image() {
         images(&["controller.image.repository=reg/lg"]),
         want(&release, &reg)
     );
+}
+
+/// Pools: one DaemonSet and ConfigMap each, the pool's config merged over
+/// agent.config and its args after agent.extraArgs, its own checksum (a
+/// change to one pool rolls that pool only).
+#[test]
+fn each_agent_pool_gets_its_config_args_and_nodes() {
+    let Some(h) = helm() else {
+        return skip("each_agent_pool_gets_its_config_args_and_nodes", "no helm");
+    };
+    let set = |bare_excluded: &str| {
+        render_helm(
+            &h,
+            &[
+                "agent.config.ignoreDaemonSets=true",
+                "agent.extraArgs[0]=--inhibit-delay=40s",
+                "agent.pools[0].name=main,agent.pools[0].nodeSelector.pool=main",
+                "agent.pools[1].name=bare,agent.pools[1].nodeSelector.pool=bare",
+                "agent.pools[1].extraArgs[0]=--no-dbus",
+                &format!("agent.pools[1].config.excludeNamespaces[0]={bare_excluded}"),
+            ],
+        )
+    };
+    let objs = set("kube-system");
+    let get = |objs: &[Value], kind: &str, name: &str| {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    assert!(!objs.iter().any(|o| ["DaemonSet", "ConfigMap"]
+        .contains(&o["kind"].as_str().unwrap())
+        && o["metadata"]["name"] == "lastgasp-agent"));
+    // Read by the agent's own parser.
+    let config = |objs: &[Value], pool: &str| {
+        let cm = get(objs, "ConfigMap", &format!("lastgasp-agent-{pool}"));
+        let yaml = cm["data"]["config.yaml"].as_str().unwrap().to_string();
+        Config::parse(&yaml).unwrap_or_else(|e| panic!("{e:#}\n{yaml}"))
+    };
+    let (main_cfg, bare_cfg) = (config(&objs, "main"), config(&objs, "bare"));
+    assert!(main_cfg.ignore_daemon_sets);
+    assert!(main_cfg.exclude_namespaces.is_empty());
+    assert!(bare_cfg.ignore_daemon_sets, "merged over agent.config");
+    assert_eq!(bare_cfg.exclude_namespaces, ["kube-system"]);
+    let pod = |objs: &[Value], pool: &str| {
+        get(objs, "DaemonSet", &format!("lastgasp-agent-{pool}"))["spec"]["template"].clone()
+    };
+    let (main, bare) = (pod(&objs, "main"), pod(&objs, "bare"));
+    assert_eq!(main["spec"]["nodeSelector"], json!({"pool": "main"}));
+    assert_eq!(bare["spec"]["nodeSelector"], json!({"pool": "bare"}));
+    assert_eq!(main["metadata"]["labels"]["lastgasp.dev/pool"], "main");
+    assert_eq!(
+        main["spec"]["containers"][0]["args"],
+        json!(["--json-logs", "run", "--inhibit-delay=40s"])
+    );
+    assert_eq!(
+        bare["spec"]["containers"][0]["args"],
+        json!(["--json-logs", "run", "--inhibit-delay=40s", "--no-dbus"])
+    );
+    assert_eq!(
+        bare["spec"]["volumes"][0]["configMap"]["name"],
+        "lastgasp-agent-bare"
+    );
+    // A change to the bare pool's config rolls the bare pool only.
+    let changed = set("monitoring");
+    let sum = |t: &Value| t["metadata"]["annotations"]["checksum/config"].clone();
+    assert_eq!(sum(&pod(&changed, "main")), sum(&main));
+    assert_ne!(sum(&pod(&changed, "bare")), sum(&bare));
 }
 
 /// `agent.config.apiServer.serverFromKubeconfig` mounts the file it names

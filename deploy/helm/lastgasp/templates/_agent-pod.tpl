@@ -2,10 +2,12 @@
 The agent's pod spec: the DaemonSet's (serve: true, `lastgasp run`) and the
 `helm test` pod's (serve: false, `lastgasp check`) are one, so the check
 runs with exactly the agent's privileges, mounts and settings. Called with
-(dict "root" $ "args" (list ...) "serve" bool).
+(dict "root" $ "args" (list ...) "serve" bool "pool" ...), the pool one of
+"lastgasp.pools" (default: the first).
 */}}
 {{- define "lastgasp.agentPodSpec" -}}
 {{- $root := .root -}}
+{{- $pool := .pool | default (first (include "lastgasp.pools" $root | fromJsonArray)) -}}
 {{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
@@ -25,7 +27,7 @@ dnsPolicy: ClusterFirstWithHostNet
 priorityClassName: {{ $root.Values.agent.priorityClassName }}
 # Linux nodes only: on Windows the kubelet's own graceful shutdown applies.
 nodeSelector:
-  {{- toYaml $root.Values.agent.nodeSelector | nindent 2 }}
+  {{- toYaml $pool.nodeSelector | nindent 2 }}
 {{- with $root.Values.agent.affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
@@ -212,7 +214,7 @@ containers:
         mountPath: {{ $root.Values.agent.kubeletConfigPath }}
         readOnly: true
       {{- end }}
-      {{- with ((($root.Values.agent.config).apiServer).serverFromKubeconfig) }}
+      {{- with ((($pool.config).apiServer).serverFromKubeconfig) }}
       # The kubeconfig whose server the agent reaches (never its
       # credentials), at the path the config names.
       - name: server-kubeconfig
@@ -225,7 +227,7 @@ containers:
 volumes:
   - name: config
     configMap:
-      name: {{ include "lastgasp.name" $root }}-agent
+      name: {{ include "lastgasp.name" $root }}-agent{{ $pool.suffix }}
   - name: audit
     hostPath:
       path: /var/lib/lastgasp
@@ -272,7 +274,7 @@ volumes:
       path: {{ $root.Values.agent.kubeletConfigPath }}
       type: File
   {{- end }}
-  {{- with ((($root.Values.agent.config).apiServer).serverFromKubeconfig) }}
+  {{- with ((($pool.config).apiServer).serverFromKubeconfig) }}
   - name: server-kubeconfig
     hostPath:
       path: {{ . }}

@@ -37,15 +37,42 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- ceil $total | int -}}
 {{- end -}}
 
-{{/* The agent's graceful path at most, in seconds: the kubelet's
-semantics (the sum of the priority buckets, or shutdownGracePeriod). */}}
+{{/* The agent's graceful path at most, in seconds, with a pool's config
+(dict "root" $ "config" ...): the kubelet's semantics (the sum of the
+priority buckets, or shutdownGracePeriod). */}}
 {{- define "lastgasp.gracefulSeconds" -}}
-{{- $buckets := .Values.agent.config.shutdownGracePeriodByPodPriority | default list -}}
+{{- $buckets := .config.shutdownGracePeriodByPodPriority | default list -}}
 {{- if $buckets -}}
 {{- $sum := 0 -}}
 {{- range $buckets }}{{ $sum = add $sum .shutdownGracePeriodSeconds }}{{ end -}}
 {{- $sum -}}
 {{- else -}}
-{{- include "lastgasp.seconds" .Values.agent.shutdownGracePeriod -}}
+{{- include "lastgasp.seconds" .root.Values.agent.shutdownGracePeriod -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The agent pools as JSON: without agent.pools, one (suffix "", on
+agent.nodeSelector); else one per pool, its config merged over
+agent.config and its extraArgs after agent.extraArgs. */}}
+{{- define "lastgasp.pools" -}}
+{{- $a := .Values.agent -}}
+{{- $out := list -}}
+{{- $seen := dict -}}
+{{- range $a.pools -}}
+{{- $key := toJson .nodeSelector -}}
+{{- if hasKey $seen .name -}}
+{{- fail (printf "agent.pools: the name %s is taken twice" .name) -}}
+{{- end -}}
+{{- if hasKey $seen $key -}}
+{{- fail (printf "agent.pools: %s selects the nodes %s does (%s): two agents on a node would race each other" .name (get $seen $key) $key) -}}
+{{- end -}}
+{{- $_ := set $seen .name true -}}
+{{- $_ := set $seen $key .name -}}
+{{- $cfg := mergeOverwrite (deepCopy ($a.config | default dict)) (deepCopy (.config | default dict)) -}}
+{{- $out = append $out (dict "name" .name "suffix" (printf "-%s" .name) "nodeSelector" .nodeSelector "config" $cfg "args" (concat $a.extraArgs (.extraArgs | default list))) -}}
+{{- end -}}
+{{- if not $a.pools -}}
+{{- $out = list (dict "name" "" "suffix" "" "nodeSelector" $a.nodeSelector "config" ($a.config | default dict) "args" $a.extraArgs) -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
