@@ -1325,7 +1325,7 @@ fn two_agent_pools_of_one_release_each_run_on_their_nodes_and_are_admitted() {
             let wrong: Vec<_> = list
                 .iter()
                 .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(other))
-                .map(|p| p.name_any())
+                .map(ResourceExt::name_any)
                 .collect();
             assert!(wrong.is_empty(), "pool {pool} on {other}: {wrong:?}");
         }
