@@ -51,6 +51,9 @@ enum Command {
     Courier {
         #[arg(long, env = "LASTGASP_COURIER_DIR")]
         dir: PathBuf,
+        /// The verb systemd-shutdown gave its hooks (`poweroff`, `reboot`, ...).
+        #[arg(long)]
+        verb: String,
     },
 }
 
@@ -92,8 +95,10 @@ fn main() -> Result<()> {
             .enable_all()
             .build()?
             .block_on(controller::run(args)),
-        Command::Courier { dir } => {
-            let said = current()?.block_on(lastgasp::act::courier::deliver(&dir))?;
+        Command::Courier { dir, verb } => {
+            let pid1 = std::fs::read_to_string("/proc/1/comm")?;
+            let said =
+                current()?.block_on(lastgasp::act::courier::deliver(&dir, &verb, pid1.trim()))?;
             println!("{said}");
             Ok(())
         }

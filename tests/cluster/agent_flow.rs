@@ -784,3 +784,74 @@ async fn forced_detection_reaches_the_cluster_and_the_audit_says_so() {
     });
     assert!(delivered.is_some_and(|ms| ms >= 0.0));
 }
+
+/// Under the systemd cgroup driver systemd stops the agent's scope before
+/// systemd-shutdown: the courier's kit is left as soon as an episode opens
+/// (the final-stage record for each verb), carried to the API server only
+/// by the courier, and removed when the episode ends without a shutdown.
+#[tokio::test]
+async fn the_courier_kit_is_left_when_a_shutdown_begins_and_goes_when_it_is_called_off() {
+    use lastgasp::{act::courier, record::PROOF_ANNOTATION, signal::Effect};
+    let s = setup("kit", vec![]).await;
+    let c = cluster(&s).await;
+    let run_dir = s.dir.join("run");
+    // The agent's credentials as its client infers them (a kubeconfig here,
+    // the pod's service account on a node).
+    std::fs::create_dir_all(&s.dir).unwrap();
+    let kubeconfig = s.dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters: [{{name: c, cluster: {{server: '{}'}}}}]\n\
+             users: [{{name: u, user: {{token: agent-token}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\n",
+            s.double.url()
+        ),
+    )
+    .unwrap();
+    std::env::set_var("KUBECONFIG", &kubeconfig);
+    let mut agent = agent_at(&s.dir, "b", Some(c)).with_courier(run_dir.clone(), None);
+    assert_eq!(courier::kit(&run_dir).unwrap(), None);
+    agent.handle(logind_signal()).await.unwrap();
+    let kit = courier::kit(&run_dir)
+        .unwrap()
+        .expect("a kit once logind announced");
+    assert_eq!(
+        (kit.node.as_str(), kit.token.as_str()),
+        (NODE, "agent-token")
+    );
+    let proof =
+        |verb: &str| kit.evidence[verb]["metadata"]["annotations"][PROOF_ANNOTATION].clone();
+    assert_eq!(
+        proof("poweroff"),
+        json!("final-stage/b"),
+        "{:#?}",
+        kit.evidence
+    );
+    // The Node does not carry the proof until the courier sends it.
+    let n: Node = s.double.get("", NODE).unwrap();
+    assert!(!n
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key(PROOF_ANNOTATION));
+    // Called off: the kit goes (a later shutdown must not carry this record).
+    let mut cancel = logind_signal();
+    cancel.effect = Effect::Cancel;
+    agent.handle(cancel).await.unwrap();
+    assert_eq!(courier::kit(&run_dir).unwrap(), None);
+    // The next shutdown leaves a new kit; the courier's patch is the proof.
+    agent.handle(logind_signal()).await.unwrap();
+    let kit = courier::kit(&run_dir)
+        .unwrap()
+        .expect("a kit for the next shutdown");
+    courier::send(&kit, "poweroff").await.unwrap();
+    std::env::remove_var("KUBECONFIG");
+    let n: Node = s.double.get("", NODE).unwrap();
+    let annotations = n.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get(PROOF_ANNOTATION).map(String::as_str),
+        Some("final-stage/b")
+    );
+    let rec: ShutdownRecord = serde_json::from_str(&annotations[RECORD_ANNOTATION]).unwrap();
+    assert!(rec.proof_mark().is_some(), "{rec:?}");
+}

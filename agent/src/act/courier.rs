@@ -8,13 +8,18 @@
 //! So the agent leaves a courier on the host: at start a copy of its own
 //! binary with the loader and libraries it runs with, beside the hook (in
 //! a subdirectory systemd-shutdown does not run; /run is mounted noexec);
-//! when PID 1 execs systemd-shutdown, a kit in its run directory (a tmpfs,
-//! root's, 0700: the API server, its CA, the agent's own token, and the
-//! record patch its hook signal would produce). The hook runs it when the
-//! agent is gone: one PATCH, as the agent would send it, under the agent's
-//! own identity. The token is as exposed as the kubelet's copy of it
-//! already is.
+//! as soon as a shutdown episode opens (and again as it changes), a kit in
+//! its run directory (a tmpfs, root's, 0700: the API server, its CA, the
+//! agent's own token, and per verb the record patch the hook's signal would
+//! produce). With the systemd cgroup driver the agent's scope is stopped
+//! before systemd-shutdown: the kit must already be there. The hook runs
+//! the courier when the agent is gone: one PATCH, as the agent would send
+//! it, under the agent's own identity, and only while PID 1 is
+//! systemd-shutdown (a kit proves nothing; the final stage does). The
+//! episode's end removes the kit. The token is as exposed as the kubelet's
+//! copy of it already is.
 use std::{
+    collections::BTreeMap,
     fs,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
@@ -28,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::kube::record_params;
-use crate::detect::shutdown_hook::{write_atomic as write, COURIER};
+use crate::detect::shutdown_hook::{write_atomic as write, COURIER, FINAL_STAGE_COMM};
 
 /// Under the agent's run directory: the kit.
 pub const DIR: &str = "courier";
@@ -46,8 +51,9 @@ pub struct Kit {
     pub root_certs: Vec<Vec<u8>>,
     pub token: String,
     pub node: String,
-    /// The record patch (merge, field manager `lastgasp-record`).
-    pub evidence: Value,
+    /// Per verb systemd-shutdown passes its hooks (`poweroff`, `reboot`,
+    /// ...): the record patch (merge, field manager `lastgasp-record`).
+    pub evidence: BTreeMap<String, Value>,
 }
 
 pub fn dir(run_dir: &Path) -> PathBuf {
@@ -96,13 +102,21 @@ pub fn install(hook_dir: &Path, run_dir: &Path) -> Result<()> {
     write(&dir.join(RUN), run.as_bytes(), 0o700)
 }
 
-/// When PID 1 has become systemd-shutdown: what the hook's signal would
-/// have the agent send.
+/// While an episode is open: what the hook's signal would have the agent
+/// send.
 pub fn prepare(run_dir: &Path, kit: &Kit) -> Result<()> {
     let kits = dir(run_dir);
     fs::create_dir_all(&kits)?;
     fs::set_permissions(&kits, fs::Permissions::from_mode(0o700))?;
     write(&kits.join(KIT), &serde_json::to_vec(kit)?, 0o600)
+}
+
+/// The episode ended: its kit goes.
+pub fn remove(run_dir: &Path) -> Result<()> {
+    match fs::remove_file(dir(run_dir).join(KIT)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// The agent's API server, CA and token, as its own client has them.
@@ -132,12 +146,26 @@ fn pem_certs(pem: &[u8]) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// `lastgasp courier --dir DIR`, run by the hook: the kit's patch, once,
-/// within the budget. Prints what came of it (the hook logs it).
-pub async fn deliver(dir: &Path) -> Result<String> {
+/// `lastgasp courier --dir DIR --verb VERB`, run by the hook: the kit's
+/// patch for `verb`, once, within the budget, and only from the final stage
+/// (`pid1_comm`: the node's PID 1's name). Prints what came of it (the hook
+/// logs it).
+pub async fn deliver(dir: &Path, verb: &str, pid1_comm: &str) -> Result<String> {
+    if pid1_comm != FINAL_STAGE_COMM {
+        bail!("PID 1 is {pid1_comm:?}, not systemd-shutdown: not the final stage, nothing sent");
+    }
     let kit: Kit = serde_json::from_slice(
         &fs::read(dir.join(KIT)).with_context(|| format!("no kit in {}", dir.display()))?,
     )?;
+    send(&kit, verb).await
+}
+
+/// The kit's patch for `verb`, once, within the budget.
+pub async fn send(kit: &Kit, verb: &str) -> Result<String> {
+    let evidence = kit
+        .evidence
+        .get(verb)
+        .with_context(|| format!("the kit has no record for {verb:?}"))?;
     let mut config = kube::Config::new(kit.server.parse().context("the kit's server")?);
     config.root_cert = Some(kit.root_certs.clone());
     config.auth_info.token = Some(kit.token.clone().into());
@@ -147,15 +175,24 @@ pub async fn deliver(dir: &Path) -> Result<String> {
     let t = std::time::Instant::now();
     tokio::time::timeout(
         BUDGET,
-        nodes.patch(&kit.node, &record_params(), &Patch::Merge(&kit.evidence)),
+        nodes.patch(&kit.node, &record_params(), &Patch::Merge(evidence)),
     )
     .await
     .context("the API server did not answer in time")??;
     Ok(format!(
-        "the courier delivered the record of {} in {} ms",
+        "the courier delivered the {verb} record of {} in {} ms",
         kit.node,
         t.elapsed().as_millis()
     ))
+}
+
+/// The kit left in `run_dir`, if any.
+pub fn kit(run_dir: &Path) -> Result<Option<Kit>> {
+    match fs::read(dir(run_dir).join(KIT)) {
+        Ok(b) => Ok(Some(serde_json::from_slice(&b)?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Written only when it differs (the node's root file system, at every start).
@@ -180,6 +217,36 @@ mod tests {
             pem_certs(pem).unwrap(),
             vec![b"hello".to_vec(), b"hi!".to_vec()]
         );
+    }
+
+    #[tokio::test]
+    async fn the_courier_sends_nothing_outside_the_final_stage() {
+        let tmp = std::env::temp_dir().join(format!("lastgasp-kit-{}", std::process::id()));
+        let kit = Kit {
+            server: "http://127.0.0.1:9".into(),
+            root_certs: vec![],
+            token: "t".into(),
+            node: "n".into(),
+            evidence: [("poweroff".to_string(), serde_json::json!({}))].into(),
+        };
+        prepare(&tmp, &kit).unwrap();
+        assert_eq!(super::kit(&tmp).unwrap(), Some(kit));
+        let e = deliver(&dir(&tmp), "poweroff", "systemd")
+            .await
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("not the final stage"), "{e:#}");
+        // The final stage, but no record for the verb: nothing sent either.
+        let e = deliver(&dir(&tmp), "kexec", FINAL_STAGE_COMM)
+            .await
+            .unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no record for \"kexec\""),
+            "{e:#}"
+        );
+        remove(&tmp).unwrap();
+        assert_eq!(super::kit(&tmp).unwrap(), None);
+        remove(&tmp).unwrap();
+        fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]

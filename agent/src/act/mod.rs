@@ -20,7 +20,7 @@ use crate::{
     decide::{Action, Decision, Episode, HostAnswer, HostQuery},
     detect::logind::LogindHandle,
     record::{Closing, EpisodeKey, ShutdownRecord},
-    signal::ShutdownSignal,
+    signal::{Detail, ShutdownSignal},
 };
 
 pub mod after_boot;
@@ -108,6 +108,8 @@ pub struct Actuator {
     /// The run directory of systemd-shutdown's hook and the API server the
     /// agent was told to use: the courier's kit goes there.
     courier: Option<(PathBuf, Option<String>)>,
+    /// The episode whose courier kit is on the host.
+    kit_left: Option<u32>,
     /// The agent's health as its Node shows it (`LastgaspDegraded`).
     degraded: degraded::Degraded,
 }
@@ -135,6 +137,7 @@ impl Actuator {
             host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),
             last_delivery: None,
             courier: None,
+            kit_left: None,
             degraded: degraded::Degraded::default(),
         }
     }
@@ -347,27 +350,41 @@ impl Actuator {
         self.hands.outcome(ep.id, Outcome::Expired { why }).await;
     }
 
-    /// PID 1 has become systemd-shutdown: the record its hook's signal
-    /// (`hook`, decided as `d`) would have the agent send, with the
-    /// final-stage proof, is left for the courier, in case the runtime kills
-    /// the agent before the hook.
-    pub async fn leave_courier_kit(&self, hook: &ShutdownSignal, d: &Decision) {
+    /// An episode is open: for each verb systemd-shutdown may run its hook
+    /// with, the record the hook's signal (decided as the paired decision)
+    /// would have the agent send, with the final-stage proof, is left for
+    /// the courier now, while the agent runs (the systemd cgroup driver
+    /// stops its scope before systemd-shutdown; the runtime may kill it in
+    /// the final sweep). The kit proves nothing by itself: the courier
+    /// delivers it only from the final stage.
+    pub async fn leave_courier_kit(&mut self, hooks: &[(ShutdownSignal, Decision)]) {
         let (Some((run_dir, server)), Some(c)) = (&self.courier, &self.link.cluster) else {
             return;
         };
-        let Some(ep) = d
-            .episode
-            .as_ref()
-            .filter(|_| matches!(d.action, Action::LastWord | Action::Immediate { .. }))
-        else {
-            return;
+        let mut evidence = std::collections::BTreeMap::new();
+        let mut episode = None;
+        for (hook, d) in hooks {
+            let Some(ep) = d
+                .episode
+                .as_ref()
+                .filter(|_| matches!(d.action, Action::LastWord | Action::Immediate { .. }))
+            else {
+                continue;
+            };
+            let Detail::Hook { verb } = &hook.detail else {
+                continue;
+            };
+            let record = self.hands.record(hook, ep);
+            let (reason, message) = last_gasp::message(hook, ep.kind, false);
+            let body = c
+                .lastgasp
+                .bodies(reason, &message, &record, SystemTime::now());
+            evidence.insert(verb.clone(), body.evidence);
+            episode = Some(ep.id);
+        }
+        let Some(episode) = episode else {
+            return self.drop_courier_kit();
         };
-        let record = self.hands.record(hook, ep);
-        let (reason, message) = last_gasp::message(hook, ep.kind, false);
-        let evidence = c
-            .lastgasp
-            .bodies(reason, &message, &record, SystemTime::now())
-            .evidence;
         let kit = match courier::credentials(server.as_deref()).await {
             Ok((server, root_certs, token)) => courier::Kit {
                 server,
@@ -379,11 +396,24 @@ impl Actuator {
             Err(e) => return tracing::warn!(error = format!("{e:#}"), "no courier kit"),
         };
         match courier::prepare(run_dir, &kit) {
-            Ok(()) => tracing::info!(
-                episode = ep.id,
-                "courier kit left for systemd-shutdown's hook"
-            ),
+            Ok(()) => {
+                if self.kit_left != Some(episode) {
+                    tracing::info!(episode, "courier kit left for systemd-shutdown's hook");
+                }
+                self.kit_left = Some(episode);
+            }
             Err(e) => tracing::warn!(error = format!("{e:#}"), "no courier kit"),
+        }
+    }
+
+    /// No episode: no kit (a later shutdown must not carry this one's record).
+    pub fn drop_courier_kit(&mut self) {
+        let (Some((run_dir, _)), Some(episode)) = (&self.courier, self.kit_left.take()) else {
+            return;
+        };
+        match courier::remove(run_dir) {
+            Ok(()) => tracing::info!(episode, "courier kit removed: the episode ended"),
+            Err(e) => tracing::warn!(error = format!("{e:#}"), "courier kit NOT removed"),
         }
     }
 }

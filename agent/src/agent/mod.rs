@@ -37,7 +37,7 @@ use crate::{
         shutdown_hook,
     },
     health::Health,
-    signal::{Scope, ShutdownSignal, Source},
+    signal::{ShutdownSignal, Source},
 };
 
 mod run;
@@ -164,8 +164,6 @@ impl Agent {
         if let Some(a) = s.actor.as_mut() {
             actor::enrich_with(a, !hurry);
         }
-        // What systemd-shutdown's hook will send, once PID 1 has become it.
-        let hook = final_stage_hook(&s);
         let enriched = t.elapsed();
         if let Some(held) = self.act.lock_held() {
             self.decider.set_lock_held(held);
@@ -192,11 +190,8 @@ impl Agent {
         tracing::info!(source = %s.source, kind = %s.kind, forced = s.forced, scope = %s.scope,
             pid = s.actor.as_ref().map(|a| a.pid), comm = s.actor.as_ref().map(|a| a.comm.as_str()),
             action = %d.action, episode = d.episode.as_ref().map(|e| e.id), "shutdown signal");
-        if let Some(hook) = hook {
-            let hd = self.decider.clone().decide(&hook);
-            self.act.leave_courier_kit(&hook, &hd).await;
-        }
         self.act.act(Some(&s), &d).await;
+        self.courier_kit(&d).await;
         if let Some(sync) = sync {
             let synced = sync.await.map_err(anyhow::Error::from).and_then(|r| r);
             if let Err(e) = synced {
@@ -205,6 +200,28 @@ impl Agent {
             }
         }
         Ok(d)
+    }
+
+    /// After a decision that changed the episode: the records
+    /// systemd-shutdown's hook would have the agent send, for each verb,
+    /// left for the courier (`act::courier`); with no episode, none.
+    async fn courier_kit(&mut self, d: &Decision) {
+        if matches!(d.action, Action::AuditOnly { .. } | Action::Join) && d.episode.is_some() {
+            return;
+        }
+        if self.decider.episode().is_none() {
+            return self.act.drop_courier_kit();
+        }
+        let now = SystemTime::now();
+        let hooks: Vec<_> = shutdown_hook::VERBS
+            .iter()
+            .map(|(verb, _)| {
+                let hook = shutdown_hook::signal(verb, shutdown_hook::FINAL_STAGE_COMM, now);
+                let d = self.decider.clone().decide(&hook);
+                (hook, d)
+            })
+            .collect();
+        self.act.leave_courier_kit(&hooks).await;
     }
 
     /// On disk before anything acts on it: the machine may die next.
@@ -292,6 +309,7 @@ impl Agent {
         self.metrics.count_decision(&d);
         tracing::warn!(action = %d.action, episode = d.episode.as_ref().map(|e| e.id), "episode ended without a shutdown");
         self.act.act(None, &d).await;
+        self.courier_kit(&d).await;
     }
 }
 
@@ -454,24 +472,6 @@ fn report_drops(det: &EbpfDetector, before: Drops, metrics: &Metrics) -> Drops {
 }
 
 /// PID 1 has become systemd-shutdown: the signal its hook will send.
-fn final_stage_hook(s: &ShutdownSignal) -> Option<ShutdownSignal> {
-    use shutdown_hook::FINAL_STAGE_COMM;
-    let pid1_became_shutdown = s.source == Source::Exec
-        && s.scope == Scope::Node
-        && s.actor
-            .as_ref()
-            .is_some_and(|a| a.pid == 1 && a.comm == FINAL_STAGE_COMM);
-    if !pid1_became_shutdown {
-        return None;
-    }
-    let verb = shutdown_hook::verb(s.kind)?;
-    Some(shutdown_hook::signal(
-        verb,
-        FINAL_STAGE_COMM,
-        SystemTime::now(),
-    ))
-}
-
 /// Whether a decision moves anything (its record must be durable first).
 fn acts(a: &Action) -> bool {
     !matches!(

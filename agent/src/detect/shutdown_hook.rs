@@ -56,14 +56,15 @@ fn script(run_dir: &Path) -> String {
 # /dev/null).
 dir={dir}
 say() {{ echo "lastgasp: $*" > /dev/kmsg 2>/dev/null || echo "lastgasp: $*" >&2; }}
-# Without the agent (the container runtime's clean-up may have killed it),
-# its courier sends the record the agent left when PID 1 became
-# systemd-shutdown.
+verb="${{1:-unknown}}"
+# Without the agent (the systemd cgroup driver stopped its scope, or the
+# container runtime's clean-up killed it), its courier sends the record the
+# agent left when the shutdown began.
 courier() {{
     say "$1"
     bin="$(dirname "$0")/{COURIER}/run"
     if [ -f "$dir/courier/kit.json" ]; then
-        say "$("$bin" courier --dir "$dir/courier" 2>&1 | tail -n 3 | tr '\n' ' ')"
+        say "$("$bin" courier --dir "$dir/courier" --verb "$verb" 2>&1 | tail -n 3 | tr '\n' ' ')"
     fi
     exit 0
 }}
@@ -73,7 +74,7 @@ kill -0 "$pid" 2>/dev/null || courier "the agent (pid $pid) is not running"
 rm -f "$dir/{FIFO}.done"
 # Opened read-write: never blocks, whoever reads.
 exec 3<>"$dir/{FIFO}"
-echo "${{1:-unknown}}" >&3
+echo "$verb" >&3
 i=0
 while [ "$i" -lt {WAIT_TENTHS} ] && [ ! -e "$dir/{FIFO}.done" ]; do
     sleep 0.1
@@ -172,17 +173,12 @@ fn pid1_comm(init_pid: u32) -> String {
 pub const FINAL_STAGE_COMM: &str = "systemd-shutdow";
 
 /// The verbs systemd-shutdown passes its hooks, and what each shuts down.
-const VERBS: [(&str, Kind); 4] = [
+pub(crate) const VERBS: [(&str, Kind); 4] = [
     ("poweroff", Kind::Poweroff),
     ("halt", Kind::Halt),
     ("reboot", Kind::Reboot),
     ("kexec", Kind::Kexec),
 ];
-
-/// The verb the hook is given for a shutdown of `kind`, if any.
-pub(crate) fn verb(kind: Kind) -> Option<&'static str> {
-    VERBS.iter().find(|(_, k)| *k == kind).map(|(v, _)| *v)
-}
 
 /// The hook's verb as a signal: the node's final stage only while its PID 1
 /// is systemd-shutdown; else what it is.
