@@ -71,11 +71,8 @@ fn the_agent_runs_unprivileged_with_the_documented_capabilities() {
             ("/host/etc/systemd/logind.conf.d", false),
         ),
         ("/run/systemd", ("/host/run/systemd", true)),
-        ("/usr/lib/systemd", ("/host/usr/lib/systemd", true)),
-        (
-            "/usr/lib/systemd/system-shutdown",
-            ("/host/usr/lib/systemd/system-shutdown", false),
-        ),
+        // Writable: the hook's directory may be missing (created by the agent).
+        ("/usr/lib/systemd", ("/host/usr/lib/systemd", false)),
         ("/run/lastgasp", ("/run/lastgasp", false)),
     ]);
     let got: BTreeMap<&str, (&str, bool)> = mounts

@@ -337,7 +337,7 @@ fn start_shutdown_hook(
     let installed = shutdown_hook::start(&paths, node, tx.clone());
     metrics.set_last_word("shutdown-hook", installed.is_ok());
     if let Err(e) = installed {
-        tracing::warn!(error = format!("{e:#}"), "systemd-shutdown's hook NOT installed: the last word of a shutdown through systemd races the kernel's power-off");
+        tracing::warn!(error = format!("{e:#}"), "systemd-shutdown's hook NOT installed: a shutdown through systemd is fenced only if the agent's last word outruns the kernel's power-off (never under the systemd cgroup driver)");
         return (Some(paths), None);
     }
     if args.standalone {
@@ -350,7 +350,7 @@ fn start_shutdown_hook(
         let installed = crate::act::courier::install(&hook_dir, &run_dir);
         metrics.set_last_word("courier", installed.is_ok());
         if let Err(e) = installed {
-            tracing::warn!(error = format!("{e:#}"), "no courier: a shutdown that kills the agent before systemd-shutdown's hook loses its last word");
+            tracing::warn!(error = format!("{e:#}"), "no courier: a shutdown that stops or kills the agent before systemd-shutdown's hook (every shutdown through systemd under the systemd cgroup driver) loses its last word");
         }
     });
     let run_dir = paths.run_dir.clone();

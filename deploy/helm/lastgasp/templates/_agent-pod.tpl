@@ -197,13 +197,13 @@ containers:
       - name: run-systemd
         mountPath: /host/run/systemd
         readOnly: true
+      # systemd-shutdown runs the executables in system-shutdown/ before
+      # its reboot(2): the agent installs its hook and courier there, and
+      # creates the directory where it is missing. Writable as a whole so
+      # that the pod starts where that directory is missing and /usr is
+      # read-only (the agent then says the last word is not armed).
       - name: usr-lib-systemd
         mountPath: /host/usr/lib/systemd
-        readOnly: true
-      # systemd-shutdown runs the executables here before its reboot(2):
-      # the agent installs its hook (the one file it writes there).
-      - name: system-shutdown
-        mountPath: /host/usr/lib/systemd/system-shutdown
       # Where the hook and the agent meet: a FIFO and the agent's pid
       # (tmpfs: gone at the next boot).
       - name: run-lastgasp
@@ -259,10 +259,6 @@ volumes:
   - name: usr-lib-systemd
     hostPath:
       path: /usr/lib/systemd
-      type: DirectoryOrCreate
-  - name: system-shutdown
-    hostPath:
-      path: /usr/lib/systemd/system-shutdown
       type: DirectoryOrCreate
   - name: run-lastgasp
     hostPath:
