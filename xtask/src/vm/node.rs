@@ -109,13 +109,16 @@ impl CgroupDriver {
 /// `cargo xtask test`'s real-node scenarios: the agent as its DaemonSet's
 /// pod, the kubelet's graceful shutdown off, a forced power-off; the same
 /// with the agent killed in systemd-shutdown's sweep (its courier must send
-/// the last word); the README's drill (scheduled, cancelled, nothing
+/// the last word); a shutdown through systemd under the systemd cgroup
+/// driver (the agent's scope stopped before the hook: the courier again,
+/// with the kit left when the shutdown began); the README's drill (scheduled, cancelled, nothing
 /// moved); and a direct tool that never reaches the kernel, refused and
 /// killed, with the kubelet stopped (never fenced); one boot each.
 pub const CI_ARM: &str = "lastgasp";
 pub const CI: &[&str] = &[
     "poweroff-force",
     "poweroff-force-agent-killed",
+    "poweroff-target",
     "drill",
     "refused-poweroff-f",
     "killed-poweroff-f",
