@@ -229,7 +229,7 @@ fn history_reports_torn_lines_and_keeps_the_rest() {
 /// unit file sets them; and the twin works.
 #[test]
 fn every_flag_has_an_environment_twin() {
-    for sub in ["run", "controller", "check", "history"] {
+    for sub in ["run", "controller", "check", "history", "clean-host"] {
         let out = std::process::Command::new(lastgasp_tests::support::agent_bin())
             .args([sub, "--help"])
             .output()
@@ -328,4 +328,51 @@ fn run_outlives_the_final_kill_unless_told_not_to() {
         assert_eq!(cmdline.starts_with('@'), spared, "{flag:?}: {cmdline}");
         assert_eq!(comm.trim(), "lastgasp", "{flag:?}");
     }
+}
+
+/// `lastgasp clean-host` removes what the agent left (not the audit log
+/// unless asked), says what went, and says so when there is nothing.
+#[test]
+fn clean_host_removes_what_the_agent_left_and_says_what() {
+    let root = std::env::temp_dir().join(format!("lastgasp-cli-clean-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let hooks = root.join("system-shutdown");
+    std::fs::create_dir_all(hooks.join("lastgasp.courier/lib")).unwrap();
+    std::fs::write(hooks.join("lastgasp"), "#!/bin/sh\n").unwrap();
+    std::fs::write(hooks.join("other-hook"), "#!/bin/sh\n").unwrap();
+    std::fs::create_dir_all(root.join("run/courier")).unwrap();
+    std::fs::create_dir_all(root.join("audit")).unwrap();
+    let clean = || {
+        let out = Command::new(agent_bin())
+            .arg("clean-host")
+            .arg("--shutdown-hook-dir")
+            .arg(&hooks)
+            .arg("--run-dir")
+            .arg(root.join("run"))
+            .arg("--logind-root")
+            .arg(&root)
+            .arg("--audit-dir")
+            .arg(root.join("audit"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let said = clean();
+    for gone in [
+        "system-shutdown/lastgasp\n",
+        "system-shutdown/lastgasp.courier\n",
+        "/run\n",
+    ] {
+        assert!(said.contains(gone), "{gone:?} not in {said}");
+        assert!(!said.contains("audit"), "{said}");
+    }
+    assert!(hooks.join("other-hook").exists() && root.join("audit").exists());
+    assert!(!hooks.join("lastgasp").exists() && !root.join("run").exists());
+    assert_eq!(clean(), "nothing of lastgasp's on this host\n");
+    std::fs::remove_dir_all(&root).unwrap();
 }

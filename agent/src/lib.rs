@@ -15,6 +15,7 @@ pub mod detect;
 pub mod fuzzing;
 pub mod grace;
 pub(crate) mod health;
+pub mod host_files;
 pub(crate) mod http;
 pub mod node;
 pub mod preflight;

@@ -45,6 +45,18 @@ enum Command {
     /// the API permissions. Prints a table; exits 1 when something required
     /// is missing (warnings alone exit 0).
     Check(CheckArgs),
+    /// Removes what the agent left on this host: systemd-shutdown's hook and
+    /// the courier, logind's drop-in (then logind re-reads its
+    /// configuration), the run directory; the audit log only with --audit.
+    /// The agent does this itself when its DaemonSet is deleted.
+    CleanHost {
+        #[command(flatten)]
+        paths: lastgasp::host_files::HostPaths,
+        /// The system bus address (default: $DBUS_SYSTEM_BUS_ADDRESS, else
+        /// the standard socket), to have logind re-read its configuration.
+        #[arg(long, env = "LASTGASP_SYSTEM_BUS")]
+        system_bus: Option<String>,
+    },
     /// Run by systemd-shutdown's hook when the agent is gone: sends the last
     /// word the agent prepared (act/courier.rs).
     #[command(hide = true)]
@@ -100,6 +112,12 @@ fn main() -> Result<()> {
             let said =
                 current()?.block_on(lastgasp::act::courier::deliver(&dir, &verb, pid1.trim()))?;
             println!("{said}");
+            Ok(())
+        }
+        Command::CleanHost { paths, system_bus } => {
+            let said =
+                current()?.block_on(lastgasp::host_files::clean(&paths, system_bus.as_deref()))?;
+            print!("{said}");
             Ok(())
         }
         Command::Check(args) => {

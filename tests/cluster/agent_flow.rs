@@ -855,3 +855,65 @@ async fn the_courier_kit_is_left_when_a_shutdown_begins_and_goes_when_it_is_call
     let rec: ShutdownRecord = serde_json::from_str(&annotations[RECORD_ANNOTATION]).unwrap();
     assert!(rec.proof_mark().is_some(), "{rec:?}");
 }
+
+/// At its stop the agent leaves the host clean only when its DaemonSet is
+/// deleted (an uninstall), no shutdown is under way, and no other agent has
+/// started on the node since.
+#[tokio::test]
+async fn the_agent_leaves_the_host_clean_only_when_its_daemonset_is_deleted() {
+    use lastgasp::host_files::{leave_if_uninstalled, HostPaths};
+    let s = setup("uninstall", vec![]).await;
+    let root = s.dir.join("host");
+    let paths = HostPaths {
+        hook_dir: Some(root.join("system-shutdown")),
+        run_dir: root.join("run"),
+        logind_root: root.clone(),
+        audit_dir: root.join("audit"),
+        audit: false,
+    };
+    let hook = paths.candidates()[0].clone();
+    let pid = paths.run_dir.join("agent.pid");
+    std::fs::create_dir_all(hook.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(&paths.run_dir).unwrap();
+    std::fs::write(&hook, "#!/bin/sh\n").unwrap();
+    std::fs::write(&pid, std::process::id().to_string()).unwrap();
+    let client = s.double.client_without_retry().await;
+    let ds = ("lastgasp", "lastgasp-agent");
+    s.double
+        .create_value(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": ds.1, "namespace": ds.0},
+            "spec": {"selector": {"matchLabels": {"a": "b"}},
+                     "template": {"metadata": {"labels": {"a": "b"}},
+                                  "spec": {"containers": [{"name": "c", "image": "i"}]}}}
+        }))
+        .unwrap();
+    // A rolling update or a node's shutdown: the DaemonSet is there.
+    let said = leave_if_uninstalled(client.clone(), ds, &paths, false, None).await;
+    assert_eq!(said.unwrap(), None);
+    assert!(hook.exists());
+    s.double
+        .remove::<k8s_openapi::api::apps::v1::DaemonSet>(ds.0, ds.1)
+        .unwrap();
+    // Deleted, but a shutdown is under way: the hook is its last word.
+    let said = leave_if_uninstalled(client.clone(), ds, &paths, true, None).await;
+    assert_eq!(said.unwrap(), None);
+    assert!(hook.exists());
+    // Deleted, but another agent has started here (a reinstall).
+    std::fs::write(&pid, "4194304").unwrap();
+    let said = leave_if_uninstalled(client.clone(), ds, &paths, false, None).await;
+    assert!(said
+        .unwrap()
+        .unwrap()
+        .contains("another agent (pid 4194304)"));
+    assert!(hook.exists());
+    // Deleted, this agent's files: all go.
+    std::fs::write(&pid, std::process::id().to_string()).unwrap();
+    let said = leave_if_uninstalled(client, ds, &paths, false, None).await;
+    let said = said.unwrap().unwrap();
+    assert!(
+        said.contains(&format!("removed {}", hook.display())),
+        "{said}"
+    );
+    assert_eq!(paths.present(), Vec::<std::path::PathBuf>::new());
+}

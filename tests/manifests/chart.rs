@@ -177,6 +177,20 @@ fn the_charts_values_take_effect() {
         env_of(&strict, "LASTGASP_UNREADY_UNLESS_ARMED"),
         Some(json!("true"))
     );
+    // The last word's opt-outs: no hook, or no courier.
+    let hook = "LASTGASP_SHUTDOWN_HOOK_DIR";
+    assert!(env_of(&default, hook).is_some());
+    assert_eq!(env_of(&default, "LASTGASP_NO_COURIER"), None);
+    assert_eq!(env_of(&render(&["agent.shutdownHook=false"]), hook), None);
+    let no_courier = render(&["agent.courier=false"]);
+    assert_eq!(
+        env_of(&no_courier, "LASTGASP_NO_COURIER"),
+        Some(json!("true"))
+    );
+    assert_eq!(
+        env_of(&default, "LASTGASP_DAEMONSET"),
+        Some(json!("lastgasp-agent"))
+    );
     let d = ds(&default);
     let pod = &d["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));

@@ -316,6 +316,14 @@ async fn agent_rbac_is_exactly_what_the_agent_calls() {
         .unwrap();
     }
 
+    // At its stop: is its own DaemonSet deleted (an uninstall)?
+    let ds = env_value(&pod_spec.containers[0], "LASTGASP_DAEMONSET").unwrap();
+    let deleted = lastgasp::host_files::daemonset_deleted(nc.client.clone(), "lastgasp", &ds);
+    assert!(
+        deleted.await.unwrap(),
+        "no DaemonSet in the double: deleted"
+    );
+
     let requests = double.requests();
     assert!(
         requests

@@ -150,6 +150,11 @@ impl Agent {
         self.act.after_boot(boot_id).await
     }
 
+    /// A shutdown episode is under way.
+    pub fn episode_open(&self) -> bool {
+        self.decider.episode().is_some()
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -325,7 +330,12 @@ struct Inputs {
 /// The loop: detect → decide → act, fairly (a flood of records, bounded per
 /// batch, node scope first, cannot starve the buses, the host's answers or
 /// the heartbeat), until SIGTERM or SIGINT.
-async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Health) -> Result<()> {
+async fn turn(
+    mut agent: Agent,
+    inputs: Inputs,
+    metrics: &Metrics,
+    health: &Health,
+) -> Result<bool> {
     let Inputs {
         mut det,
         mut dbus_rx,
@@ -404,7 +414,7 @@ async fn turn(mut agent: Agent, inputs: Inputs, metrics: &Metrics, health: &Heal
         }
     }
     tracing::info!(ring_buffer_drops = det.drops(), "stopping");
-    Ok(())
+    Ok(agent.episode_open())
 }
 
 /// The Node's `LastgaspDegraded`: which part of the graceful path is lost

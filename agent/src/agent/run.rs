@@ -1,7 +1,7 @@
 //! `lastgasp run`: starts the detectors, the endpoint and the cluster
 //! clients, then turns the agent's one loop.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -62,6 +62,12 @@ pub struct RunArgs {
     /// unmounted, it waits for the agent's last word. Default: none.
     #[arg(long, value_name = "DIR", env = "LASTGASP_SHUTDOWN_HOOK_DIR")]
     pub shutdown_hook_dir: Option<PathBuf>,
+    /// No courier (a copy of the agent's binary beside the hook, and a kit
+    /// with its token in the run directory while a shutdown is under way):
+    /// for operators who would rather lose the fence of a shutdown that
+    /// stops the agent before the hook than have those on the host.
+    #[arg(long, env = "LASTGASP_NO_COURIER")]
+    pub no_courier: bool,
     /// Where the hook and the agent meet (a FIFO, the agent's pid): the same
     /// path on the node and here.
     #[arg(long, default_value = "/run/lastgasp", env = "LASTGASP_RUN_DIR")]
@@ -183,10 +189,48 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let inputs = Inputs {
         det,
         dbus_rx,
-        joined: (!args.standalone).then_some(joined),
+        joined: (!args.standalone).then_some(joined.clone()),
         hook,
     };
-    turn(agent, inputs, &metrics, &health).await
+    let episode_open = turn(agent, inputs, &metrics, &health).await?;
+    let cluster = joined.borrow().clone();
+    if let Some(c) = cluster {
+        leave_host_if_uninstalled(&args, &audit_dir, &c, episode_open).await;
+    }
+    Ok(())
+}
+
+/// The agent's DaemonSet is deleted (an uninstall): the host is left as it
+/// was (`host_files`). The DaemonSet's name comes from the pod's
+/// environment; without it nothing is removed.
+async fn leave_host_if_uninstalled(args: &RunArgs, audit_dir: &Path, c: &Cluster, open: bool) {
+    let (Ok(ns), Ok(ds)) = (
+        std::env::var("POD_NAMESPACE"),
+        std::env::var("LASTGASP_DAEMONSET"),
+    ) else {
+        return;
+    };
+    let paths = crate::host_files::HostPaths {
+        hook_dir: args.shutdown_hook_dir.clone(),
+        run_dir: args.run_dir.clone(),
+        logind_root: args.dbus.logind_root.clone(),
+        audit_dir: audit_dir.to_path_buf(),
+        audit: false,
+    };
+    let bus = args.dbus.system_bus.as_deref();
+    let left = crate::host_files::leave_if_uninstalled(
+        c.node.client.clone(),
+        (&ns, &ds),
+        &paths,
+        open,
+        bus,
+    );
+    match tokio::time::timeout(Duration::from_secs(5), left).await {
+        Ok(Ok(Some(said))) => tracing::info!(target: "lastgasp", "uninstalled: {}", said.trim_end().replace('\n', "; ")),
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => tracing::warn!(error = format!("{e:#}"), "the DaemonSet is deleted, but the host was NOT left clean (`lastgasp clean-host` does it)"),
+        Err(_) => tracing::warn!("no answer about the DaemonSet within 5 s: the host's files stay"),
+    }
 }
 
 /// A graceful run's length: the buckets' sum, or the default without them.
@@ -332,6 +376,7 @@ fn start_shutdown_hook(
             run_dir: args.run_dir.clone(),
         })
     else {
+        tracing::info!("no systemd-shutdown hook (no --shutdown-hook-dir): a shutdown through systemd is fenced only if the agent outlives the units' stop");
         return (None, None);
     };
     let installed = shutdown_hook::start(&paths, node, tx.clone());
@@ -341,6 +386,11 @@ fn start_shutdown_hook(
         return (Some(paths), None);
     }
     if args.standalone {
+        return (Some(paths), None);
+    }
+    if args.no_courier {
+        let _ = crate::host_files::remove_courier(&paths.hook_dir, &paths.run_dir);
+        tracing::info!("no courier (--no-courier): a shutdown that stops the agent before systemd-shutdown's hook is not fenced");
         return (Some(paths), None);
     }
     // A copy of the binary (megabytes): beside the loop, not before it.

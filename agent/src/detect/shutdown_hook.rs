@@ -32,7 +32,7 @@ pub const HOOK_NAME: &str = "lastgasp";
 /// In the run directory: the FIFO the hook writes its verb to.
 const FIFO: &str = "shutdown-hook";
 /// In the run directory: the agent's pid (the hook skips a dead agent).
-const PID_FILE: &str = "agent.pid";
+pub(crate) const PID_FILE: &str = "agent.pid";
 /// How long the hook waits for the agent's answer, in tenths of a second.
 const WAIT_TENTHS: u32 = 50;
 /// Beside the hook: the courier's binary (`act::courier`); systemd-shutdown

@@ -227,7 +227,7 @@ pub fn dropin_text(want: Duration) -> String {
     format!("# Written by lastgasp: the time its graceful node shutdown needs.\n[Login]\nInhibitDelayMaxSec={s}\n")
 }
 
-fn write_dropin(path: &Path, want: Duration) -> std::io::Result<()> {
+pub(crate) fn write_dropin(path: &Path, want: Duration) -> std::io::Result<()> {
     let dir = path.parent().expect("drop-in has a directory");
     fs::create_dir_all(dir)?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;

@@ -67,10 +67,20 @@ containers:
       # files decide which setting wins.
       - name: LASTGASP_LOGIND_ROOT
         value: /host
+      {{- if $root.Values.agent.shutdownHook }}
       # systemd-shutdown's hook: right before the final reboot(2), with
       # every process stopped, it waits for the agent's last word.
       - name: LASTGASP_SHUTDOWN_HOOK_DIR
         value: /host/usr/lib/systemd/system-shutdown
+      {{- end }}
+      {{- if not $root.Values.agent.courier }}
+      - name: LASTGASP_NO_COURIER
+        value: "true"
+      {{- end }}
+      # Its DaemonSet: deleted (an uninstall), the agent leaves the host
+      # clean as it stops.
+      - name: LASTGASP_DAEMONSET
+        value: {{ include "lastgasp.name" $root }}-agent{{ $pool.suffix }}
       - name: NODE_NAME
         valueFrom:
           fieldRef:
