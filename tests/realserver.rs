@@ -466,6 +466,11 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         assert_eq!(st(&back, "LastgaspDegraded"), Some(("False".into(), "Armed".into())));
         assert_eq!(st(&back, "Ready"), st(&degraded, "Ready"), "the kubelet's conditions stay");
 
+        // At its stop: its own DaemonSet, read with its own token (a Role,
+        // by name): there, so no uninstall and nothing removed.
+        let deleted = lastgasp::host_files::daemonset_deleted(agent.clone(), NS, "lastgasp-agent");
+        assert!(!deleted.await.unwrap(), "its DaemonSet is there: not an uninstall");
+
         // Every request of the agent: none refused, exactly its grants.
         let full = cp.audit(&user(AGENT_SA));
         for e in &full[audit_from..] {

@@ -326,7 +326,7 @@ mod tests {
         assert!(hook_run().success());
         assert_eq!(
             fs::read_to_string(&called).unwrap().trim(),
-            format!("courier --dir {}", courier.display())
+            format!("courier --dir {} --verb poweroff", courier.display())
         );
         fs::remove_dir_all(&dir).ok();
     }
