@@ -191,6 +191,27 @@ fn the_charts_values_take_effect() {
         env_of(&default, "LASTGASP_DAEMONSET"),
         Some(json!("lastgasp-agent"))
     );
+    // Nodes without systemd: --no-dbus, and none of the systemd mounts.
+    let mounts = |objs: &[Value]| -> Vec<String> {
+        ds(objs)["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["hostPath"]["path"].as_str().map(str::to_string))
+            .collect()
+    };
+    let no_systemd = render(&["agent.systemd=false"]);
+    assert_eq!(env_of(&no_systemd, "LASTGASP_NO_DBUS"), Some(json!("true")));
+    assert_eq!(env_of(&no_systemd, hook), None);
+    assert_eq!(env_of(&no_systemd, "LASTGASP_LOGIND_ROOT"), None);
+    assert!(mounts(&default).iter().any(|p| p == "/run/dbus"));
+    let left = mounts(&no_systemd);
+    assert!(
+        left.iter()
+            .all(|p| !p.contains("systemd") && p != "/run/dbus"),
+        "{left:?}"
+    );
+    assert_eq!(env_of(&default, "LASTGASP_NO_DBUS"), None);
     let d = ds(&default);
     let pod = &d["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));

@@ -61,6 +61,7 @@ containers:
     env:
       - name: LASTGASP_CONFIG
         value: /etc/lastgasp/config.yaml
+      {{- if $pool.systemd }}
       # logind's configuration as the host has it (mounted under
       # /host): the drop-in raising InhibitDelayMaxSec goes to
       # /host/etc/systemd/logind.conf.d/99-lastgasp.conf, and the other
@@ -75,6 +76,11 @@ containers:
       {{- end }}
       {{- if not $root.Values.agent.courier }}
       - name: LASTGASP_NO_COURIER
+        value: "true"
+      {{- end }}
+      {{- else }}
+      # No systemd on these nodes: no bus, logind or systemd-shutdown.
+      - name: LASTGASP_NO_DBUS
         value: "true"
       {{- end }}
       # Its DaemonSet: deleted (an uninstall), the agent leaves the host
@@ -182,12 +188,14 @@ containers:
       # survive the pod and the reboot.
       - name: audit
         mountPath: /var/lib/lastgasp
+      {{- if $pool.systemd }}
       # logind (delay lock, PrepareForShutdown) and systemd (jobs,
       # KillUnit) on the system bus, /run/dbus/system_bus_socket. The
       # directory, not the socket: a restarted dbus-daemon makes a new
       # socket, which a bind mount of the old one would never see.
       - name: dbus
         mountPath: /run/dbus
+      {{- end }}
       # The kernel's BTF: field offsets for the exec hook, fentry.
       - name: btf
         mountPath: /sys/kernel/btf
@@ -197,6 +205,7 @@ containers:
       - name: tracefs
         mountPath: /sys/kernel/tracing
         readOnly: true
+      {{- if $pool.systemd }}
       # logind's configuration, read to find the InhibitDelayMaxSec in
       # force; only logind.conf.d is writable (the agent's drop-in).
       - name: etc-systemd
@@ -214,6 +223,7 @@ containers:
       # read-only (the agent then says the last word is not armed).
       - name: usr-lib-systemd
         mountPath: /host/usr/lib/systemd
+      {{- end }}
       # Where the hook and the agent meet: a FIFO and the agent's pid
       # (tmpfs: gone at the next boot).
       - name: run-lastgasp
@@ -242,10 +252,12 @@ volumes:
     hostPath:
       path: /var/lib/lastgasp
       type: DirectoryOrCreate
+  {{- if $pool.systemd }}
   - name: dbus
     hostPath:
       path: /run/dbus
       type: DirectoryOrCreate
+  {{- end }}
   - name: btf
     hostPath:
       path: /sys/kernel/btf
@@ -254,6 +266,7 @@ volumes:
     hostPath:
       path: /sys/kernel/tracing
       type: Directory
+  {{- if $pool.systemd }}
   - name: etc-systemd
     hostPath:
       path: /etc/systemd
@@ -270,6 +283,7 @@ volumes:
     hostPath:
       path: /usr/lib/systemd
       type: DirectoryOrCreate
+  {{- end }}
   - name: run-lastgasp
     hostPath:
       path: /run/lastgasp

@@ -69,10 +69,12 @@ agent.config and its extraArgs after agent.extraArgs. */}}
 {{- $_ := set $seen .name true -}}
 {{- $_ := set $seen $key .name -}}
 {{- $cfg := mergeOverwrite (deepCopy ($a.config | default dict)) (deepCopy (.config | default dict)) -}}
-{{- $out = append $out (dict "name" .name "suffix" (printf "-%s" .name) "nodeSelector" .nodeSelector "config" $cfg "args" (concat $a.extraArgs (.extraArgs | default list))) -}}
+{{- $sd := $a.systemd -}}
+{{- if hasKey . "systemd" }}{{ $sd = .systemd }}{{ end -}}
+{{- $out = append $out (dict "name" .name "suffix" (printf "-%s" .name) "nodeSelector" .nodeSelector "config" $cfg "args" (concat $a.extraArgs (.extraArgs | default list)) "systemd" $sd) -}}
 {{- end -}}
 {{- if not $a.pools -}}
-{{- $out = list (dict "name" "" "suffix" "" "nodeSelector" $a.nodeSelector "config" ($a.config | default dict) "args" $a.extraArgs) -}}
+{{- $out = list (dict "name" "" "suffix" "" "nodeSelector" $a.nodeSelector "config" ($a.config | default dict) "args" $a.extraArgs "systemd" $a.systemd) -}}
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
