@@ -376,3 +376,44 @@ fn clean_host_removes_what_the_agent_left_and_says_what() {
     assert_eq!(clean(), "nothing of lastgasp's on this host\n");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// `lastgasp check --only host`: whether the last word's files can be
+/// written, and the operator's opt-outs, each said (never silent).
+#[test]
+fn check_says_whether_the_last_word_can_be_armed_on_this_host() {
+    let dir = std::env::temp_dir().join(format!("lastgasp-cli-host-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let check = |args: &[&str]| {
+        let out = Command::new(agent_bin())
+            .args(["check", "--only", "host", "--standalone"])
+            .args(args)
+            .env_remove("LASTGASP_SHUTDOWN_HOOK_DIR")
+            .env_remove("LASTGASP_NO_COURIER")
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let hooks = dir.join("system-shutdown");
+    let ok = check(&["--shutdown-hook-dir", hooks.to_str().unwrap()]);
+    assert!(ok.contains("writable (not installed yet)"), "{ok}");
+    let warns = |r: &str| {
+        r.lines()
+            .filter(|l| l.trim_start().starts_with("WARN "))
+            .count()
+    };
+    assert_eq!(warns(&ok), 0, "{ok}");
+    let none = check(&[]);
+    assert_eq!(warns(&none), 1, "{none}");
+    assert!(
+        none.contains("never under the systemd cgroup driver"),
+        "{none}"
+    );
+    let no_courier = check(&[
+        "--shutdown-hook-dir",
+        hooks.to_str().unwrap(),
+        "--no-courier",
+    ]);
+    assert_eq!(warns(&no_courier), 1, "{no_courier}");
+    assert!(no_courier.contains("off (--no-courier"), "{no_courier}");
+    std::fs::remove_dir_all(&dir).ok();
+}

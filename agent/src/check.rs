@@ -25,6 +25,8 @@ pub enum Section {
     Privileges,
     Dbus,
     Cluster,
+    /// What the agent writes on the host for its last word.
+    Host,
     /// The per-node admission fence, asked to refuse two dry-run patches.
     Fence,
 }
@@ -37,6 +39,7 @@ impl Section {
             Section::Privileges => "privileges",
             Section::Dbus => "dbus",
             Section::Cluster => "cluster",
+            Section::Host => "host",
             Section::Fence => "fence",
         }
     }
@@ -48,7 +51,7 @@ pub struct CheckArgs {
     #[arg(long, env = "LASTGASP_STANDALONE")]
     pub standalone: bool,
     /// Only these sections (comma-separated): kernel, hooks, privileges,
-    /// dbus, cluster, fence.
+    /// dbus, host, cluster, fence.
     #[arg(long, value_enum, value_delimiter = ',', env = "LASTGASP_ONLY")]
     pub only: Vec<Section>,
     /// Do not load the eBPF programs: predict the hooks from tracefs, the
@@ -59,6 +62,12 @@ pub struct CheckArgs {
     /// (unless --inhibit-delay is given).
     #[arg(long, env = "LASTGASP_CONFIG")]
     pub config: Option<std::path::PathBuf>,
+    /// systemd-shutdown's directory, as `run` is given it.
+    #[arg(long, value_name = "DIR", env = "LASTGASP_SHUTDOWN_HOOK_DIR")]
+    pub shutdown_hook_dir: Option<std::path::PathBuf>,
+    /// `run` leaves no courier.
+    #[arg(long, env = "LASTGASP_NO_COURIER")]
+    pub no_courier: bool,
     #[command(flatten)]
     pub dbus: DbusArgs,
 }
@@ -93,6 +102,10 @@ pub async fn check_node(args: &CheckArgs) -> Report {
     if want(Section::Dbus) {
         r.section(Section::Dbus.name());
         dbus_section(&mut r, args, config.as_ref()).await;
+    }
+    if want(Section::Host) {
+        r.section(Section::Host.name());
+        host_section(&mut r, args);
     }
     let node = config
         .as_ref()
@@ -132,6 +145,37 @@ pub async fn check_node(args: &CheckArgs) -> Report {
         }
     }
     r
+}
+
+/// Whether the last word's files can be (or are) on the host: the hook,
+/// the courier, or the operator's opt-out. Writes nothing.
+fn host_section(r: &mut Report, args: &CheckArgs) {
+    let Some(dir) = &args.shutdown_hook_dir else {
+        return r.push(Status::Warn, "shutdown hook", "none (no --shutdown-hook-dir; chart agent.shutdownHook=false): a shutdown through systemd is fenced only if the agent outlives the units' stop, never under the systemd cgroup driver");
+    };
+    let hook = dir.join(crate::detect::shutdown_hook::HOOK_NAME);
+    // Where the directory is missing, the agent creates it in its parent.
+    let target = if dir.is_dir() {
+        dir.as_path()
+    } else {
+        dir.parent().unwrap_or(dir)
+    };
+    match nix::unistd::access(target, nix::unistd::AccessFlags::W_OK) {
+        Ok(()) => r.push(
+            Status::Ok,
+            "shutdown hook",
+            format!("{} writable ({})", target.display(), if hook.exists() { "installed" } else { "not installed yet" }),
+        ),
+        Err(e) => r.push(
+            Status::Warn,
+            "shutdown hook",
+            format!("{} not writable ({e}; a read-only /usr?): a shutdown through systemd is not fenced under the systemd cgroup driver (docs/compatibility.md)", target.display()),
+        ),
+    }
+    match args.no_courier {
+        true => r.push(Status::Warn, "courier", "off (--no-courier; chart agent.courier=false): a shutdown that stops the agent before the hook is not fenced"),
+        false => r.push(Status::Ok, "courier", format!("beside the hook ({})", if dir.join(crate::detect::shutdown_hook::COURIER).exists() { "installed" } else { "not installed yet" })),
+    }
 }
 
 /// The config file, when given: whether it loads, and whether the
