@@ -465,6 +465,13 @@ fn the_agent_as_deployed_is_fenced_to_its_node_and_its_rbac_is_exactly_enough() 
         let back = nodes.get(a).await.unwrap();
         assert_eq!(st(&back, "LastgaspDegraded"), Some(("False".into(), "Armed".into())));
         assert_eq!(st(&back, "Ready"), st(&degraded, "Ready"), "the kubelet's conditions stay");
+        // An uninstall: the agent's own conditions leave; the kubelet's stay.
+        nc.remove_own_conditions().await.unwrap();
+        let gone = nodes.get(a).await.unwrap();
+        for t in ["ShutdownInProgress", "DrainInProgress", "Drained", "LastgaspDegraded"] {
+            assert_eq!(st(&gone, t), None, "{t}");
+        }
+        assert_eq!(st(&gone, "Ready"), st(&degraded, "Ready"), "the kubelet's conditions stay");
 
         // At its stop: its own DaemonSet, read with its own token (a Role,
         // by name): there, so no uninstall and nothing removed.

@@ -164,17 +164,26 @@ pub async fn daemonset_deleted(client: kube::Client, ns: &str, name: &str) -> Re
     }
 }
 
+/// What the agent's stop did to the host.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Left {
+    /// Its files removed (what went, as `clean` says it).
+    Cleaned(String),
+    /// The DaemonSet is deleted, but another agent runs here: nothing moved.
+    OtherAgent(String),
+}
+
 /// At the agent's stop: where its DaemonSet is deleted, no shutdown is
 /// under way (`episode_open`) and no other agent has started on the node
 /// since (the run directory's pid is this process's), the host is left as
-/// it was. Says what it did.
+/// it was.
 pub async fn leave_if_uninstalled(
     client: kube::Client,
     daemonset: (&str, &str),
     paths: &HostPaths,
     episode_open: bool,
     bus: Option<&str>,
-) -> Result<Option<String>> {
+) -> Result<Option<Left>> {
     if episode_open || !daemonset_deleted(client, daemonset.0, daemonset.1).await? {
         return Ok(None);
     }
@@ -184,12 +193,14 @@ pub async fn leave_if_uninstalled(
         .parse::<u32>()
         .is_ok_and(|p| p != std::process::id())
     {
-        return Ok(Some(format!(
+        return Ok(Some(Left::OtherAgent(format!(
             "the DaemonSet is deleted, but another agent (pid {}) runs on this node: its files stay",
             pid.trim()
-        )));
+        ))));
     }
-    clean(paths, bus).await.map(Some)
+    clean(paths, bus)
+        .await
+        .map(|said| Some(Left::Cleaned(said)))
 }
 
 #[cfg(test)]

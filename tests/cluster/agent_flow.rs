@@ -861,7 +861,7 @@ async fn the_courier_kit_is_left_when_a_shutdown_begins_and_goes_when_it_is_call
 /// started on the node since.
 #[tokio::test]
 async fn the_agent_leaves_the_host_clean_only_when_its_daemonset_is_deleted() {
-    use lastgasp::host_files::{leave_if_uninstalled, HostPaths};
+    use lastgasp::host_files::{leave_if_uninstalled, HostPaths, Left};
     let s = setup("uninstall", vec![]).await;
     let root = s.dir.join("host");
     let paths = HostPaths {
@@ -902,15 +902,17 @@ async fn the_agent_leaves_the_host_clean_only_when_its_daemonset_is_deleted() {
     // Deleted, but another agent has started here (a reinstall).
     std::fs::write(&pid, "4194304").unwrap();
     let said = leave_if_uninstalled(client.clone(), ds, &paths, false, None).await;
-    assert!(said
-        .unwrap()
-        .unwrap()
-        .contains("another agent (pid 4194304)"));
+    let Some(Left::OtherAgent(said)) = said.unwrap() else {
+        panic!("not the other agent's")
+    };
+    assert!(said.contains("another agent (pid 4194304)"), "{said}");
     assert!(hook.exists());
     // Deleted, this agent's files: all go.
     std::fs::write(&pid, std::process::id().to_string()).unwrap();
     let said = leave_if_uninstalled(client, ds, &paths, false, None).await;
-    let said = said.unwrap().unwrap();
+    let Some(Left::Cleaned(said)) = said.unwrap() else {
+        panic!("not cleaned")
+    };
     assert!(
         said.contains(&format!("removed {}", hook.display())),
         "{said}"

@@ -225,8 +225,15 @@ async fn leave_host_if_uninstalled(args: &RunArgs, audit_dir: &Path, c: &Cluster
         open,
         bus,
     );
+    use crate::host_files::Left;
     match tokio::time::timeout(Duration::from_secs(5), left).await {
-        Ok(Ok(Some(said))) => tracing::info!(target: "lastgasp", "uninstalled: {}", said.trim_end().replace('\n', "; ")),
+        Ok(Ok(Some(Left::Cleaned(said)))) => {
+            tracing::info!(target: "lastgasp", "uninstalled: {}", said.trim_end().replace('\n', "; "));
+            if let Err(e) = c.node.remove_own_conditions().await {
+                tracing::warn!(error = format!("{e:#}"), "the agent's conditions NOT removed from its Node");
+            }
+        }
+        Ok(Ok(Some(Left::OtherAgent(said)))) => tracing::info!(target: "lastgasp", "{said}"),
         Ok(Ok(None)) => {}
         Ok(Err(e)) => tracing::warn!(error = format!("{e:#}"), "the DaemonSet is deleted, but the host was NOT left clean (`lastgasp clean-host` does it)"),
         Err(_) => tracing::warn!("no answer about the DaemonSet within 5 s: the host's files stay"),

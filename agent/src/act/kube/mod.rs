@@ -197,6 +197,22 @@ impl NodeClient {
         self.patch_conditions(vec![cond]).await
     }
 
+    /// An uninstall: the agent's own conditions leave the Node's status
+    /// (the kubelet's stay; the admission policy allows nothing else).
+    pub async fn remove_own_conditions(&self) -> Result<()> {
+        let gone: Vec<_> = [CONDITION, DRAIN_IN_PROGRESS, DRAINED, DEGRADED]
+            .iter()
+            .map(|t| json!({"type": t, "$patch": "delete"}))
+            .collect();
+        let body = json!({ "status": { "conditions": gone } });
+        let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
+        retry("condition", || {
+            self.nodes.patch_status(&self.node, &params, &patch)
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn patch_conditions(&self, conds: Vec<NodeCondition>) -> Result<()> {
         let body = json!({ "status": { "conditions": conds } });
         let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
