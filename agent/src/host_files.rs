@@ -54,7 +54,7 @@ impl HostPaths {
         out
     }
 
-    /// Those that are there now (`check`, and the agent's start).
+    /// Those that are there now.
     pub fn present(&self) -> Vec<PathBuf> {
         self.candidates()
             .into_iter()
@@ -70,6 +70,7 @@ impl HostPaths {
         let mut first_error = None;
         for p in self.present() {
             match remove_tree(&p).with_context(|| format!("removing {}", p.display())) {
+                Ok(()) if p.exists() => removed.emptied.push(p),
                 Ok(()) => {
                     removed.logind_dropin |= p == dropin_path(&self.logind_root);
                     removed.paths.push(p);
@@ -120,6 +121,8 @@ fn remove_tree(p: &Path) -> std::io::Result<()> {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Removed {
     pub paths: Vec<PathBuf>,
+    /// Directories that are mount points here: emptied, left in place.
+    pub emptied: Vec<PathBuf>,
     /// logind must re-read its configuration.
     pub logind_dropin: bool,
 }
@@ -142,7 +145,13 @@ pub async fn clean(paths: &HostPaths, bus: Option<&str>) -> Result<String> {
     for p in &removed.paths {
         out += &format!("removed {}\n", p.display());
     }
-    if removed.paths.is_empty() {
+    for p in &removed.emptied {
+        out += &format!(
+            "emptied {} (a mount point here; on the host a tmpfs)\n",
+            p.display()
+        );
+    }
+    if removed.paths.is_empty() && removed.emptied.is_empty() {
         out += "nothing of lastgasp's on this host\n";
     }
     if removed.logind_dropin {
