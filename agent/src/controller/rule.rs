@@ -250,6 +250,8 @@ struct Evidence {
     proof: Proof,
     written: SystemTime,
     what: String,
+    /// The server's time of the kubelet's last Ready status write.
+    ready: Option<SystemTime>,
 }
 
 /// The record's proof, if the record is current; else why it is no evidence.
@@ -289,12 +291,6 @@ fn evidence(
     if written > now + STAMP {
         return Err("the record was written after the server's time of this read".into());
     }
-    if let Some(r) = ready_written(node).filter(|r| certainly_after(*r, written)) {
-        return Err(format!(
-            "its kubelet said Ready after it was written ({})",
-            humantime::format_rfc3339_seconds(r)
-        ));
-    }
     let kind = rec.kind();
     match kind {
         Kind::Poweroff | Kind::Halt => {}
@@ -325,6 +321,7 @@ fn evidence(
     }
     Ok(Evidence {
         proof: death.proof,
+        ready: ready_written(node),
         written,
         what: format!(
             "{kind} of boot {}: {} (written {})",
@@ -337,6 +334,17 @@ fn evidence(
 
 /// A current proof against the kubelet's Lease and the time.
 fn weigh(ev: &Evidence, lease: Option<&Lease>, now: SystemTime, cfg: &ControllerConfig) -> Verdict {
+    // The kubelet alive after the proof, by its status or its Lease: the
+    // same contradiction, whichever of its writes came first.
+    if let Some(r) = ev.ready.filter(|r| certainly_after(*r, ev.written)) {
+        return Verdict::Contradicted {
+            why: format!(
+                "{}; its kubelet said Ready after it ({})",
+                ev.what,
+                humantime::format_rfc3339_seconds(r)
+            ),
+        };
+    }
     let Some(lease) = lease else {
         return Verdict::nothing(format!(
             "{}; no Lease of its kubelet to check it against",
@@ -691,10 +699,11 @@ mod tests {
         let l = lease(90);
         let fence = |n: &Node| short(&judge(n, Some(&l), t(200), &c));
         assert_eq!(fence(&node(Some(&rec), 100, "Unknown", 10)), "fence");
-        // Ready turned True after the record was written: it is older.
-        assert_eq!(fence(&node(Some(&rec), 100, "True", 150)), "-");
+        // Ready turned True after the record was written: the kubelet lives
+        // after the proof, as a Lease write after it would say.
+        assert_eq!(fence(&node(Some(&rec), 100, "True", 150)), "contradicted");
         assert_eq!(fence(&node(Some(&rec), 100, "True", 50)), "fence");
-        assert_eq!(fence(&node(Some(&rec), 100, "True", 101)), "-");
+        assert_eq!(fence(&node(Some(&rec), 100, "True", 101)), "contradicted");
         assert_eq!(
             fence(&node(Some(&rec), 100, "True", 100)),
             "fence",
