@@ -204,16 +204,11 @@ impl NodeClient {
             .iter()
             .map(|t| json!({"type": t, "$patch": "delete"}))
             .collect();
-        let body = json!({ "status": { "conditions": gone } });
-        let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
-        retry("condition", || {
-            self.nodes.patch_status(&self.node, &params, &patch)
-        })
-        .await?;
-        Ok(())
+        self.patch_conditions(gone).await
     }
 
-    async fn patch_conditions(&self, conds: Vec<NodeCondition>) -> Result<()> {
+    /// One strategic-merge patch of the status' conditions (keyed by type).
+    async fn patch_conditions<C: serde::Serialize>(&self, conds: Vec<C>) -> Result<()> {
         let body = json!({ "status": { "conditions": conds } });
         let (params, patch) = (PatchParams::default(), Patch::Strategic(&body));
         retry("condition", || {
