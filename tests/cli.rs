@@ -389,6 +389,7 @@ fn check_says_whether_the_last_word_can_be_armed_on_this_host() {
             .args(args)
             .env_remove("LASTGASP_SHUTDOWN_HOOK_DIR")
             .env_remove("LASTGASP_NO_COURIER")
+            .env_remove("LASTGASP_UNIT_DIR")
             .output()
             .unwrap();
         String::from_utf8(out.stdout).unwrap()
@@ -415,5 +416,28 @@ fn check_says_whether_the_last_word_can_be_armed_on_this_host() {
     ]);
     assert_eq!(warns(&no_courier), 1, "{no_courier}");
     assert!(no_courier.contains("off (--no-courier"), "{no_courier}");
+    // The hook's directory cannot be written: the final unit, if given a
+    // directory, runs the courier; without one, a warning.
+    let hooks_ro = "/nonexistent-lastgasp/usr/system-shutdown";
+    let units = dir.join("units");
+    std::fs::create_dir_all(&units).unwrap();
+    let unit = check(&[
+        "--shutdown-hook-dir",
+        hooks_ro,
+        "--unit-dir",
+        units.to_str().unwrap(),
+    ]);
+    assert_eq!(warns(&unit), 0, "{unit}");
+    assert!(
+        unit.contains("final unit runs the courier instead"),
+        "{unit}"
+    );
+    assert!(
+        unit.contains("lastgasp-last-word@.service (not installed yet)"),
+        "{unit}"
+    );
+    let no_unit = check(&["--shutdown-hook-dir", hooks_ro]);
+    assert_eq!(warns(&no_unit), 2, "{no_unit}");
+    assert!(no_unit.contains("none (no --unit-dir)"), "{no_unit}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -68,6 +68,9 @@ pub struct CheckArgs {
     /// `run` leaves no courier.
     #[arg(long, env = "LASTGASP_NO_COURIER")]
     pub no_courier: bool,
+    /// systemd's runtime unit directory, as `run` is given it.
+    #[arg(long, value_name = "DIR", env = "LASTGASP_UNIT_DIR")]
+    pub unit_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub dbus: DbusArgs,
 }
@@ -147,35 +150,83 @@ pub async fn check_node(args: &CheckArgs) -> Report {
     r
 }
 
-/// Whether the last word's files can be (or are) on the host: the hook,
-/// the courier, or the operator's opt-out. Writes nothing.
+/// Whether the last word's files can be (or are) on the host: the hook
+/// (or, where its directory is read-only, the final unit), the courier, or
+/// the operator's opt-out. Writes nothing.
 fn host_section(r: &mut Report, args: &CheckArgs) {
     let Some(dir) = &args.shutdown_hook_dir else {
         return r.push(Status::Warn, "shutdown hook", "none (no --shutdown-hook-dir; chart agent.shutdownHook=false): a shutdown through systemd is fenced only if the agent outlives the units' stop, never under the systemd cgroup driver");
     };
     let hook = dir.join(crate::detect::shutdown_hook::HOOK_NAME);
-    // Where the directory is missing, the agent creates it in its parent.
+    let hook_writable = match writable(dir) {
+        Ok(target) => {
+            let state = if hook.exists() {
+                "installed"
+            } else {
+                "not installed yet"
+            };
+            r.push(
+                Status::Ok,
+                "shutdown hook",
+                format!("{} writable ({state})", target.display()),
+            );
+            true
+        }
+        Err((target, e)) => {
+            let (status, then) = match (&args.unit_dir, args.no_courier) {
+                (Some(_), false) => (Status::Ok, "lastgasp's final unit runs the courier instead"),
+                _ => (Status::Warn, "a shutdown through systemd is not fenced under the systemd cgroup driver (docs/compatibility.md)"),
+            };
+            r.push(
+                status,
+                "shutdown hook",
+                format!(
+                    "{} not writable ({e}; a read-only /usr?): {then}",
+                    target.display()
+                ),
+            );
+            false
+        }
+    };
+    if args.no_courier {
+        return r.push(Status::Warn, "courier", "off (--no-courier; chart agent.courier=false): a shutdown that stops the agent before the hook is not fenced");
+    }
+    if hook_writable {
+        let installed = dir.join(crate::detect::shutdown_hook::COURIER).exists();
+        return r.push(
+            Status::Ok,
+            "courier",
+            format!(
+                "beside the hook ({})",
+                if installed {
+                    "installed"
+                } else {
+                    "not installed yet"
+                }
+            ),
+        );
+    }
+    let Some(units) = &args.unit_dir else {
+        return r.push(Status::Warn, "final unit", "none (no --unit-dir): with the hook's directory read-only, the courier has nothing to run it");
+    };
+    let unit = units.join(crate::act::final_unit::TEMPLATE);
+    match writable(units) {
+        Ok(_) => r.push(Status::Ok, "final unit", format!("{} ({}); its courier under the audit directory", unit.display(), if unit.exists() { "installed" } else { "not installed yet" })),
+        Err((target, e)) => r.push(Status::Warn, "final unit", format!("{} not writable ({e}): a shutdown through systemd is not fenced under the systemd cgroup driver", target.display())),
+    }
+}
+
+/// `dir`, or where it is missing its parent (the agent creates it), when
+/// writable.
+fn writable(dir: &std::path::Path) -> Result<&std::path::Path, (&std::path::Path, nix::Error)> {
     let target = if dir.is_dir() {
-        dir.as_path()
+        dir
     } else {
         dir.parent().unwrap_or(dir)
     };
-    match nix::unistd::access(target, nix::unistd::AccessFlags::W_OK) {
-        Ok(()) => r.push(
-            Status::Ok,
-            "shutdown hook",
-            format!("{} writable ({})", target.display(), if hook.exists() { "installed" } else { "not installed yet" }),
-        ),
-        Err(e) => r.push(
-            Status::Warn,
-            "shutdown hook",
-            format!("{} not writable ({e}; a read-only /usr?): a shutdown through systemd is not fenced under the systemd cgroup driver (docs/compatibility.md)", target.display()),
-        ),
-    }
-    match args.no_courier {
-        true => r.push(Status::Warn, "courier", "off (--no-courier; chart agent.courier=false): a shutdown that stops the agent before the hook is not fenced"),
-        false => r.push(Status::Ok, "courier", format!("beside the hook ({})", if dir.join(crate::detect::shutdown_hook::COURIER).exists() { "installed" } else { "not installed yet" })),
-    }
+    nix::unistd::access(target, nix::unistd::AccessFlags::W_OK)
+        .map(|()| target)
+        .map_err(|e| (target, e))
 }
 
 /// The config file, when given: whether it loads, and whether the

@@ -198,9 +198,12 @@ pub enum Proof {
     /// once: nothing is stopped first, the kubelet lives until the kernel
     /// goes down, so its silence is the kernel's end.
     DirectTool,
-    /// systemd-shutdown ran its own hooks: every service was stopped, every
-    /// other process killed, the file systems unmounted; only the final
-    /// sync and reboot(2) are left, and they wait for the agent's word.
+    /// systemd's final stage: systemd-shutdown ran its own hooks (every
+    /// service stopped, every other process killed, the file systems
+    /// unmounted; only the final sync and reboot(2) left, and they wait for
+    /// the agent's word), or lastgasp's final unit ran, right before
+    /// systemd-{verb}.service: every unit stopped (every pod's scope, the
+    /// kubelet, the runtime), every mount unit unmounted.
     FinalStage,
     /// The kernel's own power-off: a reboot(2) from a caller that can reboot,
     /// in the node's PID namespace (PID 1's last step after every process
@@ -236,8 +239,10 @@ pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
             pid = None;
             Proof::Kernel
         }
-        // Its detector checked that PID 1 is systemd-shutdown.
-        Source::ShutdownHook => {
+        // Its detector checked that PID 1 is systemd-shutdown; the final
+        // unit's courier, that systemd runs it for the shutdown and no pod
+        // lives.
+        Source::ShutdownHook | Source::FinalUnit => {
             pid = None;
             Proof::FinalStage
         }
@@ -871,7 +876,11 @@ fn confirm(ep: &mut Episode, s: &ShutdownSignal, authority: Authority) {
 fn confirms_as_host(s: &ShutdownSignal) -> bool {
     matches!(
         s.source,
-        Source::Logind | Source::Systemd | Source::KernelHook | Source::ShutdownHook
+        Source::Logind
+            | Source::Systemd
+            | Source::KernelHook
+            | Source::ShutdownHook
+            | Source::FinalUnit
     ) || is_pid1_shutdown(s)
         || (s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.ns_pid == 1))
 }
@@ -883,7 +892,7 @@ pub fn leaves_no_time(s: &ShutdownSignal) -> bool {
     s.forced
         || matches!(
             s.source,
-            Source::RebootSyscall | Source::KernelHook | Source::ShutdownHook
+            Source::RebootSyscall | Source::KernelHook | Source::ShutdownHook | Source::FinalUnit
         )
         || is_pid1_shutdown(s)
 }
@@ -941,7 +950,9 @@ fn can_reboot(s: &ShutdownSignal) -> Option<bool> {
 fn authority(s: &ShutdownSignal) -> Authority {
     match s.source {
         Source::Logind | Source::Systemd => Authority::Host,
-        Source::KernelHook | Source::RebootSyscall | Source::ShutdownHook => Authority::Kernel,
+        Source::KernelHook | Source::RebootSyscall | Source::ShutdownHook | Source::FinalUnit => {
+            Authority::Kernel
+        }
         // The kernel checked the sender's right to signal PID 1.
         Source::SignalPid1 => Authority::Privileged,
         Source::Exec if is_pid1_shutdown(s) => Authority::Kernel,
@@ -988,6 +999,9 @@ fn summary(s: &ShutdownSignal) -> String {
             Some(u) => format!("{member} {u}"),
             None => member.clone(),
         },
+        Detail::Hook { verb } if s.source == Source::FinalUnit => {
+            format!("lastgasp's final unit, every unit stopped ({verb})")
+        }
         Detail::Hook { verb } => format!("systemd-shutdown's final hook ({verb})"),
         Detail::ToolEnd { how } => format!("the tool {how}"),
     };
@@ -1664,6 +1678,32 @@ mod tests {
         // ... and returned (an LSM refused it): withdrawn, closed.
         let back = d.decide(&reboot2(Poweroff, true).with_effect(failed()));
         assert_eq!(short(&back.action), "fail");
+    }
+
+    /// lastgasp's final unit, run by systemd after every unit stopped: the
+    /// graceful path turns immediate with the final stage's proof
+    /// (what the courier's kit carries); with no shutdown open it is a
+    /// shutdown of its own, proven the same way.
+    #[test]
+    fn the_final_units_word_is_the_final_stage() {
+        let mut d = Decider::new();
+        d.decide(&logind(Effect::Now));
+        let stop = d.decide(&sig(FinalUnit, Poweroff, true, Effect::Now));
+        assert_eq!(short(&stop.action), "escalate");
+        let death = stop.episode.unwrap().death.unwrap();
+        assert_eq!((death.proof, death.pid), (Proof::FinalStage, None));
+        assert!(death.by.contains("lastgasp's final unit"), "{}", death.by);
+        let mut d = Decider::new();
+        let alone = d.decide(&sig(FinalUnit, Reboot, true, Effect::Now));
+        assert!(
+            matches!(alone.action, Action::Immediate { .. }),
+            "{:?}",
+            alone.action
+        );
+        assert_eq!(
+            alone.episode.unwrap().death.unwrap().proof,
+            Proof::FinalStage
+        );
     }
 
     /// A shutdown logind confirmed goes on when a proof in it fails: the

@@ -1,7 +1,9 @@
 //! What the agent leaves on the host, and how it all goes again
 //! (`lastgasp clean-host`, and the agent itself when its DaemonSet is
-//! deleted): systemd-shutdown's hook and the courier beside it, logind's
-//! drop-in (logind re-reads its configuration afterwards, so its own
+//! deleted): systemd-shutdown's hook and the courier beside it, or (a
+//! read-only `/usr`) the final unit and the courier under the audit
+//! directory (systemd reloads its units afterwards), logind's drop-in
+//! (logind re-reads its configuration afterwards, so its own
 //! `InhibitDelayMaxSec` is back), and the run directory (the hook's FIFO,
 //! the agent's pid, a courier kit). The audit log (`/var/lib/lastgasp`) is
 //! the operator's record and stays; `--audit` removes it too.
@@ -12,7 +14,10 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::detect::{logind::config::dropin_path, shutdown_hook};
+use crate::{
+    act::{courier, final_unit},
+    detect::{logind::config::dropin_path, shutdown_hook},
+};
 
 /// Where the agent writes on the host, as mounted here.
 #[derive(Clone, Debug, clap::Args)]
@@ -27,6 +32,9 @@ pub struct HostPaths {
     /// The hook's and the agent's meeting place.
     #[arg(long, default_value = "/run/lastgasp", env = "LASTGASP_RUN_DIR")]
     pub run_dir: PathBuf,
+    /// systemd's runtime unit directory (the final unit and its links).
+    #[arg(long, value_name = "DIR", env = "LASTGASP_UNIT_DIR")]
+    pub unit_dir: Option<PathBuf>,
     /// `ROOT/etc/systemd/logind.conf.d` holds the agent's drop-in.
     #[arg(long, default_value = "/", env = "LASTGASP_LOGIND_ROOT")]
     pub logind_root: PathBuf,
@@ -46,10 +54,14 @@ impl HostPaths {
             out.push(h.join(shutdown_hook::HOOK_NAME));
             out.push(h.join(shutdown_hook::COURIER));
         }
+        if let Some(u) = &self.unit_dir {
+            out.extend(final_unit::files(u));
+        }
         out.push(dropin_path(&self.logind_root));
         out.push(self.run_dir.clone());
-        if self.audit {
-            out.push(self.audit_dir.clone());
+        match self.audit {
+            true => out.push(self.audit_dir.clone()),
+            false => out.push(self.audit_dir.join(courier::BESIDE_AUDIT)),
         }
         out
     }
@@ -68,6 +80,15 @@ impl HostPaths {
     pub fn remove(&self) -> Result<Removed> {
         let mut removed = Removed::default();
         let mut first_error = None;
+        if let Some(u) = &self.unit_dir {
+            match final_unit::remove(u) {
+                Ok(gone) => {
+                    removed.units |= !gone.is_empty();
+                    removed.paths.extend(gone);
+                }
+                Err(e) => first_error = Some(e),
+            }
+        }
         for p in self.present() {
             match remove_tree(&p).with_context(|| format!("removing {}", p.display())) {
                 Ok(()) if p.exists() => removed.emptied.push(p),
@@ -89,10 +110,7 @@ impl HostPaths {
 
 /// `--no-courier`: a courier an earlier start left goes.
 pub fn remove_courier(hook_dir: &Path, run_dir: &Path) -> std::io::Result<()> {
-    for p in [
-        hook_dir.join(shutdown_hook::COURIER),
-        crate::act::courier::dir(run_dir),
-    ] {
+    for p in [hook_dir.join(shutdown_hook::COURIER), courier::dir(run_dir)] {
         if p.exists() {
             fs::remove_dir_all(&p)?;
         }
@@ -125,6 +143,8 @@ pub struct Removed {
     pub emptied: Vec<PathBuf>,
     /// logind must re-read its configuration.
     pub logind_dropin: bool,
+    /// systemd must read its units again.
+    pub units: bool,
 }
 
 /// logind re-reads its configuration (SIGHUP through systemd, as the
@@ -153,6 +173,10 @@ pub async fn clean(paths: &HostPaths, bus: Option<&str>) -> Result<String> {
     }
     if removed.paths.is_empty() && removed.emptied.is_empty() {
         out += "nothing of lastgasp's on this host\n";
+    }
+    if removed.units {
+        final_unit::reload(bus).await?;
+        out += "systemd read its units again (lastgasp's final unit is gone)\n";
     }
     if removed.logind_dropin {
         reload_logind(bus).await?;
@@ -215,7 +239,7 @@ pub async fn leave_if_uninstalled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{act::courier, detect::shutdown_hook::HookPaths, node::NodePidNs};
+    use crate::{detect::shutdown_hook::HookPaths, node::NodePidNs};
 
     /// Every file and directory under `root`, as relative paths.
     fn listing(root: &Path) -> Vec<PathBuf> {
@@ -244,11 +268,13 @@ mod tests {
         fs::create_dir_all(&hook_dir).unwrap();
         fs::write(hook_dir.join("mdadm.shutdown"), "#!/bin/sh\n").unwrap();
         fs::create_dir_all(root.join("etc/systemd/logind.conf.d")).unwrap();
-        fs::create_dir_all(root.join("run")).unwrap();
+        fs::create_dir_all(root.join("run/systemd/system")).unwrap();
+        fs::create_dir_all(root.join("var/lib/lastgasp")).unwrap();
         let before = listing(&root);
         let paths = HostPaths {
             hook_dir: Some(hook_dir.clone()),
             run_dir: root.join("run/lastgasp"),
+            unit_dir: Some(root.join("run/systemd/system")),
             logind_root: root.clone(),
             audit_dir: root.join("var/lib/lastgasp"),
             audit: false,
@@ -262,7 +288,13 @@ mod tests {
         };
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
         shutdown_hook::start(&hook, &NodePidNs::initial().unwrap(), tx).unwrap();
-        courier::install(&hook_dir, &paths.run_dir).unwrap();
+        courier::install(&hook_dir.join(shutdown_hook::COURIER), &paths.run_dir).unwrap();
+        // ... and where the hook's directory is read-only, the courier
+        // under the audit directory with the final unit.
+        let beside_audit = paths.audit_dir.join(courier::BESIDE_AUDIT);
+        courier::install(&beside_audit, &paths.run_dir).unwrap();
+        let unit_dir = paths.unit_dir.as_ref().unwrap();
+        final_unit::install(unit_dir, &courier::entry(&beside_audit), &paths.run_dir).unwrap();
         let kit = courier::Kit {
             server: "https://192.0.2.1:6443".into(),
             root_certs: vec![],
@@ -274,10 +306,10 @@ mod tests {
         let dropin = dropin_path(&root);
         crate::detect::logind::config::write_dropin(&dropin, std::time::Duration::from_secs(60))
             .unwrap();
-        assert_eq!(paths.present().len(), 4, "{:?}", paths.present());
+        assert_eq!(paths.present().len(), 10, "{:?}", paths.present());
         let removed = paths.remove().unwrap();
-        assert!(removed.logind_dropin);
-        assert_eq!(removed.paths.len(), 4, "{removed:?}");
+        assert!(removed.logind_dropin && removed.units);
+        assert_eq!(removed.paths.len(), 10, "{removed:?}");
         assert_eq!(listing(&root), before);
         // Nothing left: nothing to remove.
         assert_eq!(paths.remove().unwrap(), Removed::default());

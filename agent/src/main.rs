@@ -57,8 +57,9 @@ enum Command {
         #[arg(long, env = "LASTGASP_SYSTEM_BUS")]
         system_bus: Option<String>,
     },
-    /// Run by systemd-shutdown's hook when the agent is gone: sends the last
-    /// word the agent prepared (act/courier.rs).
+    /// Run by systemd-shutdown's hook when the agent is gone, or by
+    /// lastgasp's final unit: sends the last word the agent prepared
+    /// (act/courier.rs).
     #[command(hide = true)]
     Courier {
         #[arg(long, env = "LASTGASP_COURIER_DIR")]
@@ -66,6 +67,9 @@ enum Command {
         /// The verb systemd-shutdown gave its hooks (`poweroff`, `reboot`, ...).
         #[arg(long)]
         verb: String,
+        /// Run by lastgasp's final unit (act/final_unit.rs), not the hook.
+        #[arg(long)]
+        final_unit: bool,
     },
 }
 
@@ -107,10 +111,20 @@ fn main() -> Result<()> {
             .enable_all()
             .build()?
             .block_on(controller::run(args)),
-        Command::Courier { dir, verb } => {
+        Command::Courier {
+            dir,
+            verb,
+            final_unit,
+        } => {
+            use lastgasp::act::courier;
             let pid1 = std::fs::read_to_string("/proc/1/comm")?;
-            let said =
-                current()?.block_on(lastgasp::act::courier::deliver(&dir, &verb, pid1.trim()))?;
+            let cgroups = std::path::Path::new("/sys/fs/cgroup");
+            let said = current()?.block_on(async {
+                match final_unit {
+                    true => courier::deliver_final_unit(&dir, &verb, cgroups).await,
+                    false => courier::deliver(&dir, &verb, pid1.trim()).await,
+                }
+            })?;
             println!("{said}");
             Ok(())
         }

@@ -25,6 +25,11 @@ pub enum Source {
     /// systemd-shutdown's own hook (`/usr/lib/systemd/system-shutdown/`):
     /// every process stopped, file systems unmounted, the reboot(2) next.
     ShutdownHook,
+    /// lastgasp's unit systemd runs right before systemd-{verb}.service
+    /// (`act::final_unit`): every unit stopped (every pod's scope, the
+    /// kubelet, the runtime), every mount unit unmounted; systemd-shutdown
+    /// comes next.
+    FinalUnit,
     /// `sched/sched_process_exit` (and exec): a tool whose exec proved the
     /// node's end ended without the kernel going down.
     ToolEnd,
@@ -184,7 +189,8 @@ pub enum Detail {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unit: Option<String>,
     },
-    /// systemd-shutdown's hook, with the verb it was run with.
+    /// systemd-shutdown's hook (or lastgasp's stop unit), with the verb
+    /// the shutdown ends in.
     Hook {
         verb: String,
     },

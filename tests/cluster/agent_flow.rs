@@ -867,6 +867,7 @@ async fn the_agent_leaves_the_host_clean_only_when_its_daemonset_is_deleted() {
     let paths = HostPaths {
         hook_dir: Some(root.join("system-shutdown")),
         run_dir: root.join("run"),
+        unit_dir: None,
         logind_root: root.clone(),
         audit_dir: root.join("audit"),
         audit: false,

@@ -86,6 +86,11 @@ pub struct Args {
     /// profile or, as docs/security.md advises, unconfined.
     #[arg(long, value_enum)]
     pub apparmor: Option<node::AppArmor>,
+    /// With --node: `/usr` read-only in the guest (bound over itself and
+    /// remounted read-only before containerd starts), as on Flatcar,
+    /// Bottlerocket or COS: systemd-shutdown's hook cannot be installed.
+    #[arg(long)]
+    pub ro_usr: bool,
 }
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
@@ -124,6 +129,9 @@ pub fn vm_test(
     }
     if args.apparmor.is_some() && !args.node {
         bail!("--apparmor is for the real node (--node)");
+    }
+    if args.ro_usr && !args.node {
+        bail!("--ro-usr is for the real node (--node)");
     }
     if args.node {
         if args.arch != crate::arch::Arch::Amd64 {
@@ -317,7 +325,7 @@ fn node_prepared(
         agent_image,
         sleeper,
         &k8s.bin_dir.join("kubelet"),
-        args.apparmor,
+        (args.apparmor, args.ro_usr),
     )
 }
 

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::kube::record_params;
-use crate::detect::shutdown_hook::{write_atomic as write, COURIER, FINAL_STAGE_COMM};
+use crate::detect::shutdown_hook::{write_atomic as write, FINAL_STAGE_COMM};
 
 /// Under the agent's run directory: the kit.
 pub const DIR: &str = "courier";
@@ -52,7 +52,8 @@ pub struct Kit {
     pub token: String,
     pub node: String,
     /// Per verb systemd-shutdown passes its hooks (`poweroff`, `reboot`,
-    /// ...): the record patch (merge, field manager `lastgasp-record`).
+    /// ...), and per verb for the final unit (`final-unit/poweroff`, ...):
+    /// the record patch (merge, field manager `lastgasp-record`).
     pub evidence: BTreeMap<String, Value>,
 }
 
@@ -60,20 +61,30 @@ pub fn dir(run_dir: &Path) -> PathBuf {
     run_dir.join(DIR)
 }
 
-/// At start: in `hook_dir`'s subdirectory, the binary, the loader and the
-/// libraries this process runs with (from /proc/self/maps), and the hook's
-/// entry script (`run`, paths relative to itself: the host sees the hook
-/// directory elsewhere than the pod). A stale kit (a soft-reboot keeps
-/// /run) is removed.
-pub fn install(hook_dir: &Path, run_dir: &Path) -> Result<()> {
-    let kits = dir(run_dir);
+/// Where the courier goes without a hook directory (a read-only `/usr`):
+/// under the audit directory, the same path on the host and in the pod,
+/// exec-able where /run is not.
+pub const BESIDE_AUDIT: &str = "courier";
+
+/// The courier's entry in its directory.
+pub fn entry(courier_dir: &Path) -> PathBuf {
+    courier_dir.join(RUN)
+}
+
+/// At start: in `dir` (the hook directory's `lastgasp.courier`, or the
+/// audit directory's `courier`), the binary, the loader and the libraries
+/// this process runs with (from /proc/self/maps), and the entry script
+/// (`run`, paths relative to itself: the host may see the directory
+/// elsewhere than the pod). A stale kit (a soft-reboot keeps /run) is
+/// removed.
+pub fn install(dir: &Path, run_dir: &Path) -> Result<()> {
+    let kits = self::dir(run_dir);
     fs::create_dir_all(&kits).with_context(|| format!("creating {}", kits.display()))?;
     fs::set_permissions(&kits, fs::Permissions::from_mode(0o700))?;
     let _ = fs::remove_file(kits.join(KIT));
-    let dir = hook_dir.join(COURIER);
     let lib = dir.join("lib");
     fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
     copy(Path::new("/proc/self/exe"), &dir.join("lastgasp"), 0o700)?;
     let maps = fs::read_to_string("/proc/self/maps")?;
     let mut loader = None;
@@ -154,18 +165,49 @@ pub async fn deliver(dir: &Path, verb: &str, pid1_comm: &str) -> Result<String> 
     if pid1_comm != FINAL_STAGE_COMM {
         bail!("PID 1 is {pid1_comm:?}, not systemd-shutdown: not the final stage, nothing sent");
     }
-    let kit: Kit = serde_json::from_slice(
-        &fs::read(dir.join(KIT)).with_context(|| format!("no kit in {}", dir.display()))?,
-    )?;
-    send(&kit, verb).await
+    send(&read_kit(dir)?, verb).await
 }
 
-/// The kit's patch for `verb`, once, within the budget.
-pub async fn send(kit: &Kit, verb: &str) -> Result<String> {
+/// systemd's own socket, on the host.
+const SYSTEMD_PRIVATE: &str = "/run/systemd/private";
+
+/// `lastgasp courier --dir DIR --verb VERB --final-unit`, run by the final
+/// unit (`final_unit`): the kit's final-unit record for `verb`, only when
+/// systemd runs this process as that unit in its shutdown job and no pod's
+/// cgroup holds a process (`cgroup_root`).
+pub async fn deliver_final_unit(dir: &Path, verb: &str, cgroup_root: &Path) -> Result<String> {
+    use super::final_unit;
+    let own = fs::read_to_string("/proc/self/cgroup")?;
+    let conn = crate::bus::systemd::private(SYSTEMD_PRIVATE)
+        .await
+        .with_context(|| format!("connecting to {SYSTEMD_PRIVATE}"))?;
+    let systemd = crate::bus::systemd::manager(&conn).await?;
+    let jobs: Vec<String> = crate::bus::systemd::start_jobs(&systemd)
+        .await
+        .context("systemd's ListJobs")?
+        .into_iter()
+        .map(|(_, unit)| unit)
+        .collect();
+    let pods = final_unit::pods_left(cgroup_root)?;
+    if let Some(why) = final_unit::refusal(verb, &own, &jobs, pods.as_deref()) {
+        bail!("{why}: nothing sent");
+    }
+    send(&read_kit(dir)?, &final_unit::key(verb)).await
+}
+
+fn read_kit(dir: &Path) -> Result<Kit> {
+    Ok(serde_json::from_slice(
+        &fs::read(dir.join(KIT)).with_context(|| format!("no kit in {}", dir.display()))?,
+    )?)
+}
+
+/// The kit's patch under `key` (a verb, or the final unit's key), once,
+/// within the budget.
+pub async fn send(kit: &Kit, key: &str) -> Result<String> {
     let evidence = kit
         .evidence
-        .get(verb)
-        .with_context(|| format!("the kit has no record for {verb:?}"))?;
+        .get(key)
+        .with_context(|| format!("the kit has no record for {key:?}"))?;
     let mut config = kube::Config::new(kit.server.parse().context("the kit's server")?);
     config.root_cert = Some(kit.root_certs.clone());
     config.auth_info.token = Some(kit.token.clone().into());
@@ -180,7 +222,7 @@ pub async fn send(kit: &Kit, verb: &str) -> Result<String> {
     .await
     .context("the API server did not answer in time")??;
     Ok(format!(
-        "the courier delivered the {verb} record of {} in {} ms",
+        "the courier delivered the {key} record of {} in {} ms",
         kit.node,
         t.elapsed().as_millis()
     ))
@@ -207,6 +249,7 @@ fn copy(from: &Path, to: &Path, mode: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::detect::shutdown_hook::COURIER;
 
     #[test]
     fn pem_decodes_to_der() {
@@ -253,8 +296,8 @@ mod tests {
     fn installed_courier_runs_the_binary_it_copied() {
         let tmp = std::env::temp_dir().join(format!("lastgasp-courier-{}", std::process::id()));
         let (hook_dir, run_dir) = (tmp.join("hooks"), tmp.join("run"));
-        install(&hook_dir, &run_dir).unwrap();
         let d = hook_dir.join(COURIER);
+        install(&d, &run_dir).unwrap();
         // The test binary itself, through the loader and libraries it uses.
         let out = std::process::Command::new(d.join(RUN))
             .args(["--list"])

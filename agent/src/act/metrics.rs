@@ -159,7 +159,7 @@ impl Default for Metrics {
         let last_word_armed = Family::<Labels, Gauge>::default();
         r.register(
             "lastgasp_last_word_armed",
-            "1 while the part of the last word is installed (shutdown-hook: systemd-shutdown's hook; courier: the binary it runs without the agent); 0 when it could not be (a read-only /usr): the last word then races the kernel's power-off",
+            "1 while the part of the last word is installed (shutdown-hook: systemd-shutdown's hook; final-unit: lastgasp's unit systemd runs right before its final service, where the hook cannot be installed; courier: the binary either runs without the agent); 0 when it could not be: the last word then races the kernel's power-off",
             last_word_armed.clone(),
         );
         register_build_info(&mut r, "agent");

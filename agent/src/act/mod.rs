@@ -20,13 +20,14 @@ use crate::{
     decide::{Action, Decision, Episode, HostAnswer, HostQuery},
     detect::logind::LogindHandle,
     record::{Closing, EpisodeKey, ShutdownRecord},
-    signal::{Detail, ShutdownSignal},
+    signal::{Detail, ShutdownSignal, Source},
 };
 
 pub mod after_boot;
 pub mod audit;
 pub mod courier;
 pub mod degraded;
+pub mod final_unit;
 mod graceful_run;
 pub mod kube;
 pub mod last_gasp;
@@ -351,7 +352,8 @@ impl Actuator {
     }
 
     /// An episode is open: for each verb systemd-shutdown may run its hook
-    /// with, the record the hook's signal (decided as the paired decision)
+    /// (or systemd the final unit) with, the record the hook's (the unit's)
+    /// signal (decided as the paired decision)
     /// would have the agent send, with the final-stage proof, is left for
     /// the courier now, while the agent runs (the systemd cgroup driver
     /// stops its scope before systemd-shutdown; the runtime may kill it in
@@ -374,12 +376,16 @@ impl Actuator {
             let Detail::Hook { verb } = &hook.detail else {
                 continue;
             };
+            let key = match hook.source {
+                Source::FinalUnit => final_unit::key(verb),
+                _ => verb.clone(),
+            };
             let record = self.hands.record(hook, ep);
             let (reason, message) = last_gasp::message(hook, ep.kind, false);
             let body = c
                 .lastgasp
                 .bodies(reason, &message, &record, SystemTime::now());
-            evidence.insert(verb.clone(), body.evidence);
+            evidence.insert(key, body.evidence);
             episode = Some(ep.id);
         }
         let Some(episode) = episode else {

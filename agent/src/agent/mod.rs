@@ -208,7 +208,8 @@ impl Agent {
     }
 
     /// After a decision that changed the episode: the records
-    /// systemd-shutdown's hook would have the agent send, for each verb,
+    /// systemd-shutdown's hook (and the final unit) would have the agent
+    /// send, for each verb,
     /// left for the courier (`act::courier`); with no episode, none.
     async fn courier_kit(&mut self, d: &Decision) {
         if matches!(d.action, Action::AuditOnly { .. } | Action::Join) && d.episode.is_some() {
@@ -220,10 +221,14 @@ impl Agent {
         let now = SystemTime::now();
         let hooks: Vec<_> = shutdown_hook::VERBS
             .iter()
-            .map(|(verb, _)| {
+            .flat_map(|(verb, _)| {
                 let hook = shutdown_hook::signal(verb, shutdown_hook::FINAL_STAGE_COMM, now);
-                let d = self.decider.clone().decide(&hook);
-                (hook, d)
+                let unit = shutdown_hook::final_unit_signal(verb, now);
+                [hook, unit]
+            })
+            .map(|s| {
+                let d = self.decider.clone().decide(&s);
+                (s, d)
             })
             .collect();
         self.act.leave_courier_kit(&hooks).await;

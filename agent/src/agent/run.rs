@@ -68,6 +68,12 @@ pub struct RunArgs {
     /// stops the agent before the hook than have those on the host.
     #[arg(long, env = "LASTGASP_NO_COURIER")]
     pub no_courier: bool,
+    /// systemd's runtime unit directory (the node's `/run/systemd/system`,
+    /// as mounted here): where the hook's directory is read-only, the
+    /// courier runs from a unit systemd starts right before its final
+    /// service (`act::final_unit`), after every unit stopped. Default: none.
+    #[arg(long, value_name = "DIR", env = "LASTGASP_UNIT_DIR")]
+    pub unit_dir: Option<PathBuf>,
     /// Where the hook and the agent meet (a FIFO, the agent's pid): the same
     /// path on the node and here.
     #[arg(long, default_value = "/run/lastgasp", env = "LASTGASP_RUN_DIR")]
@@ -159,7 +165,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     }
     // logind and systemd over D-Bus, and systemd-shutdown's hook, feed the same loop.
     let (dbus_tx, dbus_rx) = tokio::sync::mpsc::channel(64);
-    let (hook, courier) = start_shutdown_hook(&args, &node, &dbus_tx, &metrics);
+    let (hook, courier) = start_shutdown_hook(&args, &audit_dir, &node, &dbus_tx, &metrics);
     let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
     let policy = crate::decide::DecisionPolicy {
         trust_unowned_bus_signals: args.dbus.trust_unowned_bus_signals,
@@ -213,6 +219,7 @@ async fn leave_host_if_uninstalled(args: &RunArgs, audit_dir: &Path, c: &Cluster
     let paths = crate::host_files::HostPaths {
         hook_dir: args.shutdown_hook_dir.clone(),
         run_dir: args.run_dir.clone(),
+        unit_dir: args.unit_dir.clone(),
         logind_root: args.dbus.logind_root.clone(),
         audit_dir: audit_dir.to_path_buf(),
         audit: false,
@@ -368,9 +375,12 @@ async fn start_cluster_half(
 }
 
 /// systemd-shutdown's hook, when asked for, and in cluster mode its courier
-/// (the run directory where the courier's kit goes).
+/// (the run directory where the courier's kit goes): beside the hook, or
+/// where the hook's directory is read-only, under the audit directory with
+/// the final unit to run it (`act::final_unit`).
 fn start_shutdown_hook(
     args: &RunArgs,
+    audit_dir: &Path,
     node: &NodePidNs,
     tx: &tokio::sync::mpsc::Sender<crate::signal::ShutdownSignal>,
     metrics: &Metrics,
@@ -388,30 +398,70 @@ fn start_shutdown_hook(
     };
     let installed = shutdown_hook::start(&paths, node, tx.clone());
     metrics.set_last_word("shutdown-hook", installed.is_ok());
-    if let Err(e) = installed {
-        tracing::warn!(error = format!("{e:#}"), "systemd-shutdown's hook NOT installed: a shutdown through systemd is fenced only if the agent's last word outruns the kernel's power-off (never under the systemd cgroup driver)");
-        return (Some(paths), None);
-    }
+    let courier_dir = match &installed {
+        Ok(()) => paths.hook_dir.join(shutdown_hook::COURIER),
+        Err(_) => audit_dir.join(crate::act::courier::BESIDE_AUDIT),
+    };
     if args.standalone {
         return (Some(paths), None);
     }
     if args.no_courier {
         let _ = crate::host_files::remove_courier(&paths.hook_dir, &paths.run_dir);
+        let _ = std::fs::remove_dir_all(audit_dir.join(crate::act::courier::BESIDE_AUDIT));
         tracing::info!("no courier (--no-courier): a shutdown that stops the agent before systemd-shutdown's hook is not fenced");
         return (Some(paths), None);
     }
-    // A copy of the binary (megabytes): beside the loop, not before it.
-    let (hook_dir, run_dir) = (paths.hook_dir.clone(), paths.run_dir.clone());
-    let metrics = metrics.clone();
-    std::thread::spawn(move || {
-        let installed = crate::act::courier::install(&hook_dir, &run_dir);
-        metrics.set_last_word("courier", installed.is_ok());
-        if let Err(e) = installed {
-            tracing::warn!(error = format!("{e:#}"), "no courier: a shutdown that stops or kills the agent before systemd-shutdown's hook (every shutdown through systemd under the systemd cgroup driver) loses its last word");
+    let unit_dir = match (installed, &args.unit_dir) {
+        (Ok(()), _) => None,
+        (Err(e), None) => {
+            tracing::warn!(error = format!("{e:#}"), "systemd-shutdown's hook NOT installed and no --unit-dir: a shutdown through systemd is fenced only if the agent's last word outruns the kernel's power-off (never under the systemd cgroup driver)");
+            return (Some(paths), None);
         }
-    });
+        (Err(e), Some(d)) => {
+            tracing::warn!(error = format!("{e:#}"), unit_dir = %d.display(), "systemd-shutdown's hook NOT installed: the courier runs from lastgasp's final unit instead");
+            Some(d.clone())
+        }
+    };
     let run_dir = paths.run_dir.clone();
+    tokio::spawn(arm_courier(
+        courier_dir,
+        run_dir.clone(),
+        unit_dir,
+        args.dbus.system_bus.clone(),
+        metrics.clone(),
+    ));
     (Some(paths), Some(run_dir))
+}
+
+/// The courier's copy (megabytes: beside the loop, not before it), then
+/// where there is no hook the final unit that runs it.
+async fn arm_courier(
+    courier_dir: PathBuf,
+    run_dir: PathBuf,
+    unit_dir: Option<PathBuf>,
+    bus: Option<String>,
+    metrics: Metrics,
+) {
+    use crate::act::{courier, final_unit};
+    let (dir, kits) = (courier_dir.clone(), run_dir.clone());
+    let installed = tokio::task::spawn_blocking(move || courier::install(&dir, &kits))
+        .await
+        .unwrap_or_else(|e| Err(e.into()));
+    metrics.set_last_word("courier", installed.is_ok());
+    if let Err(e) = installed {
+        return tracing::warn!(error = format!("{e:#}"), dir = %courier_dir.display(), "no courier: a shutdown that stops or kills the agent before systemd-shutdown's hook (every shutdown through systemd under the systemd cgroup driver) loses its last word");
+    }
+    let Some(unit_dir) = unit_dir else { return };
+    let entry = courier::entry(&courier_dir);
+    let armed = match final_unit::install(&unit_dir, &entry, &courier::dir(&run_dir)) {
+        Ok(()) => final_unit::reload(bus.as_deref()).await,
+        Err(e) => Err(e),
+    };
+    metrics.set_last_word("final-unit", armed.is_ok());
+    match armed {
+        Ok(()) => tracing::info!(unit = %unit_dir.join(final_unit::TEMPLATE).display(), courier = %entry.display(), "lastgasp's final unit installed: systemd runs the courier right before its power-off, reboot, halt or kexec"),
+        Err(e) => tracing::warn!(error = format!("{e:#}"), "lastgasp's final unit NOT installed: a shutdown through systemd is not fenced under the systemd cgroup driver"),
+    }
 }
 
 /// Cluster mode: the clients (kube's own retries off: ours know the

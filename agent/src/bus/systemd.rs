@@ -28,6 +28,10 @@ pub trait SystemdManager {
 
     fn kill_unit(&self, name: &str, whom: &str, signal: i32) -> zbus::Result<()>;
 
+    /// `systemctl daemon-reload`: unit files (and their wants links) read
+    /// again.
+    fn reload(&self) -> zbus::Result<()>;
+
     #[zbus(signal)]
     fn job_new(&self, id: u32, job: OwnedObjectPath, unit: String) -> zbus::Result<()>;
 
@@ -45,6 +49,17 @@ pub trait SystemdManager {
 pub(crate) async fn manager(conn: &Connection) -> zbus::Result<SystemdManagerProxy<'static>> {
     SystemdManagerProxy::builder(conn)
         .cache_properties(CacheProperties::No)
+        .build()
+        .await
+}
+
+/// systemd's own socket (`systemctl`'s when the system bus is down, as
+/// late in a shutdown): a peer-to-peer connection to PID 1, root only.
+pub(crate) async fn private(path: &str) -> zbus::Result<Connection> {
+    let stream = std::os::unix::net::UnixStream::connect(path)?;
+    zbus::connection::Builder::unix_stream(stream)
+        .p2p()
+        .method_timeout(super::CALL_TIMEOUT)
         .build()
         .await
 }

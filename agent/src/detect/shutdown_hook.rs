@@ -222,6 +222,17 @@ pub(crate) fn signal(verb: &str, pid1: &str, at: SystemTime) -> ShutdownSignal {
     }
 }
 
+/// The final unit's verb as a signal (`act::final_unit`): only its
+/// courier meets it, systemd's PID 1 its actor.
+pub(crate) fn final_unit_signal(verb: &str, at: SystemTime) -> ShutdownSignal {
+    let mut s = signal(verb, FINAL_STAGE_COMM, at);
+    s.source = Source::FinalUnit;
+    if let Some(a) = s.actor.as_mut() {
+        a.comm = "systemd".into();
+    }
+    s
+}
+
 /// Replaces `path` at once with a file of `mode` from its creation (a
 /// secret is never readable by others, even for a moment).
 pub(crate) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {

@@ -54,6 +54,16 @@ node_tasks() {
 # Until the agent's container says "armed" (arms with the agent) and the
 # expected tasks run; then ARMED.
 node_up() {
+    # RO_USR=1 (`vm-test --node --ro-usr`): /usr read-only, as on Flatcar,
+    # Bottlerocket or COS (the binaries above are already in place).
+    if [ "${RO_USR:-0}" = 1 ]; then
+        mount --bind /usr /usr && mount -o remount,bind,ro /usr \
+            || { say "FAIL /usr not made read-only"; finish fail; }
+        if touch /usr/lib/systemd/.lastgasp-rw 2>/dev/null; then
+            say "FAIL /usr still writable"; finish fail
+        fi
+        say "USR-READ-ONLY"
+    fi
     systemctl daemon-reload
     systemctl start containerd || { say "FAIL containerd did not start"; finish fail; }
     node_images || finish fail

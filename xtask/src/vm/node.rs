@@ -154,6 +154,8 @@ const WRITER: &str = "slow";
 pub struct Prepared {
     helper: PathBuf,
     apparmor: Option<AppArmor>,
+    /// `--ro-usr`: the guest's /usr read-only.
+    ro_usr: bool,
     env: Vec<(String, PathBuf)>,
     files: Vec<(String, Vec<u8>)>,
     objects: PathBuf,
@@ -171,7 +173,7 @@ pub fn prepare(
     agent_image: (PathBuf, String),
     sleeper: (PathBuf, String),
     kubelet: &Path,
-    apparmor: Option<AppArmor>,
+    (apparmor, ro_usr): (Option<AppArmor>, bool),
 ) -> Result<Prepared> {
     // qemu's guestfwd runs socat to reach the control plane on loopback.
     crate::setup::ensure_debs(&[("socat", "socat")])?;
@@ -209,6 +211,7 @@ pub fn prepare(
     Ok(Prepared {
         helper,
         apparmor,
+        ro_usr,
         env,
         files,
         objects: node_dir.join("objects.json"),
@@ -400,7 +403,12 @@ fn files(
     let agent = usize::from(arm != "kubelet");
     files.push((
         "node.env".into(),
-        format!("ARM={arm}\nEXPECT_TASKS={}\n", WORKLOADS + agent).into_bytes(),
+        format!(
+            "ARM={arm}\nEXPECT_TASKS={}\nRO_USR={}\n",
+            WORKLOADS + agent,
+            u8::from(p.ro_usr)
+        )
+        .into_bytes(),
     ));
     Ok(files)
 }
@@ -429,11 +437,16 @@ pub fn run(
         driver,
         trigger,
         problems: Vec::new(),
-        ran_as: if arm == "kubelet" {
-            format!("no agent ({} cgroups)", driver.name())
-        } else {
-            format!("DaemonSet pod ({} cgroups)", driver.name())
-        },
+        ran_as: format!(
+            "{} ({} cgroups{})",
+            if arm == "kubelet" {
+                "no agent"
+            } else {
+                "DaemonSet pod"
+            },
+            driver.name(),
+            if p.ro_usr { ", /usr read-only" } else { "" }
+        ),
         pods: "-".into(),
         replaced: "-".into(),
         at_death: "-".into(),

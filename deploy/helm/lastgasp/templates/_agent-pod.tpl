@@ -73,6 +73,12 @@ containers:
       # every process stopped, it waits for the agent's last word.
       - name: LASTGASP_SHUTDOWN_HOOK_DIR
         value: /host/usr/lib/systemd/system-shutdown
+      {{- if $root.Values.agent.courier }}
+      # Where that directory is read-only: a unit systemd runs right
+      # before its power-off, after every unit stopped, runs the courier.
+      - name: LASTGASP_UNIT_DIR
+        value: /host/run/systemd/system
+      {{- end }}
       {{- end }}
       {{- if not $root.Values.agent.courier }}
       - name: LASTGASP_NO_COURIER
@@ -216,6 +222,10 @@ containers:
       - name: run-systemd
         mountPath: /host/run/systemd
         readOnly: true
+      # systemd's runtime units (tmpfs): lastgasp's final unit, where /usr
+      # is read-only; nothing else there is written.
+      - name: run-systemd-system
+        mountPath: /host/run/systemd/system
       # systemd-shutdown runs the executables in system-shutdown/ before
       # its reboot(2): the agent installs its hook and courier there, and
       # creates the directory where it is missing. Writable as a whole so
@@ -278,6 +288,10 @@ volumes:
   - name: run-systemd
     hostPath:
       path: /run/systemd
+      type: DirectoryOrCreate
+  - name: run-systemd-system
+    hostPath:
+      path: /run/systemd/system
       type: DirectoryOrCreate
   - name: usr-lib-systemd
     hostPath:

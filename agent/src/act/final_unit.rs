@@ -1,0 +1,279 @@
+//! lastgasp's final unit: the courier's moment where systemd-shutdown's
+//! hook cannot be installed (a read-only `/usr`: Flatcar, Bottlerocket,
+//! COS). A template unit in `/run/systemd/system` (a tmpfs: gone at the
+//! next boot, written again at the agent's start), wanted by
+//! systemd-{poweroff,halt,reboot,kexec}.service and ordered after
+//! shutdown.target, umount.target and final.target and before that
+//! service. systemd pulls it in only when it starts one of those services,
+//! whose success action execs systemd-shutdown; by then every unit with
+//! default dependencies was stopped (under the systemd cgroup driver every
+//! pod's scope and its processes, the kubelet, the runtime) and every
+//! mount unit unmounted (the pods' volumes).
+//!
+//! Its courier sends the kit's record for the verb only when its own cgroup
+//! is that unit's (systemd put it there), systemd's job queue holds the
+//! start of systemd-{verb}.service, and no pod's cgroup holds a process
+//! (under the cgroupfs driver pods are not units: they live until
+//! systemd-shutdown's sweep, and nothing is sent). A failed or slow courier
+//! never holds the shutdown: the unit is only wanted, and bounded.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::detect::shutdown_hook::VERBS;
+
+/// The template; its instance is the verb.
+pub const TEMPLATE: &str = "lastgasp-last-word@.service";
+/// The kit's key for the final unit's record of `verb`.
+pub fn key(verb: &str) -> String {
+    format!("final-unit/{verb}")
+}
+
+fn instance(verb: &str) -> String {
+    format!("lastgasp-last-word@{verb}.service")
+}
+
+fn wants(unit_dir: &Path, verb: &str) -> PathBuf {
+    unit_dir.join(format!("systemd-{verb}.service.wants"))
+}
+
+/// The template, running `courier_run` (the host's path) on the kit in
+/// `kit_dir`.
+pub fn text(courier_run: &Path, kit_dir: &Path) -> String {
+    format!(
+        r#"# Installed by lastgasp (its node agent) in /run: gone at the next boot;
+# `lastgasp clean-host` removes it. systemd runs it right before
+# systemd-%i.service, after every unit was stopped and every mount unit
+# unmounted; its courier then sends the record the agent left for this
+# shutdown, and nothing when a pod's cgroup still holds a process.
+[Unit]
+Description=lastgasp: the node's last word (%i)
+DefaultDependencies=no
+After=shutdown.target umount.target final.target
+Before=systemd-%i.service
+
+[Service]
+# Not the template's own slice, which conflicts with shutdown.target.
+Slice=system.slice
+Type=oneshot
+ExecStart=-{} courier --dir {} --verb %i --final-unit
+TimeoutStartSec=8
+"#,
+        courier_run.display(),
+        kit_dir.display()
+    )
+}
+
+/// Writes the template and its wants links (one per verb).
+pub fn install(unit_dir: &Path, courier_run: &Path, kit_dir: &Path) -> Result<()> {
+    use crate::detect::shutdown_hook::write_atomic;
+    fs::create_dir_all(unit_dir).with_context(|| format!("creating {}", unit_dir.display()))?;
+    let template = unit_dir.join(TEMPLATE);
+    write_atomic(&template, text(courier_run, kit_dir).as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", template.display()))?;
+    for (verb, _) in VERBS {
+        let dir = wants(unit_dir, verb);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let link = dir.join(instance(verb));
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(Path::new("..").join(TEMPLATE), &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    Ok(())
+}
+
+/// Every file the agent may have written in `unit_dir`, whether or not
+/// it is there (the wants directories only if the agent's link was the
+/// only thing in them).
+pub fn files(unit_dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<_> = VERBS
+        .iter()
+        .map(|(verb, _)| wants(unit_dir, verb).join(instance(verb)))
+        .collect();
+    out.push(unit_dir.join(TEMPLATE));
+    out
+}
+
+/// Removes the template and its links (and a wants directory they leave
+/// empty); returns what went.
+pub fn remove(unit_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut gone = Vec::new();
+    for f in files(unit_dir) {
+        if f.symlink_metadata().is_err() {
+            continue;
+        }
+        fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
+        if let Some(dir) = f.parent().filter(|d| *d != unit_dir) {
+            // Not empty: another package's wants stay.
+            let _ = fs::remove_dir(dir);
+        }
+        gone.push(f);
+    }
+    Ok(gone)
+}
+
+/// systemd reads its unit files again (the links are read at load time).
+pub async fn reload(bus: Option<&str>) -> Result<()> {
+    let conn = crate::bus::connect(bus).await.context("the system bus")?;
+    crate::bus::systemd::manager(&conn)
+        .await?
+        .reload()
+        .await
+        .context("systemd's Reload")
+}
+
+/// Why the courier must send nothing, if anything: `own_cgroup` is its
+/// process's cgroup (`/proc/self/cgroup`), `start_jobs` the units systemd
+/// is starting, `pods` a pod cgroup that still holds a process.
+pub fn refusal(
+    verb: &str,
+    own_cgroup: &str,
+    start_jobs: &[String],
+    pods: Option<&str>,
+) -> Option<String> {
+    if !VERBS.iter().any(|(v, _)| *v == verb) {
+        return Some(format!("{verb:?} is not a verb systemd shuts down with"));
+    }
+    let unit = instance(verb);
+    if !own_cgroup
+        .lines()
+        .any(|l| l.trim_end().ends_with(&format!("/{unit}")))
+    {
+        return Some(format!(
+            "not run by systemd as {unit} (cgroup {own_cgroup:?})"
+        ));
+    }
+    let service = format!("systemd-{verb}.service");
+    if !start_jobs.contains(&service) {
+        return Some(format!(
+            "systemd is not starting {service}: not a {verb} (jobs: {start_jobs:?})"
+        ));
+    }
+    pods.map(|p| {
+        format!("{p} still holds processes (pods not stopped as units: the cgroupfs driver?)")
+    })
+}
+
+/// A pod cgroup of either driver under the cgroup2 root that still holds a
+/// process, if any.
+pub fn pods_left(cgroup_root: &Path) -> Result<Option<String>> {
+    if !cgroup_root.join("cgroup.controllers").exists() {
+        bail!(
+            "{} is not a cgroup2 root: whether pods are left cannot be told",
+            cgroup_root.display()
+        );
+    }
+    for pods in ["kubepods.slice", "kubepods"] {
+        let events = cgroup_root.join(pods).join("cgroup.events");
+        match fs::read_to_string(&events) {
+            Ok(e) if e.lines().any(|l| l.trim() == "populated 1") => {
+                return Ok(Some(pods.to_string()))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", events.display())),
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn installs_a_template_systemd_pulls_in_per_verb_and_removes_it() {
+        let dir = std::env::temp_dir().join(format!("lastgasp-units-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        // Another package's wants beside the agent's: they stay.
+        fs::create_dir_all(dir.join("systemd-reboot.service.wants")).unwrap();
+        fs::write(dir.join("systemd-reboot.service.wants/other.service"), "").unwrap();
+        let run = Path::new("/var/lib/lastgasp/courier/run");
+        install(&dir, run, Path::new("/run/lastgasp/courier")).unwrap();
+        install(&dir, run, Path::new("/run/lastgasp/courier")).unwrap();
+        let t = fs::read_to_string(dir.join(TEMPLATE)).unwrap();
+        assert!(t.contains(
+            "ExecStart=-/var/lib/lastgasp/courier/run courier --dir /run/lastgasp/courier --verb %i --final-unit"
+        ));
+        assert!(t.contains("After=shutdown.target umount.target final.target"));
+        assert!(t.contains("Before=systemd-%i.service"));
+        for (verb, _) in VERBS {
+            let link = dir.join(format!(
+                "systemd-{verb}.service.wants/lastgasp-last-word@{verb}.service"
+            ));
+            assert_eq!(
+                fs::read_link(&link).unwrap(),
+                Path::new("..").join(TEMPLATE)
+            );
+            assert_eq!(fs::read_to_string(&link).unwrap(), t, "{}", link.display());
+        }
+        assert_eq!(remove(&dir).unwrap().len(), 5);
+        assert!(remove(&dir).unwrap().is_empty());
+        let mut left: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["systemd-reboot.service.wants"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_courier_sends_only_in_systemds_shutdown_with_every_pod_gone() {
+        let cg = "0::/system.slice/lastgasp-last-word@poweroff.service\n";
+        let jobs = vec![
+            "poweroff.target".to_string(),
+            "systemd-poweroff.service".into(),
+        ];
+        assert_eq!(refusal("poweroff", cg, &jobs, None), None);
+        let why = |verb, cg, jobs: &[String], pods| refusal(verb, cg, jobs, pods).unwrap();
+        assert!(why("poweroff", cg, &jobs, Some("kubepods")).contains("kubepods still holds"));
+        // `systemctl start lastgasp-last-word@poweroff.service` by hand.
+        assert!(why(
+            "poweroff",
+            cg,
+            &["lastgasp-last-word@poweroff.service".into()],
+            None
+        )
+        .contains("not starting systemd-poweroff.service"));
+        // A reboot's job does not prove a poweroff's record.
+        assert!(
+            why("poweroff", cg, &["systemd-reboot.service".into()], None)
+                .contains("not a poweroff")
+        );
+        // Run from elsewhere (a shell, another unit).
+        assert!(
+            why("poweroff", "0::/user.slice/session-1.scope\n", &jobs, None)
+                .contains("not run by systemd")
+        );
+        assert!(why("soft-reboot", cg, &jobs, None).contains("not a verb"));
+    }
+
+    #[test]
+    fn pods_left_reads_either_drivers_cgroup() {
+        let root = std::env::temp_dir().join(format!("lastgasp-cg-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        assert!(pods_left(&root).is_err(), "not a cgroup2 root");
+        fs::write(root.join("cgroup.controllers"), "cpu memory\n").unwrap();
+        assert_eq!(pods_left(&root).unwrap(), None, "no pod cgroup at all");
+        fs::create_dir_all(root.join("kubepods.slice")).unwrap();
+        fs::write(
+            root.join("kubepods.slice/cgroup.events"),
+            "populated 0\nfrozen 0\n",
+        )
+        .unwrap();
+        assert_eq!(pods_left(&root).unwrap(), None);
+        fs::create_dir_all(root.join("kubepods")).unwrap();
+        fs::write(
+            root.join("kubepods/cgroup.events"),
+            "populated 1\nfrozen 0\n",
+        )
+        .unwrap();
+        assert_eq!(pods_left(&root).unwrap().as_deref(), Some("kubepods"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+}
