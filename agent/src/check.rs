@@ -211,7 +211,7 @@ fn host_section(r: &mut Report, args: &CheckArgs) {
     };
     let unit = units.join(crate::act::final_unit::TEMPLATE);
     match writable(units) {
-        Ok(_) => r.push(Status::Ok, "final unit", format!("{} ({}); its courier under the audit directory", unit.display(), if unit.exists() { "installed" } else { "not installed yet" })),
+        Ok(_) => r.push(Status::Ok, "final unit", format!("{} ({}); its courier in the run directory, or the audit directory where /run is noexec", unit.display(), if unit.exists() { "installed" } else { "not installed yet" })),
         Err((target, e)) => r.push(Status::Warn, "final unit", format!("{} not writable ({e}): a shutdown through systemd is not fenced under the systemd cgroup driver", target.display())),
     }
 }

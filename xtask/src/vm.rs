@@ -91,6 +91,9 @@ pub struct Args {
     /// Bottlerocket or COS: systemd-shutdown's hook cannot be installed.
     #[arg(long)]
     pub ro_usr: bool,
+    /// With --node: how the guest's network is configured.
+    #[arg(long, value_enum, default_value_t)]
+    pub network: node::Network,
 }
 
 /// The scenarios `cargo xtask test` runs (CI), in cluster mode: a logind
@@ -130,8 +133,8 @@ pub fn vm_test(
     if args.apparmor.is_some() && !args.node {
         bail!("--apparmor is for the real node (--node)");
     }
-    if args.ro_usr && !args.node {
-        bail!("--ro-usr is for the real node (--node)");
+    if (args.ro_usr || args.network != node::Network::Static) && !args.node {
+        bail!("--ro-usr and --network are for the real node (--node)");
     }
     if args.node {
         if args.arch != crate::arch::Arch::Amd64 {
@@ -325,7 +328,7 @@ fn node_prepared(
         agent_image,
         sleeper,
         &k8s.bin_dir.join("kubelet"),
-        (args.apparmor, args.ro_usr),
+        (args.apparmor, args.ro_usr, args.network),
     )
 }
 

@@ -61,10 +61,46 @@ pub fn dir(run_dir: &Path) -> PathBuf {
     run_dir.join(DIR)
 }
 
-/// Where the courier goes without a hook directory (a read-only `/usr`):
-/// under the audit directory, the same path on the host and in the pod,
-/// exec-able where /run is not.
+/// Where the courier goes without a hook directory (a read-only `/usr`),
+/// under the run or the audit directory (each the same path on the host
+/// and in the pod).
 pub const BESIDE_AUDIT: &str = "courier";
+pub const IN_RUN: &str = "bin";
+
+/// Without a hook directory, where the host can exec the courier until
+/// systemd's final service: the run directory where its file system (an
+/// API mount, never unmounted before systemd-shutdown) is not `noexec`,
+/// else the audit directory where it is on the root file system (a
+/// separate mount is unmounted before the final unit). `mountinfo` is the
+/// host's (`/proc/1/mountinfo`).
+pub fn home(mountinfo: &str, run_dir: &Path, audit_dir: &Path) -> Result<PathBuf> {
+    let (run_mount, run_opts) = mount_of(mountinfo, run_dir);
+    if !run_opts.split(',').any(|o| o == "noexec") {
+        return Ok(run_dir.join(IN_RUN));
+    }
+    let (audit_mount, audit_opts) = mount_of(mountinfo, audit_dir);
+    if audit_mount == "/" && !audit_opts.split(',').any(|o| o == "noexec") {
+        return Ok(audit_dir.join(BESIDE_AUDIT));
+    }
+    bail!(
+        "no place for the courier: {} is noexec ({run_mount}), and {} is on {audit_mount} ({audit_opts}), not the root file system, unmounted before the final unit",
+        run_dir.display(),
+        audit_dir.display()
+    )
+}
+
+/// The mount point holding `path` and its per-mount options.
+fn mount_of<'a>(mountinfo: &'a str, path: &Path) -> (&'a str, &'a str) {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<_> = l.split_whitespace().collect();
+            Some((*f.get(4)?, *f.get(5)?))
+        })
+        .filter(|(mp, _)| path.starts_with(mp))
+        .max_by_key(|(mp, _)| mp.len())
+        .unwrap_or(("?", ""))
+}
 
 /// The courier's entry in its directory.
 pub fn entry(courier_dir: &Path) -> PathBuf {
@@ -259,6 +295,31 @@ mod tests {
         assert_eq!(
             pem_certs(pem).unwrap(),
             vec![b"hello".to_vec(), b"hi!".to_vec()]
+        );
+    }
+
+    #[test]
+    fn the_courier_goes_where_the_host_can_exec_it_to_the_end() {
+        let (run, audit) = (Path::new("/run/lastgasp"), Path::new("/var/lib/lastgasp"));
+        let line =
+            |mp: &str, opts: &str| format!("36 1 8:1 / {mp} {opts} shared:1 - ext4 /dev/x rw\n");
+        let root = line("/", "rw,relatime");
+        let run_exec = line("/run", "rw,nosuid,nodev,relatime");
+        let run_noexec = line("/run", "rw,nosuid,nodev,noexec,relatime");
+        let var = line("/var/lib/lastgasp", "rw,relatime");
+        let other = line("/run/lastgasp-other", "rw,noexec");
+        assert_eq!(
+            home(&format!("{root}{run_exec}{other}"), run, audit).unwrap(),
+            run.join(IN_RUN)
+        );
+        assert_eq!(
+            home(&format!("{root}{run_noexec}"), run, audit).unwrap(),
+            audit.join(BESIDE_AUDIT)
+        );
+        let e = home(&format!("{root}{run_noexec}{var}"), run, audit).unwrap_err();
+        assert!(
+            format!("{e}").contains("unmounted before the final unit"),
+            "{e}"
         );
     }
 

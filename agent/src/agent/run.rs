@@ -399,8 +399,10 @@ fn start_shutdown_hook(
     let installed = shutdown_hook::start(&paths, node, tx.clone());
     metrics.set_last_word("shutdown-hook", installed.is_ok());
     let courier_dir = match &installed {
-        Ok(()) => paths.hook_dir.join(shutdown_hook::COURIER),
-        Err(_) => audit_dir.join(crate::act::courier::BESIDE_AUDIT),
+        Ok(()) => Ok(paths.hook_dir.join(shutdown_hook::COURIER)),
+        Err(_) => std::fs::read_to_string("/proc/1/mountinfo")
+            .map_err(anyhow::Error::from)
+            .and_then(|m| crate::act::courier::home(&m, &args.run_dir, audit_dir)),
     };
     if args.standalone {
         return (Some(paths), None);
@@ -408,6 +410,7 @@ fn start_shutdown_hook(
     if args.no_courier {
         let _ = crate::host_files::remove_courier(&paths.hook_dir, &paths.run_dir);
         let _ = std::fs::remove_dir_all(audit_dir.join(crate::act::courier::BESIDE_AUDIT));
+        let _ = std::fs::remove_dir_all(args.run_dir.join(crate::act::courier::IN_RUN));
         tracing::info!("no courier (--no-courier): a shutdown that stops the agent before systemd-shutdown's hook is not fenced");
         return (Some(paths), None);
     }
@@ -420,6 +423,15 @@ fn start_shutdown_hook(
         (Err(e), Some(d)) => {
             tracing::warn!(error = format!("{e:#}"), unit_dir = %d.display(), "systemd-shutdown's hook NOT installed: the courier runs from lastgasp's final unit instead");
             Some(d.clone())
+        }
+    };
+    let courier_dir = match courier_dir {
+        Ok(d) => d,
+        Err(e) => {
+            metrics.set_last_word("courier", false);
+            metrics.set_last_word("final-unit", false);
+            tracing::warn!(error = format!("{e:#}"), "no courier: a shutdown that stops the agent before systemd's end (every shutdown through systemd under the systemd cgroup driver) loses its last word");
+            return (Some(paths), None);
         }
     };
     let run_dir = paths.run_dir.clone();

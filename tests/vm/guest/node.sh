@@ -62,7 +62,10 @@ node_up() {
         if touch /usr/lib/systemd/.lastgasp-rw 2>/dev/null; then
             say "FAIL /usr still writable"; finish fail
         fi
-        say "USR-READ-ONLY"
+        # /run as those OSes mount it (dracut, systemd: not noexec; Debian's
+        # initramfs-tools adds noexec), where the agent puts the courier.
+        mount -o remount,exec /run || say "FAIL /run not remounted exec"
+        say "USR-READ-ONLY $(findmnt -no OPTIONS /usr) RUN $(findmnt -no OPTIONS /run)"
     fi
     systemctl daemon-reload
     systemctl start containerd || { say "FAIL containerd did not start"; finish fail; }

@@ -72,6 +72,39 @@ if [ -f "$IN/lastgasp.env" ]; then
     cp "$IN/lastgasp.yaml" /run/lastgasp.yaml
     cp "$IN/ca.crt" /run/lastgasp-ca.crt
 fi
+# systemd-networkd with DHCP from qemu's own server (10.0.2.15 via 10.0.2.2).
+net_networkd() {
+    mkdir -p /run/systemd/network
+    printf '[Match]\nName=%s\n\n[Network]\nDHCP=ipv4\n' "$1" > /run/systemd/network/10-lastgasp.network
+    systemctl start systemd-networkd || return 1
+    for _ in $(seq 1 300); do
+        ip route show default | grep -q via && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# As Debian's ifupdown networking.service: up at start, `ifdown -a` (the
+# address and the link down) when stopped, ordered before network.target.
+net_ifupdown() {
+    mkdir -p /run/systemd/system
+    cat > /run/systemd/system/lastgasp-vm-networking.service <<UNIT
+[Unit]
+Description=ifupdown-like networking (the VM harness)
+DefaultDependencies=no
+Wants=network.target
+Before=network.target shutdown.target network-online.target
+Conflicts=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'ip link set $1 up && ip addr add 10.0.2.15/24 dev $1 && ip route add default via 10.0.2.2'
+ExecStop=/bin/sh -c 'ip addr flush dev $1; ip link set $1 down; echo "lastgasp-vm: ifdown $1" > /dev/kmsg'
+UNIT
+    systemctl daemon-reload && systemctl start lastgasp-vm-networking.service
+}
+
 if [ -f "$IN/lastgasp.env" ] || [ -f "$IN/node.env" ]; then
     # The virtio NIC can appear, or be renamed by udev (eth0 -> ens*), after
     # the runner starts: seen twice in 18 real-node boots.
@@ -82,8 +115,13 @@ if [ -f "$IN/lastgasp.env" ] || [ -f "$IN/node.env" ]; then
         [ -n "$nic" ] && break
         sleep 0.1
     done
-    ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" && ip route add default via 10.0.2.2 \
-        || say "FAIL no network for cluster mode (nic '$nic')"
+    # The real node's network as `vm-test --node --network` asks.
+    case "$(sed -n 's/^NETWORK=//p' "$IN/node.env" 2>/dev/null)" in
+    networkd-dhcp) net_networkd "$nic" ;;
+    ifupdown) net_ifupdown "$nic" ;;
+    *) ip link set "$nic" up && ip addr add 10.0.2.15/24 dev "$nic" && ip route add default via 10.0.2.2 ;;
+    esac || say "FAIL no network for cluster mode (nic '$nic')"
+    say "NETWORK $(ip -4 -o addr show dev "$nic" | awk '{print $4}') via $(ip route show default | awk '{print $3}')"
 fi
 
 # A real node (`vm-test --node`): containerd and the kubelet; the agent, if

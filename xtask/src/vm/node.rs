@@ -86,6 +86,31 @@ pub enum CgroupDriver {
     Cgroupfs,
 }
 
+/// How the real node's network is configured (`--network`), for what still
+/// reaches the API server at the last word.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Network {
+    /// An address set by hand (`ip addr`): nothing deconfigures it.
+    #[default]
+    Static,
+    /// systemd-networkd with DHCP (qemu's own server), as cloud images
+    /// configure it (netplan on Ubuntu, Flatcar, COS).
+    NetworkdDhcp,
+    /// A unit like Debian's ifupdown `networking.service` (ordered before
+    /// network.target; at stop it takes the address down, as `ifdown -a`).
+    Ifupdown,
+}
+
+impl Network {
+    fn name(self) -> &'static str {
+        match self {
+            Network::Static => "static",
+            Network::NetworkdDhcp => "networkd-dhcp",
+            Network::Ifupdown => "ifupdown",
+        }
+    }
+}
+
 /// AppArmor on the real node (`--apparmor`): containerd confines the
 /// agent's container with its default profile, or the DaemonSet asks for
 /// none (docs/security.md's advice).
@@ -156,6 +181,7 @@ pub struct Prepared {
     apparmor: Option<AppArmor>,
     /// `--ro-usr`: the guest's /usr read-only.
     ro_usr: bool,
+    network: Network,
     env: Vec<(String, PathBuf)>,
     files: Vec<(String, Vec<u8>)>,
     objects: PathBuf,
@@ -173,7 +199,7 @@ pub fn prepare(
     agent_image: (PathBuf, String),
     sleeper: (PathBuf, String),
     kubelet: &Path,
-    (apparmor, ro_usr): (Option<AppArmor>, bool),
+    (apparmor, ro_usr, network): (Option<AppArmor>, bool, Network),
 ) -> Result<Prepared> {
     // qemu's guestfwd runs socat to reach the control plane on loopback.
     crate::setup::ensure_debs(&[("socat", "socat")])?;
@@ -212,6 +238,7 @@ pub fn prepare(
         helper,
         apparmor,
         ro_usr,
+        network,
         env,
         files,
         objects: node_dir.join("objects.json"),
@@ -404,9 +431,10 @@ fn files(
     files.push((
         "node.env".into(),
         format!(
-            "ARM={arm}\nEXPECT_TASKS={}\nRO_USR={}\n",
+            "ARM={arm}\nEXPECT_TASKS={}\nRO_USR={}\nNETWORK={}\n",
             WORKLOADS + agent,
-            u8::from(p.ro_usr)
+            u8::from(p.ro_usr),
+            p.network.name()
         )
         .into_bytes(),
     ));
@@ -438,14 +466,18 @@ pub fn run(
         trigger,
         problems: Vec::new(),
         ran_as: format!(
-            "{} ({} cgroups{})",
+            "{} ({} cgroups{}{})",
             if arm == "kubelet" {
                 "no agent"
             } else {
                 "DaemonSet pod"
             },
             driver.name(),
-            if p.ro_usr { ", /usr read-only" } else { "" }
+            if p.ro_usr { ", /usr read-only" } else { "" },
+            match p.network {
+                Network::Static => String::new(),
+                n => format!(", network {}", n.name()),
+            }
         ),
         pods: "-".into(),
         replaced: "-".into(),
