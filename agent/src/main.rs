@@ -124,8 +124,17 @@ fn main() -> Result<()> {
                     true => courier::deliver_final_unit(&dir, &verb, cgroups).await,
                     false => courier::deliver(&dir, &verb, pid1.trim()).await,
                 }
-            })?;
-            println!("{said}");
+            });
+            // The final unit's output has no journal left to go to: the
+            // kernel's log, as the hook's.
+            if final_unit {
+                let line = match &said {
+                    Ok(s) => format!("lastgasp: final unit ({verb}): {s}\n"),
+                    Err(e) => format!("lastgasp: final unit ({verb}): {e:#}\n"),
+                };
+                let _ = std::fs::write("/dev/kmsg", line);
+            }
+            println!("{}", said?);
             Ok(())
         }
         Command::CleanHost { paths, system_bus } => {

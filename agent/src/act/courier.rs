@@ -204,9 +204,6 @@ pub async fn deliver(dir: &Path, verb: &str, pid1_comm: &str) -> Result<String> 
     send(&read_kit(dir)?, verb).await
 }
 
-/// systemd's own socket, on the host.
-const SYSTEMD_PRIVATE: &str = "/run/systemd/private";
-
 /// `lastgasp courier --dir DIR --verb VERB --final-unit`, run by the final
 /// unit (`final_unit`): the kit's final-unit record for `verb`, only when
 /// systemd runs this process as that unit in its shutdown job and no pod's
@@ -214,16 +211,7 @@ const SYSTEMD_PRIVATE: &str = "/run/systemd/private";
 pub async fn deliver_final_unit(dir: &Path, verb: &str, cgroup_root: &Path) -> Result<String> {
     use super::final_unit;
     let own = fs::read_to_string("/proc/self/cgroup")?;
-    let conn = crate::bus::systemd::private(SYSTEMD_PRIVATE)
-        .await
-        .with_context(|| format!("connecting to {SYSTEMD_PRIVATE}"))?;
-    let systemd = crate::bus::systemd::manager(&conn).await?;
-    let jobs: Vec<String> = crate::bus::systemd::start_jobs(&systemd)
-        .await
-        .context("systemd's ListJobs")?
-        .into_iter()
-        .map(|(_, unit)| unit)
-        .collect();
+    let jobs = final_unit::start_jobs()?;
     let pods = final_unit::pods_left(cgroup_root)?;
     if let Some(why) = final_unit::refusal(verb, &own, &jobs, pods.as_deref()) {
         bail!("{why}: nothing sent");

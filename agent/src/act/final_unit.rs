@@ -115,9 +115,13 @@ pub fn remove(unit_dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(gone)
 }
 
-/// systemd reads its unit files again (the links are read at load time).
+/// systemd reads its unit files again (the links are read at load time);
+/// on a busy node that takes seconds (15 s seen in a TCG guest).
 pub async fn reload(bus: Option<&str>) -> Result<()> {
-    let conn = crate::bus::connect(bus).await.context("the system bus")?;
+    let wait = std::time::Duration::from_secs(90);
+    let conn = crate::bus::connect_waiting(bus, wait)
+        .await
+        .context("the system bus")?;
     crate::bus::systemd::manager(&conn)
         .await?
         .reload()
@@ -155,6 +159,34 @@ pub fn refusal(
     pods.map(|p| {
         format!("{p} still holds processes (pods not stopped as units: the cgroupfs driver?)")
     })
+}
+
+/// The units systemd is starting, from `systemctl list-jobs` (which
+/// reaches PID 1 on its own socket when the system bus is gone, as it is
+/// by the final unit).
+pub fn start_jobs() -> Result<Vec<String>> {
+    let out = std::process::Command::new("systemctl")
+        .args(["list-jobs", "--no-legend", "--no-pager"])
+        .output()
+        .context("running systemctl list-jobs")?;
+    if !out.status.success() {
+        bail!(
+            "systemctl list-jobs: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(parse_jobs(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// `JOB UNIT TYPE STATE` lines: the units of the start jobs.
+fn parse_jobs(listing: &str) -> Vec<String> {
+    listing
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<_> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[2] == "start").then(|| f[1].to_string())
+        })
+        .collect()
 }
 
 /// A pod cgroup of either driver under the cgroup2 root that still holds a
@@ -250,6 +282,23 @@ mod tests {
                 .contains("not run by systemd")
         );
         assert!(why("soft-reboot", cg, &jobs, None).contains("not a verb"));
+    }
+
+    #[test]
+    fn reads_systemctls_job_list() {
+        let listing = "123 poweroff.target                 start waiting\n\
+                       124 systemd-poweroff.service         start waiting\n\
+                       130 lastgasp-last-word@poweroff.service start running\n\
+                       99 kubepods.slice                    stop  running\n";
+        assert_eq!(
+            parse_jobs(listing),
+            vec![
+                "poweroff.target",
+                "systemd-poweroff.service",
+                "lastgasp-last-word@poweroff.service"
+            ]
+        );
+        assert!(parse_jobs("").is_empty());
     }
 
     #[test]

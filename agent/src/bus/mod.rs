@@ -16,11 +16,16 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The system bus, or the bus at `address`.
 pub async fn connect(address: Option<&str>) -> zbus::Result<Connection> {
+    connect_waiting(address, CALL_TIMEOUT).await
+}
+
+/// As [`connect`], its calls waiting up to `timeout` for an answer.
+pub async fn connect_waiting(address: Option<&str>, timeout: Duration) -> zbus::Result<Connection> {
     let builder = match address {
         Some(a) => connection::Builder::address(a),
         None => connection::Builder::system(),
     };
-    builder.method_timeout(CALL_TIMEOUT).build().await
+    builder.method_timeout(timeout).build().await
 }
 
 /// The unique name owning `name`, `None` when nobody does.

@@ -53,17 +53,6 @@ pub(crate) async fn manager(conn: &Connection) -> zbus::Result<SystemdManagerPro
         .await
 }
 
-/// systemd's own socket (`systemctl`'s when the system bus is down, as
-/// late in a shutdown): a peer-to-peer connection to PID 1, root only.
-pub(crate) async fn private(path: &str) -> zbus::Result<Connection> {
-    let stream = std::os::unix::net::UnixStream::connect(path)?;
-    zbus::connection::Builder::unix_stream(stream)
-        .p2p()
-        .method_timeout(super::CALL_TIMEOUT)
-        .build()
-        .await
-}
-
 /// systemd's queued start jobs: (id, unit).
 pub(crate) async fn start_jobs(
     systemd: &SystemdManagerProxy<'_>,

@@ -28,6 +28,7 @@ node_files() {
     # in a shutdown.
     cp "$IN/node/kubelet" /usr/local/bin/kubelet
     cp "$IN/lastgasp" /usr/local/sbin/lastgasp
+    cp "$IN/node/watch.sh" /usr/local/sbin/lastgasp-vm-watch
     chmod 755 /usr/local/bin/kubelet /usr/local/sbin/lastgasp
 }
 
@@ -117,7 +118,6 @@ node_up() {
     # Where the agent's container and the kubelet die, against the shutdown:
     # a root process whose argv[0] starts with '@' outlives systemd-shutdown's
     # kill sweep (vm-guest.md), so it sees them go and says so on the console.
-    cp "$IN/node/watch.sh" /usr/local/sbin/lastgasp-vm-watch
     rm -f /run/lastgasp-vm-watch.ready
     systemd-run --quiet --unit lastgasp-vm-watch -p DefaultDependencies=no \
         bash -c 'exec -a @lastgasp-vm-watch bash /usr/local/sbin/lastgasp-vm-watch "$0" "$1" "$2" "$3"' \
