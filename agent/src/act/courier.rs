@@ -212,7 +212,12 @@ pub async fn deliver_final_unit(dir: &Path, verb: &str, cgroup_root: &Path) -> R
     use super::final_unit;
     let own = fs::read_to_string("/proc/self/cgroup")?;
     let jobs = final_unit::start_jobs()?;
-    let pods = final_unit::pods_left(cgroup_root)?;
+    // The agent's own pid, beside the kit (`shutdown_hook`'s pid file).
+    let agent = dir
+        .parent()
+        .and_then(|run| fs::read_to_string(run.join(crate::detect::shutdown_hook::PID_FILE)).ok())
+        .and_then(|p| p.trim().parse().ok());
+    let pods = final_unit::pods_left(cgroup_root, agent)?;
     if let Some(why) = final_unit::refusal(verb, &own, &jobs, pods.as_deref()) {
         bail!("{why}: nothing sent");
     }

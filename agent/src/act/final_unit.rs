@@ -116,7 +116,7 @@ pub fn remove(unit_dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// systemd reads its unit files again (the links are read at load time);
-/// on a busy node that takes seconds (15 s seen in a TCG guest).
+/// on a busy node that takes seconds (over 5 s seen in a TCG guest).
 pub async fn reload(bus: Option<&str>) -> Result<()> {
     let wait = std::time::Duration::from_secs(90);
     let conn = crate::bus::connect_waiting(bus, wait)
@@ -157,7 +157,7 @@ pub fn refusal(
         ));
     }
     pods.map(|p| {
-        format!("{p} still holds processes (pods not stopped as units: the cgroupfs driver?)")
+        format!("a pod's process is left in {p} (pods not stopped as units: the cgroupfs driver?)")
     })
 }
 
@@ -189,9 +189,10 @@ fn parse_jobs(listing: &str) -> Vec<String> {
         .collect()
 }
 
-/// A pod cgroup of either driver under the cgroup2 root that still holds a
-/// process, if any.
-pub fn pods_left(cgroup_root: &Path) -> Result<Option<String>> {
+/// A process left in a pod cgroup of either driver under the cgroup2 root
+/// (`kubepods.slice`, `kubepods`), other than `spare` (the agent itself,
+/// which outlives its scope's stop when it can), if any.
+pub fn pods_left(cgroup_root: &Path, spare: Option<u32>) -> Result<Option<String>> {
     if !cgroup_root.join("cgroup.controllers").exists() {
         bail!(
             "{} is not a cgroup2 root: whether pods are left cannot be told",
@@ -199,14 +200,29 @@ pub fn pods_left(cgroup_root: &Path) -> Result<Option<String>> {
         );
     }
     for pods in ["kubepods.slice", "kubepods"] {
-        let events = cgroup_root.join(pods).join("cgroup.events");
-        match fs::read_to_string(&events) {
-            Ok(e) if e.lines().any(|l| l.trim() == "populated 1") => {
-                return Ok(Some(pods.to_string()))
+        let mut dirs = vec![cgroup_root.join(pods)];
+        while let Some(dir) = dirs.pop() {
+            if !dir.is_dir() {
+                continue;
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("reading {}", events.display())),
+            let procs = match fs::read_to_string(dir.join("cgroup.procs")) {
+                Ok(p) => p,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+            };
+            let pid = procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .find(|p| Some(*p) != spare);
+            if let Some(pid) = pid {
+                let rel = dir.strip_prefix(cgroup_root).unwrap_or(&dir);
+                return Ok(Some(format!("{} (pid {pid})", rel.display())));
+            }
+            for e in fs::read_dir(&dir)?.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(e.path());
+                }
+            }
         }
     }
     Ok(None)
@@ -262,7 +278,7 @@ mod tests {
         ];
         assert_eq!(refusal("poweroff", cg, &jobs, None), None);
         let why = |verb, cg, jobs: &[String], pods| refusal(verb, cg, jobs, pods).unwrap();
-        assert!(why("poweroff", cg, &jobs, Some("kubepods")).contains("kubepods still holds"));
+        assert!(why("poweroff", cg, &jobs, Some("kubepods")).contains("left in kubepods"));
         // `systemctl start lastgasp-last-word@poweroff.service` by hand.
         assert!(why(
             "poweroff",
@@ -302,27 +318,30 @@ mod tests {
     }
 
     #[test]
-    fn pods_left_reads_either_drivers_cgroup() {
+    fn pods_left_reads_either_drivers_cgroup_but_the_agent() {
         let root = std::env::temp_dir().join(format!("lastgasp-cg-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(&root).unwrap();
-        assert!(pods_left(&root).is_err(), "not a cgroup2 root");
+        assert!(pods_left(&root, None).is_err(), "not a cgroup2 root");
         fs::write(root.join("cgroup.controllers"), "cpu memory\n").unwrap();
-        assert_eq!(pods_left(&root).unwrap(), None, "no pod cgroup at all");
-        fs::create_dir_all(root.join("kubepods.slice")).unwrap();
-        fs::write(
-            root.join("kubepods.slice/cgroup.events"),
-            "populated 0\nfrozen 0\n",
-        )
-        .unwrap();
-        assert_eq!(pods_left(&root).unwrap(), None);
-        fs::create_dir_all(root.join("kubepods")).unwrap();
-        fs::write(
-            root.join("kubepods/cgroup.events"),
-            "populated 1\nfrozen 0\n",
-        )
-        .unwrap();
-        assert_eq!(pods_left(&root).unwrap().as_deref(), Some("kubepods"));
+        assert_eq!(
+            pods_left(&root, None).unwrap(),
+            None,
+            "no pod cgroup at all"
+        );
+        let scope = root.join("kubepods.slice/kubepods-pod1.slice/cri-containerd-a.scope");
+        fs::create_dir_all(&scope).unwrap();
+        fs::write(root.join("kubepods.slice/cgroup.procs"), "").unwrap();
+        fs::write(scope.join("cgroup.procs"), "").unwrap();
+        assert_eq!(pods_left(&root, None).unwrap(), None, "every scope empty");
+        fs::write(scope.join("cgroup.procs"), "504\n").unwrap();
+        assert_eq!(pods_left(&root, Some(504)).unwrap(), None, "only the agent");
+        let left = pods_left(&root, None).unwrap().unwrap();
+        assert!(left.ends_with("cri-containerd-a.scope (pid 504)"), "{left}");
+        fs::create_dir_all(root.join("kubepods/besteffort")).unwrap();
+        fs::write(root.join("kubepods/besteffort/cgroup.procs"), "77\n").unwrap();
+        let left = pods_left(&root, Some(504)).unwrap().unwrap();
+        assert_eq!(left, "kubepods/besteffort (pid 77)");
         fs::remove_dir_all(&root).unwrap();
     }
 }
