@@ -241,7 +241,21 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
             ..Args::default()
         };
         println!("vm-test: the CI's real-node scenarios: arm {arm}, {sc}");
-        node_test(root, &args, &agent)
+        let writable = node_test(root, &args, &agent);
+        // And where /usr is read-only: lastgasp's final unit, not the hook.
+        let args = Args {
+            ro_usr: true,
+            scenarios: node::CI_RO_USR
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
+            ..args
+        };
+        println!(
+            "vm-test: the CI's real-node scenarios with /usr read-only: arm {arm}, {}",
+            node::CI_RO_USR.join(", ")
+        );
+        writable.and(node_test(root, &args, &agent))
     } else {
         println!(
             "SKIPPED the real-node scenario: no Kubernetes {} binaries in {}",

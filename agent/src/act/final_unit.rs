@@ -10,12 +10,19 @@
 //! pod's scope and its processes, the kubelet, the runtime) and every
 //! mount unit unmounted (the pods' volumes).
 //!
-//! Its courier sends the kit's record for the verb only when its own cgroup
+//! Pods may still run then: runc's scopes have no default dependencies, so
+//! a shutdown stops only those the drain, the kubelet or their slice's stop
+//! ended (the agent's own pod, never drained, survives to systemd-shutdown,
+//! seen on the real node), and under the cgroupfs driver pods are not units
+//! at all. Their end is systemd-shutdown's sweep a moment later; the courier
+//! brings it forward for the pods' cgroups only: SIGTERM, a few seconds,
+//! SIGKILL, the agent spared (it sends its own proof if it can).
+//!
+//! The courier sends the kit's record for the verb only when its own cgroup
 //! is that unit's (systemd put it there), systemd's job queue holds the
-//! start of systemd-{verb}.service, and no pod's cgroup holds a process
-//! (under the cgroupfs driver pods are not units: they live until
-//! systemd-shutdown's sweep, and nothing is sent). A failed or slow courier
-//! never holds the shutdown: the unit is only wanted, and bounded.
+//! start of systemd-{verb}.service, and then no pod's cgroup holds a
+//! process. A failed or slow courier never holds the shutdown: the unit is
+//! only wanted, and bounded.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -60,7 +67,7 @@ Before=systemd-%i.service
 Slice=system.slice
 Type=oneshot
 ExecStart=-{} courier --dir {} --verb %i --final-unit
-TimeoutStartSec=8
+TimeoutStartSec=15
 "#,
         courier_run.display(),
         kit_dir.display()
@@ -189,9 +196,49 @@ fn parse_jobs(listing: &str) -> Vec<String> {
         .collect()
 }
 
+/// How long pods' processes left at the final unit get after SIGTERM.
+const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// systemd-shutdown's sweep, brought forward for the pods' cgroups: every
+/// process left under them but `spare` gets SIGTERM, then after
+/// [`TERM_GRACE`] SIGKILL. Returns how many were signalled, and killed.
+pub fn end_pods(cgroup_root: &Path, spare: Option<u32>) -> Result<(usize, usize)> {
+    use nix::sys::signal::{kill, Signal};
+    let signal = |sig| -> Result<usize> {
+        let pids = pod_pids(cgroup_root, spare)?;
+        for p in &pids {
+            // Gone meanwhile: ESRCH, nothing to do.
+            let _ = kill(nix::unistd::Pid::from_raw(*p as i32), sig);
+        }
+        Ok(pids.len())
+    };
+    let termed = signal(Signal::SIGTERM)?;
+    if termed == 0 {
+        return Ok((0, 0));
+    }
+    let until = std::time::Instant::now() + TERM_GRACE;
+    while std::time::Instant::now() < until && !pod_pids(cgroup_root, spare)?.is_empty() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let killed = signal(Signal::SIGKILL)?;
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < until && !pod_pids(cgroup_root, spare)?.is_empty() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok((termed, killed))
+}
+
+/// Every process under the pods' cgroups but `spare`.
+fn pod_pids(cgroup_root: &Path, spare: Option<u32>) -> Result<Vec<u32>> {
+    Ok(pod_procs(cgroup_root, spare)?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect())
+}
+
 /// A process left in a pod cgroup of either driver under the cgroup2 root
-/// (`kubepods.slice`, `kubepods`), other than `spare` (the agent itself,
-/// which outlives its scope's stop when it can), if any.
+/// (`kubepods.slice`, `kubepods`), other than `spare` (the agent itself), if
+/// any.
 pub fn pods_left(cgroup_root: &Path, spare: Option<u32>) -> Result<Option<String>> {
     if !cgroup_root.join("cgroup.controllers").exists() {
         bail!(
@@ -199,24 +246,33 @@ pub fn pods_left(cgroup_root: &Path, spare: Option<u32>) -> Result<Option<String
             cgroup_root.display()
         );
     }
+    Ok(pod_procs(cgroup_root, spare)?
+        .into_iter()
+        .next()
+        .map(|(dir, pid)| {
+            let rel = dir.strip_prefix(cgroup_root).unwrap_or(&dir);
+            format!("{} (pid {pid})", rel.display())
+        }))
+}
+
+/// (cgroup, pid) of every process under the pods' cgroups but `spare`.
+fn pod_procs(cgroup_root: &Path, spare: Option<u32>) -> Result<Vec<(PathBuf, u32)>> {
+    let mut out = Vec::new();
     for pods in ["kubepods.slice", "kubepods"] {
         let mut dirs = vec![cgroup_root.join(pods)];
         while let Some(dir) = dirs.pop() {
             if !dir.is_dir() {
                 continue;
             }
-            let procs = match fs::read_to_string(dir.join("cgroup.procs")) {
-                Ok(p) => p,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            match fs::read_to_string(dir.join("cgroup.procs")) {
+                Ok(p) => out.extend(
+                    p.lines()
+                        .filter_map(|l| l.trim().parse::<u32>().ok())
+                        .filter(|p| Some(*p) != spare)
+                        .map(|p| (dir.clone(), p)),
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
-            };
-            let pid = procs
-                .lines()
-                .filter_map(|l| l.trim().parse::<u32>().ok())
-                .find(|p| Some(*p) != spare);
-            if let Some(pid) = pid {
-                let rel = dir.strip_prefix(cgroup_root).unwrap_or(&dir);
-                return Ok(Some(format!("{} (pid {pid})", rel.display())));
             }
             for e in fs::read_dir(&dir)?.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -225,7 +281,7 @@ pub fn pods_left(cgroup_root: &Path, spare: Option<u32>) -> Result<Option<String
             }
         }
     }
-    Ok(None)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -315,6 +371,41 @@ mod tests {
             ]
         );
         assert!(parse_jobs("").is_empty());
+    }
+
+    /// Real child processes listed in a pod cgroup's `cgroup.procs` (a
+    /// copy of the layout): SIGTERM first, SIGKILL for one that ignores it,
+    /// the spared pid untouched.
+    #[test]
+    fn end_pods_terms_then_kills_all_but_the_agent() {
+        use std::os::unix::process::ExitStatusExt;
+        let root = std::env::temp_dir().join(format!("lastgasp-end-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let scope = root.join("kubepods.slice/kubepods-pod1.slice/cri-containerd-a.scope");
+        fs::create_dir_all(&scope).unwrap();
+        fs::write(root.join("cgroup.controllers"), "").unwrap();
+        let spawn = |script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .spawn()
+                .unwrap()
+        };
+        let (mut polite, mut stubborn, mut agent) = (
+            spawn("exec sleep 60"),
+            spawn("trap '' TERM; while :; do sleep 0.1; done"),
+            spawn("exec sleep 60"),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let pids = format!("{}\n{}\n{}\n", polite.id(), stubborn.id(), agent.id());
+        fs::write(scope.join("cgroup.procs"), pids).unwrap();
+        let (termed, killed) = end_pods(&root, Some(agent.id())).unwrap();
+        assert_eq!((termed, killed), (2, 2), "the copy still lists them");
+        assert_eq!(polite.wait().unwrap().signal(), Some(libc::SIGTERM));
+        assert_eq!(stubborn.wait().unwrap().signal(), Some(libc::SIGKILL));
+        assert!(agent.try_wait().unwrap().is_none(), "the agent is spared");
+        agent.kill().unwrap();
+        agent.wait().unwrap();
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

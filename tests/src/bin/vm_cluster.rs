@@ -123,6 +123,10 @@ fn main() -> Result<()> {
         let extra: Vec<Value> = serde_json::from_slice(&fs::read(&args.objects)?)
             .with_context(|| format!("{}", args.objects.display()))?;
         apply(&admin, &extra, false).await?;
+        // The `uninstall` scenario deletes the DaemonSet from the guest
+        // with this token (its Role allows that only).
+        let uninstall = token(&admin, "vm-uninstaller", None).await?;
+        fs::write(args.out.join("node/uninstall.token"), uninstall)?;
         tokio::spawn(record::<Pod>(admin.clone(), log.clone(), pod));
         tokio::spawn(record::<Node>(admin.clone(), log.clone(), node));
         tokio::spawn(record::<Event>(admin.clone(), log.clone(), event));
@@ -280,7 +284,10 @@ fn node(n: &Node) -> Value {
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
-        .filter(|c| c.type_ == "Ready" || c.type_ == CONDITION)
+        .filter(|c| {
+            let agents = ["DrainInProgress", "Drained", "LastgaspDegraded"];
+            c.type_ == "Ready" || c.type_ == CONDITION || agents.contains(&c.type_.as_str())
+        })
         .map(|c| json!({"type": c.type_, "status": c.status, "reason": c.reason}))
         .collect();
     let taints: Vec<String> = n

@@ -32,6 +32,18 @@ node_files() {
     chmod 755 /usr/local/bin/kubelet /usr/local/sbin/lastgasp
 }
 
+# What lastgasp may write on the host, and logind's delay: listed before
+# the install (node_up) and after an uninstall (scenario uninstall).
+host_listing() {
+    local d
+    for d in /usr/lib/systemd/system-shutdown /run/systemd/system /etc/systemd/logind.conf.d \
+        /run/lastgasp /var/lib/lastgasp/courier; do
+        [ -e "$d" ] && find "$d"
+    done | sort
+    echo "logind $(busctl get-property org.freedesktop.login1 /org/freedesktop/login1 \
+        org.freedesktop.login1.Manager InhibitDelayMaxUSec 2>&1)"
+}
+
 node_images() {
     local a
     for a in "$IN"/node/images/*.tar; do
@@ -69,6 +81,7 @@ node_up() {
         say "USR-READ-ONLY $(findmnt -no OPTIONS /usr) RUN $(findmnt -no OPTIONS /run)"
     fi
     systemctl daemon-reload
+    host_listing > /run/lastgasp-vm-host-before
     systemctl start containerd || { say "FAIL containerd did not start"; finish fail; }
     node_images || finish fail
     systemctl start kubelet || { say "FAIL the kubelet did not start"; finish fail; }

@@ -48,6 +48,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "the README's drill: shutdown -h +10, shutdown -c 15 s later",
     ),
     (
+        "uninstall",
+        "the agent's DaemonSet deleted: the host as before the install",
+    ),
+    (
         "refused-poweroff-f",
         "kubelet stopped; poweroff -f, its reboot(2) refused by seccomp",
     ),
@@ -69,6 +73,7 @@ pub const SCENARIOS: &[(&str, &str)] = &[
 /// is the pass), never by CI's "fenced after the kernel's end".
 pub const STAYS_UP: &[&str] = &[
     "drill",
+    "uninstall",
     "refused-poweroff-f",
     "killed-poweroff-f",
     "apparmor-refused-poweroff-f",
@@ -148,6 +153,10 @@ pub const CI: &[&str] = &[
     "refused-poweroff-f",
     "killed-poweroff-f",
 ];
+
+/// The CI's cell with `/usr` read-only (`--ro-usr`): a shutdown through
+/// systemd under the systemd driver, its last word from the final unit.
+pub const CI_RO_USR: &[&str] = &["poweroff-target"];
 
 /// The guest's memory with the kubelet, containerd and four pods (the
 /// runner reports what is in use when the pods run: `mem_used_mib`).
@@ -417,7 +426,7 @@ fn files(
             &format!("cgroupDriver: {}", driver.name()),
         );
     files.push(("node/kubelet.yaml".into(), kubelet.into_bytes()));
-    for f in ["ca.crt", "kubelet.crt", "kubelet.key"] {
+    for f in ["ca.crt", "kubelet.crt", "kubelet.key", "uninstall.token"] {
         files.push((format!("node/{f}"), fs::read(c.out.join("node").join(f))?));
     }
     files.push((
@@ -566,6 +575,50 @@ fn run_inner(
     cluster.stop();
     let run2 = run2.transpose()?;
     judge(&run, run2.as_ref(), &out, o)
+}
+
+/// An uninstall: the agent gone, the host listed as before the install,
+/// and none of the agent's conditions left on the Node.
+fn uninstalled(seen: &Seen, o: &mut NodeOutcome) {
+    let said = |m: &str| {
+        seen.run
+            .markers(m)
+            .first()
+            .map(|l| l.text.split(m).nth(1).unwrap_or("").trim().to_string())
+    };
+    let (gone, diff) = (said("AGENT-GONE"), said("HOST-DIFF"));
+    if gone.as_deref() != Some("yes") {
+        o.problems
+            .push(format!("uninstall: the agent did not stop ({gone:?})"));
+    }
+    if diff.as_deref() != Some("none") {
+        o.problems.push(format!(
+            "uninstall: the host differs from before the install: {diff:?}"
+        ));
+    }
+    let last = seen
+        .lines
+        .iter()
+        .rev()
+        .find(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE);
+    let left: Vec<String> = last
+        .and_then(|l| l["obj"]["conditions"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["type"].as_str())
+        .filter(|t| *t != "Ready")
+        .map(str::to_string)
+        .collect();
+    if !left.is_empty() {
+        o.problems.push(format!(
+            "uninstall: the agent's conditions left on the Node: {left:?}"
+        ));
+    }
+    o.after = format!(
+        "agent gone: {}; host diff: {}; conditions left: {left:?}",
+        gone.unwrap_or_default(),
+        diff.unwrap_or_default()
+    );
 }
 
 /// The README's drill, as an operator would see it: the Node's
@@ -929,6 +982,8 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
     o.events = node_events(&seen);
     if o.scenario == "drill" {
         drill(run, &seen.lines, trig, &pods, o);
+    } else if o.scenario == "uninstall" {
+        uninstalled(&seen, o);
     } else if STAYS_UP.contains(&o.scenario) {
         taken_back(&seen, o);
     }
