@@ -174,13 +174,14 @@ pub async fn clean(paths: &HostPaths, bus: Option<&str>) -> Result<String> {
     if removed.paths.is_empty() && removed.emptied.is_empty() {
         out += "nothing of lastgasp's on this host\n";
     }
-    if removed.units {
-        final_unit::reload(bus).await?;
-        out += "systemd read its units again (lastgasp's final unit is gone)\n";
-    }
+    // logind first: systemd's reload can take seconds on a busy node.
     if removed.logind_dropin {
         reload_logind(bus).await?;
         out += "logind re-read its configuration (its own InhibitDelayMaxSec is back)\n";
+    }
+    if removed.units {
+        final_unit::reload(bus).await?;
+        out += "systemd read its units again (lastgasp's final unit is gone)\n";
     }
     Ok(out)
 }

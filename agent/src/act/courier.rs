@@ -221,7 +221,7 @@ pub async fn deliver_final_unit(dir: &Path, verb: &str, cgroup_root: &Path) -> R
     if let Some(why) = final_unit::refusal(verb, &own, &jobs, None) {
         bail!("{why}: nothing sent");
     }
-    let (termed, killed) = final_unit::end_pods(cgroup_root, agent)?;
+    let (termed, killed) = final_unit::end_pods(cgroup_root, agent, final_unit::TERM_GRACE)?;
     let pods = final_unit::pods_left(cgroup_root, agent)?;
     if let Some(why) = final_unit::refusal(verb, &own, &jobs, pods.as_deref()) {
         bail!("{why}: nothing sent");

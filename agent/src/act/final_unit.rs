@@ -15,8 +15,9 @@
 //! ended (the agent's own pod, never drained, survives to systemd-shutdown,
 //! seen on the real node), and under the cgroupfs driver pods are not units
 //! at all. Their end is systemd-shutdown's sweep a moment later; the courier
-//! brings it forward for the pods' cgroups only: SIGTERM, a few seconds,
-//! SIGKILL, the agent spared (it sends its own proof if it can).
+//! brings it forward for the pods' cgroups only: SIGTERM, SIGKILL after
+//! the sweep's own timeout, the agent spared (it sends its own proof if it
+//! can).
 //!
 //! The courier sends the kit's record for the verb only when its own cgroup
 //! is that unit's (systemd put it there), systemd's job queue holds the
@@ -67,7 +68,7 @@ Before=systemd-%i.service
 Slice=system.slice
 Type=oneshot
 ExecStart=-{} courier --dir {} --verb %i --final-unit
-TimeoutStartSec=15
+TimeoutStartSec=110
 "#,
         courier_run.display(),
         kit_dir.display()
@@ -196,13 +197,20 @@ fn parse_jobs(listing: &str) -> Vec<String> {
         .collect()
 }
 
-/// How long pods' processes left at the final unit get after SIGTERM.
-const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long pods' processes left at the final unit get after SIGTERM:
+/// what systemd-shutdown's own sweep gives them (its default timeout), so
+/// that no pod loses time it would have had without lastgasp.
+pub const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(90);
 
 /// systemd-shutdown's sweep, brought forward for the pods' cgroups: every
-/// process left under them but `spare` gets SIGTERM, then after
-/// [`TERM_GRACE`] SIGKILL. Returns how many were signalled, and killed.
-pub fn end_pods(cgroup_root: &Path, spare: Option<u32>) -> Result<(usize, usize)> {
+/// process left under them but `spare` gets SIGTERM, then when `grace`
+/// has passed with some left, SIGKILL. Returns how many were signalled,
+/// and killed.
+pub fn end_pods(
+    cgroup_root: &Path,
+    spare: Option<u32>,
+    grace: std::time::Duration,
+) -> Result<(usize, usize)> {
     use nix::sys::signal::{kill, Signal};
     let signal = |sig| -> Result<usize> {
         let pids = pod_pids(cgroup_root, spare)?;
@@ -216,9 +224,12 @@ pub fn end_pods(cgroup_root: &Path, spare: Option<u32>) -> Result<(usize, usize)
     if termed == 0 {
         return Ok((0, 0));
     }
-    let until = std::time::Instant::now() + TERM_GRACE;
+    let until = std::time::Instant::now() + grace;
     while std::time::Instant::now() < until && !pod_pids(cgroup_root, spare)?.is_empty() {
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    if pod_pids(cgroup_root, spare)?.is_empty() {
+        return Ok((termed, 0));
     }
     let killed = signal(Signal::SIGKILL)?;
     let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
@@ -398,7 +409,8 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(200));
         let pids = format!("{}\n{}\n{}\n", polite.id(), stubborn.id(), agent.id());
         fs::write(scope.join("cgroup.procs"), pids).unwrap();
-        let (termed, killed) = end_pods(&root, Some(agent.id())).unwrap();
+        let grace = std::time::Duration::from_secs(1);
+        let (termed, killed) = end_pods(&root, Some(agent.id()), grace).unwrap();
         assert_eq!((termed, killed), (2, 2), "the copy still lists them");
         assert_eq!(polite.wait().unwrap().signal(), Some(libc::SIGTERM));
         assert_eq!(stubborn.wait().unwrap().signal(), Some(libc::SIGKILL));

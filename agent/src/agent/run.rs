@@ -233,7 +233,9 @@ async fn leave_host_if_uninstalled(args: &RunArgs, audit_dir: &Path, c: &Cluster
         bus,
     );
     use crate::host_files::Left;
-    match tokio::time::timeout(Duration::from_secs(5), left).await {
+    // Within the pod's termination grace (45 s): systemd's reload after the
+    // final unit's removal took over 5 s on a busy node.
+    match tokio::time::timeout(Duration::from_secs(30), left).await {
         Ok(Ok(Some(Left::Cleaned(said)))) => {
             tracing::info!(target: "lastgasp", "uninstalled: {}", said.trim_end().replace('\n', "; "));
             if let Err(e) = c.node.remove_own_conditions().await {
@@ -243,7 +245,7 @@ async fn leave_host_if_uninstalled(args: &RunArgs, audit_dir: &Path, c: &Cluster
         Ok(Ok(Some(Left::OtherAgent(said)))) => tracing::info!(target: "lastgasp", "{said}"),
         Ok(Ok(None)) => {}
         Ok(Err(e)) => tracing::warn!(error = format!("{e:#}"), "the DaemonSet is deleted, but the host was NOT left clean (`lastgasp clean-host` does it)"),
-        Err(_) => tracing::warn!("no answer about the DaemonSet within 5 s: the host's files stay"),
+        Err(_) => tracing::warn!("the host NOT left clean within 30 s (`lastgasp clean-host` does it)"),
     }
 }
 
