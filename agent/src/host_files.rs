@@ -76,35 +76,31 @@ impl HostPaths {
 
     /// Removes every one that is there; returns what went. A directory
     /// that is a mount point here (the run directory in the pod) is
-    /// emptied. All are tried; the first error is returned after.
-    pub fn remove(&self) -> Result<Removed> {
+    /// emptied. All are tried, whatever fails.
+    pub fn remove(&self) -> Removed {
         let mut removed = Removed::default();
-        let mut first_error = None;
         if let Some(u) = &self.unit_dir {
             match final_unit::remove(u) {
                 Ok(gone) => {
                     removed.units |= !gone.is_empty();
                     removed.paths.extend(gone);
                 }
-                Err(e) => first_error = Some(e),
+                Err(e) => removed.errors.push(format!("{e:#}")),
             }
         }
         for p in self.present() {
-            match remove_tree(&p).with_context(|| format!("removing {}", p.display())) {
+            match remove_tree(&p) {
                 Ok(()) if p.exists() => removed.emptied.push(p),
                 Ok(()) => {
                     removed.logind_dropin |= p == dropin_path(&self.logind_root);
                     removed.paths.push(p);
                 }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+                Err(e) => removed
+                    .errors
+                    .push(format!("removing {}: {e}", p.display())),
             }
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(removed),
-        }
+        removed
     }
 }
 
@@ -130,8 +126,10 @@ fn remove_tree(p: &Path) -> std::io::Result<()> {
             fs::remove_file(&e)?;
         }
     }
+    // A mount point: EBUSY, or EROFS where its parent is the pod's
+    // read-only root; emptied, it stays.
     match fs::remove_dir(p) {
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EROFS)) => Ok(()),
         r => r,
     }
 }
@@ -145,6 +143,8 @@ pub struct Removed {
     pub logind_dropin: bool,
     /// systemd must read its units again.
     pub units: bool,
+    /// What could not be removed, and why.
+    pub errors: Vec<String>,
 }
 
 /// logind re-reads its configuration (SIGHUP through systemd, as the
@@ -160,7 +160,7 @@ pub async fn reload_logind(bus: Option<&str>) -> Result<()> {
 
 /// `lastgasp clean-host`: removes what the agent left, says what went.
 pub async fn clean(paths: &HostPaths, bus: Option<&str>) -> Result<String> {
-    let removed = paths.remove()?;
+    let removed = paths.remove();
     let mut out = String::new();
     for p in &removed.paths {
         out += &format!("removed {}\n", p.display());
@@ -183,7 +183,10 @@ pub async fn clean(paths: &HostPaths, bus: Option<&str>) -> Result<String> {
         final_unit::reload(bus).await?;
         out += "systemd read its units again (lastgasp's final unit is gone)\n";
     }
-    Ok(out)
+    match removed.errors.is_empty() {
+        true => Ok(out),
+        false => anyhow::bail!("{out}NOT removed: {}", removed.errors.join("; ")),
+    }
 }
 
 /// Whether the agent's DaemonSet `ns/name` is gone or being deleted (an
@@ -205,6 +208,8 @@ pub enum Left {
     Cleaned(String),
     /// The DaemonSet is deleted, but another agent runs here: nothing moved.
     OtherAgent(String),
+    /// The DaemonSet is deleted, and not all went (why).
+    NotClean(String),
 }
 
 /// At the agent's stop: where its DaemonSet is deleted, no shutdown is
@@ -232,9 +237,10 @@ pub async fn leave_if_uninstalled(
             pid.trim()
         ))));
     }
-    clean(paths, bus)
-        .await
-        .map(|said| Some(Left::Cleaned(said)))
+    Ok(Some(match clean(paths, bus).await {
+        Ok(said) => Left::Cleaned(said),
+        Err(e) => Left::NotClean(format!("{e:#}")),
+    }))
 }
 
 #[cfg(test)]
@@ -308,12 +314,12 @@ mod tests {
         crate::detect::logind::config::write_dropin(&dropin, std::time::Duration::from_secs(60))
             .unwrap();
         assert_eq!(paths.present().len(), 10, "{:?}", paths.present());
-        let removed = paths.remove().unwrap();
+        let removed = paths.remove();
         assert!(removed.logind_dropin && removed.units);
         assert_eq!(removed.paths.len(), 10, "{removed:?}");
         assert_eq!(listing(&root), before);
         // Nothing left: nothing to remove.
-        assert_eq!(paths.remove().unwrap(), Removed::default());
+        assert_eq!(paths.remove(), Removed::default());
         fs::remove_dir_all(&root).unwrap();
     }
 }

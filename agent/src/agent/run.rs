@@ -235,17 +235,32 @@ async fn leave_host_if_uninstalled(args: &RunArgs, audit_dir: &Path, c: &Cluster
     use crate::host_files::Left;
     // Within the pod's termination grace (45 s): systemd's reload after the
     // final unit's removal took over 5 s on a busy node.
-    match tokio::time::timeout(Duration::from_secs(30), left).await {
+    let left = tokio::time::timeout(Duration::from_secs(30), left).await;
+    match &left {
         Ok(Ok(Some(Left::Cleaned(said)))) => {
             tracing::info!(target: "lastgasp", "uninstalled: {}", said.trim_end().replace('\n', "; "));
-            if let Err(e) = c.node.remove_own_conditions().await {
-                tracing::warn!(error = format!("{e:#}"), "the agent's conditions NOT removed from its Node");
-            }
+        }
+        Ok(Ok(Some(Left::NotClean(e)))) => {
+            tracing::warn!(error = %e, "the DaemonSet is deleted, but the host was NOT left clean (`lastgasp clean-host` does it)");
         }
         Ok(Ok(Some(Left::OtherAgent(said)))) => tracing::info!(target: "lastgasp", "{said}"),
         Ok(Ok(None)) => {}
-        Ok(Err(e)) => tracing::warn!(error = format!("{e:#}"), "the DaemonSet is deleted, but the host was NOT left clean (`lastgasp clean-host` does it)"),
-        Err(_) => tracing::warn!("the host NOT left clean within 30 s (`lastgasp clean-host` does it)"),
+        Ok(Err(e)) => tracing::warn!(
+            error = format!("{e:#}"),
+            "whether the DaemonSet is deleted is not known: the host's files stay"
+        ),
+        Err(_) => {
+            tracing::warn!("the host NOT left clean within 30 s (`lastgasp clean-host` does it)");
+        }
+    }
+    // Uninstalled, whatever the host allowed: the conditions go.
+    if let Ok(Ok(Some(Left::Cleaned(_) | Left::NotClean(_)))) = left {
+        if let Err(e) = c.node.remove_own_conditions().await {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "the agent's conditions NOT removed from its Node"
+            );
+        }
     }
 }
 
