@@ -142,7 +142,8 @@ impl CgroupDriver {
 /// the last word); a shutdown through systemd under the systemd cgroup
 /// driver (the agent's scope stopped before the hook: the courier again,
 /// with the kit left when the shutdown began); the README's drill (scheduled, cancelled, nothing
-/// moved); and a direct tool that never reaches the kernel, refused and
+/// moved); an uninstall (the host as before the install); and a direct
+/// tool that never reaches the kernel, refused and
 /// killed, with the kubelet stopped (never fenced); one boot each.
 pub const CI_ARM: &str = "lastgasp";
 pub const CI: &[&str] = &[
@@ -150,6 +151,7 @@ pub const CI: &[&str] = &[
     "poweroff-force-agent-killed",
     "poweroff-target",
     "drill",
+    "uninstall",
     "refused-poweroff-f",
     "killed-poweroff-f",
 ];
