@@ -71,6 +71,8 @@ fn the_agent_runs_unprivileged_with_the_documented_capabilities() {
             ("/host/etc/systemd/logind.conf.d", false),
         ),
         ("/run/systemd", ("/host/run/systemd", true)),
+        // Writable: lastgasp's final unit where /usr is read-only.
+        ("/run/systemd/system", ("/host/run/systemd/system", false)),
         // Writable: the hook's directory may be missing (created by the agent).
         ("/usr/lib/systemd", ("/host/usr/lib/systemd", false)),
         ("/run/lastgasp", ("/run/lastgasp", false)),

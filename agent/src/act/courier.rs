@@ -217,16 +217,18 @@ pub async fn deliver_final_unit(dir: &Path, verb: &str, cgroup_root: &Path) -> R
         .parent()
         .and_then(|run| fs::read_to_string(run.join(crate::detect::shutdown_hook::PID_FILE)).ok())
         .and_then(|p| p.trim().parse().ok());
-    // Only in systemd's shutdown for the verb is anything ended.
+    // Only in systemd's shutdown for the verb, with a record to send, is
+    // anything ended.
     if let Some(why) = final_unit::refusal(verb, &own, &jobs, None) {
         bail!("{why}: nothing sent");
     }
+    let kit = read_kit(dir)?;
     let (termed, killed) = final_unit::end_pods(cgroup_root, agent, final_unit::TERM_GRACE)?;
     let pods = final_unit::pods_left(cgroup_root, agent)?;
     if let Some(why) = final_unit::refusal(verb, &own, &jobs, pods.as_deref()) {
         bail!("{why}: nothing sent");
     }
-    let sent = send(&read_kit(dir)?, &final_unit::key(verb)).await?;
+    let sent = send(&kit, &final_unit::key(verb)).await?;
     Ok(match termed {
         0 => sent,
         n => {
