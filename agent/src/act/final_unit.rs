@@ -6,8 +6,7 @@
 //! shutdown.target, umount.target and final.target and before that
 //! service. systemd pulls it in only when it starts one of those services,
 //! whose success action execs systemd-shutdown; by then every unit with
-//! default dependencies was stopped (under the systemd cgroup driver every
-//! pod's scope and its processes, the kubelet, the runtime) and every
+//! default dependencies was stopped (the kubelet, the runtime) and every
 //! mount unit unmounted (the pods' volumes).
 //!
 //! Pods may still run then: runc's scopes have no default dependencies, so
@@ -55,8 +54,9 @@ pub fn text(courier_run: &Path, kit_dir: &Path) -> String {
         r#"# Installed by lastgasp (its node agent) in /run: gone at the next boot;
 # `lastgasp clean-host` removes it. systemd runs it right before
 # systemd-%i.service, after every unit was stopped and every mount unit
-# unmounted; its courier then sends the record the agent left for this
-# shutdown, and nothing when a pod's cgroup still holds a process.
+# unmounted; its courier ends what is left in the pods' cgroups (SIGTERM,
+# SIGKILL after 90 s, as systemd-shutdown would next), then sends the
+# record the agent left for this shutdown.
 [Unit]
 Description=lastgasp: the node's last word (%i)
 DefaultDependencies=no
