@@ -752,6 +752,153 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
     });
 }
 
+/// Install, uninstall, install, on the real server: the uninstall's lift
+/// (the chart's pre-delete Job, the controller's token) pauses the Lease;
+/// the old release's controller stays paused and fences nothing; after the
+/// Deployment is deleted and created again (a reinstall), its controller
+/// lifts that pause and fences the node that went down meanwhile.
+#[test]
+fn a_reinstall_after_an_uninstall_fences_again() {
+    let test = "a_reinstall_after_an_uninstall_fences_again";
+    let Some((cp, objs)) = setup(test) else {
+        return;
+    };
+    rt().block_on(async {
+        use k8s_openapi::api::{apps::v1::Deployment, coordination::v1::Lease};
+        let admin = cp.admin();
+        let sim = Sim::start(admin.clone()).await.unwrap();
+        let names = ["re-a", "re-b"];
+        for n in names {
+            sim.add_node(n).await.unwrap();
+        }
+        nodesim::schedulable(&admin, &names, Duration::from_secs(60))
+            .await
+            .unwrap();
+        apply(&admin, &objs, false).await;
+        let a = names[0];
+        let controller = |admin: Client| async move {
+            let pod = pod_of(&admin, "app.kubernetes.io/component=controller", |_, n| {
+                n != a
+            })
+            .await;
+            let token = pod_token(&admin, NS, CONTROLLER_SA, Some(&pod)).await;
+            let mut cfg = recovery::controller_config("reinstall");
+            cfg.lease_namespace = NS.into();
+            cfg.lease_name = "lastgasp-controller".into();
+            cfg.deployment = Some("lastgasp-controller".into());
+            (cp.agent_client(&token, Use::Watch), cfg)
+        };
+        let (client, cfg) = controller(admin.clone()).await;
+        let old = recovery::spawn_controller(client.clone(), cfg.clone())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // Uninstall: the lift Job pauses every replica first.
+        lastgasp::controller::lift::pause(client.clone(), NS, "lastgasp-controller")
+            .await
+            .unwrap();
+        let leases: Api<Lease> = Api::namespaced(admin.clone(), NS);
+        let paused = || async {
+            leases
+                .get("lastgasp-controller")
+                .await
+                .unwrap()
+                .annotations()
+                .contains_key("lastgasp.dev/paused")
+        };
+        let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
+        let agent = cp.agent_client(
+            &pod_token(&admin, NS, AGENT_SA, Some(&agent_pod)).await,
+            Use::Requests,
+        );
+        recovery::last_gasp(
+            &agent,
+            a,
+            &sim.boot_id(a).unwrap(),
+            lastgasp_tests::support::kernel_poweroff(),
+        )
+        .await
+        .unwrap();
+        sim.power_off(a);
+        let nodes: Api<Node> = Api::all(admin.clone());
+        let tainted = |n: &Node| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
+        };
+        // The Lease silent for its 40 s and more: the paused controller holds.
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        assert!(
+            !tainted(&nodes.get(a).await.unwrap()),
+            "a paused controller fenced"
+        );
+        assert!(
+            paused().await,
+            "the uninstalled release's controller lifted the pause"
+        );
+        old.abort();
+        // The rest of the uninstall, then the reinstall: a new Deployment.
+        let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
+        deployments
+            .delete("lastgasp-controller", &Default::default())
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        while deployments
+            .get_opt("lastgasp-controller")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the Deployment was not deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        apply(&admin, &objs, false).await;
+        let (client, cfg) = controller(admin.clone()).await;
+        let new = recovery::spawn_controller(client, cfg).await.unwrap();
+        let t0 = Instant::now();
+        while !tainted(&nodes.get(a).await.unwrap()) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(40),
+                "the reinstalled controller did not fence within 40 s (paused: {})",
+                paused().await
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert!(
+            !paused().await,
+            "the reinstall lifted the uninstall's pause"
+        );
+        println!("reinstalled: fenced after {:?}", t0.elapsed());
+        new.abort();
+        // Leave the shared control plane unfenced.
+        lastgasp::controller::lift::lift_all(
+            cp.agent_client(
+                &pod_token(
+                    &admin,
+                    NS,
+                    CONTROLLER_SA,
+                    Some(
+                        &pod_of(&admin, "app.kubernetes.io/component=controller", |_, n| {
+                            n != a
+                        })
+                        .await,
+                    ),
+                )
+                .await,
+                Use::Watch,
+            ),
+        )
+        .await
+        .unwrap();
+    });
+}
+
 /// The evidence and the fence, at admission, on the real server: a Node's
 /// shutdown record is written only by that node's own agent (not by an
 /// identity that may patch Nodes, an administrator, or another node's

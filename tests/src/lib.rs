@@ -6,5 +6,6 @@ pub mod nodes;
 pub mod nodesim;
 pub mod recovery;
 pub mod render;
+pub mod sizing;
 pub mod support;
 pub mod zone;

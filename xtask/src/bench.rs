@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: the release agent and the bench binary, then the
-//! bench's table (`flood`, `stdout`, `lastgasp`, `recovery`, `zone`, `--quick` select and shorten);
+//! bench's table (`flood`, `stdout`, `lastgasp`, `recovery`, `zone`, `sizing`, `--quick` select and shorten);
 //! `cargo xtask bench fuzz` fuzzes the parsers instead (`fuzz.rs`).
 use std::path::Path;
 
@@ -50,14 +50,15 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
     // The real control plane: the recovery bench needs it; the last-gasp
     // row beside the double's uses it when the binaries are here.
     let cp = k8s::ensure(root)?;
-    if cp.is_none() && args.iter().any(|a| a == "recovery" || a == "zone") {
+    let on_server = ["recovery", "zone", "sizing"];
+    if cp.is_none() && args.iter().any(|a| on_server.contains(&a.as_str())) {
         bail!(
-            "`bench recovery` and `bench zone` need the Kubernetes v1.32.13 binaries (see above)"
+            "`bench recovery`, `bench zone` and `bench sizing` need the Kubernetes v1.32.13 binaries (see above)"
         );
     }
     k8s::env(&mut cmd, &cp);
-    // The zone bench applies the kustomize render to the real server.
-    if args.iter().any(|a| a == "zone") {
+    // The zone and sizing benches apply the kustomize render to the real server.
+    if args.iter().any(|a| a == "zone" || a == "sizing") {
         let tools = setup::ensure_manifest_tools()?;
         cmd.env("LASTGASP_HELM", &tools.helm)
             .env("LASTGASP_KUSTOMIZE", &tools.kustomize);

@@ -26,6 +26,63 @@ pub struct Image {
     pub arch: Arch,
     /// Where `build` saved it (an OCI archive).
     pub archive: PathBuf,
+    /// The Debian packages its libraries were copied from (the SBOM's base).
+    pub packages: Vec<DebPackage>,
+}
+
+/// A Debian package on the build host: name, version, architecture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DebPackage {
+    pub name: String,
+    pub version: String,
+    pub arch: String,
+}
+
+/// The package that installed `file` on this host (`dpkg -S`), with its version.
+fn owner(file: &Path) -> Result<DebPackage> {
+    let real = fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    // dpkg knows a path as its package shipped it: /lib or /usr/lib.
+    let candidates = [
+        real.clone(),
+        file.to_path_buf(),
+        Path::new("/usr").join(real.strip_prefix("/").unwrap_or(&real)),
+        real.strip_prefix("/usr")
+            .map_or(real.clone(), |p| Path::new("/").join(p)),
+    ];
+    for c in &candidates {
+        let out = Command::new("dpkg")
+            .arg("-S")
+            .arg(c)
+            .output()
+            .context("running dpkg -S")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let Some(pkg) = text.lines().next().and_then(|l| l.split(": ").next()) else {
+            continue;
+        };
+        if !out.status.success() {
+            continue;
+        }
+        let pkg = pkg.split(", ").next().unwrap_or(pkg).to_string();
+        let q = Command::new("dpkg-query")
+            .args(["-W", "-f", "${Package}\t${Version}\t${Architecture}", &pkg])
+            .output()
+            .context("running dpkg-query")?;
+        let line = String::from_utf8_lossy(&q.stdout).to_string();
+        let f: Vec<&str> = line.split('\t').collect();
+        ensure!(
+            q.status.success() && f.len() == 3,
+            "dpkg-query {pkg}: {line}"
+        );
+        return Ok(DebPackage {
+            name: f[0].into(),
+            version: f[1].into(),
+            arch: f[2].into(),
+        });
+    }
+    bail!(
+        "no Debian package owns {} (dpkg -S): the SBOM cannot name the image's base",
+        file.display()
+    )
 }
 
 /// Podman set up for this machine: vfs storage (no overlay mounts needed),
@@ -40,7 +97,7 @@ fn podman(dir: &Path) -> Command {
 }
 
 /// The image of `bin`, an agent built for `arch` (`build::build_for`).
-pub fn build(root: &Path, target: &Path, bin: &Path, arch: Arch) -> Result<Image> {
+pub fn build(target: &Path, bin: &Path, arch: Arch, version: &str) -> Result<Image> {
     setup::ensure_debs(&[
         ("podman", "podman"),
         ("runc", "runc"),
@@ -48,7 +105,7 @@ pub fn build(root: &Path, target: &Path, bin: &Path, arch: Arch) -> Result<Image
     ])?;
     setup::ensure_cross(arch)?;
     let dir = target.join("image");
-    let (tag, archive) = names(root, target, arch)?;
+    let (tag, archive) = names(target, arch, version);
     let rootfs = dir.join("rootfs");
     let _ = fs::remove_dir_all(&rootfs);
     fs::create_dir_all(rootfs.join("usr/local/bin"))?;
@@ -87,7 +144,12 @@ pub fn build(root: &Path, target: &Path, bin: &Path, arch: Arch) -> Result<Image
     if !st.success() {
         bail!("strip {} failed", bin.display());
     }
+    let mut packages: Vec<DebPackage> = Vec::new();
     for (lib, at) in libraries(bin, arch)? {
+        let p = owner(&lib)?;
+        if !packages.contains(&p) {
+            packages.push(p);
+        }
         let to = rootfs.join(at.strip_prefix("/").unwrap_or(&at));
         fs::create_dir_all(to.parent().expect("a library path has a directory"))?;
         fs::copy(&lib, &to).with_context(|| format!("copying {}", lib.display()))?;
@@ -109,21 +171,25 @@ pub fn build(root: &Path, target: &Path, bin: &Path, arch: Arch) -> Result<Image
     .context("podman build")?;
     save_archive(&dir, &tag, &archive).context("podman save")?;
     println!("image: {tag}, saved as {}", archive.display());
-    Ok(Image { tag, arch, archive })
+    Ok(Image {
+        tag,
+        arch,
+        archive,
+        packages,
+    })
 }
 
 /// The tag and the archive of the image for `arch`: this machine's arch
 /// keeps the plain version tag.
-fn names(root: &Path, target: &Path, arch: Arch) -> Result<(String, PathBuf)> {
-    let version = env_version(root)?;
+fn names(target: &Path, arch: Arch, version: &str) -> (String, PathBuf) {
     let suffix = match arch {
         Arch::Amd64 => String::new(),
         a => format!("-{}", a.name()),
     };
-    Ok((
+    (
         format!("localhost/lastgasp:{version}{suffix}"),
         target.join(format!("image/lastgasp-{version}{suffix}.oci.tar")),
-    ))
+    )
 }
 
 /// The image `build` made, saved as a multi-arch OCI index (an
@@ -202,7 +268,7 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
 
 /// Where `build` saves the agent's image for `arch`, and its tag.
 pub fn archive(root: &Path, target: &Path, arch: Arch) -> Result<(PathBuf, String)> {
-    let (tag, archive) = names(root, target, arch)?;
+    let (tag, archive) = names(target, arch, &env_version(root)?);
     Ok((archive, tag))
 }
 

@@ -1,7 +1,8 @@
 //! `cargo xtask lint`: the style gate, first step of `cargo xtask test`.
 //! rustfmt's check on every crate (the eBPF crate and the fuzz targets
 //! included) and clippy with warnings denied on the workspace and on the eBPF
-//! crate (built for its own target with the pinned nightly).
+//! crate (built for its own target with the pinned nightly); the release
+//! workflow checked against GitHub's schema and audited by zizmor.
 use std::{path::Path, process::Command};
 
 use anyhow::{Context, Result};
@@ -44,6 +45,12 @@ pub fn lint(root: &Path) -> Result<()> {
     let mut ebpf = ebpf_cargo(root, &tools, "clippy");
     ebpf.args(["--", "-D", "warnings"]);
     run(&mut ebpf).context("clippy found something in agent-ebpf")?;
-    println!("lint: rustfmt and clippy clean");
+    // Offline: no audit that asks GitHub; an invalid workflow fails.
+    let zizmor = setup::ensure_zizmor()?;
+    run(Command::new(zizmor)
+        .args(["--offline", "--strict-collection", "--no-progress"])
+        .arg(root.join(".github/workflows")))
+    .context("zizmor found something in .github/workflows")?;
+    println!("lint: rustfmt, clippy and zizmor clean");
     Ok(())
 }

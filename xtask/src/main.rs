@@ -70,7 +70,14 @@ enum Cmd {
         /// Also push them to a local registry and pull them back, as an operator would.
         #[arg(long)]
         verify: bool,
+        /// Where the image will be pushed (REGISTRY/PATH/lastgasp): the
+        /// chart's default image, pinned by the index's digest.
+        #[arg(long, env = "LASTGASP_IMAGE_REPOSITORY")]
+        image_repository: Option<String>,
     },
+    /// Print the name `release` gives this checkout: X.Y.Z at its tag
+    /// vX.Y.Z, X.Y.Z-dev.gSHA on any other commit.
+    Version,
     /// Run the benchmarks and print their table.
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -99,15 +106,23 @@ fn main() -> Result<()> {
         Cmd::Test { args } => test::test(&root, &args),
         Cmd::Image { arch } => {
             let bin = build::build_for(&root, true, arch)?;
-            let img = image::build(&root, &target_dir(&root), &bin, arch)?;
+            let version = image::env_version(&root)?;
+            let img = image::build(&target_dir(&root), &bin, arch, &version)?;
             image::check(&target_dir(&root), &img)
         }
         Cmd::VmTest(args) => vm::vm_test(&root, args, |release| build(&root, release)),
-        Cmd::Release { verify } => {
-            let dist = release::release(&root)?;
+        Cmd::Release {
+            verify,
+            image_repository,
+        } => {
+            let dist = release::release(&root, image_repository.as_deref())?;
             if verify {
-                release::verify(&dist)?;
+                release::verify(&root, &dist)?;
             }
+            Ok(())
+        }
+        Cmd::Version => {
+            println!("{}", release::version_name(&root)?);
             Ok(())
         }
         Cmd::Bench { args } => bench::bench(&root, &args),

@@ -38,10 +38,25 @@ impl Dist {
     }
 }
 
-pub fn release(root: &Path) -> Result<Dist> {
-    let version = image::env_version(root)?;
-    let notes = changelog_section(&fs::read_to_string(root.join("CHANGELOG.md"))?, &version)?;
-    check_chart_version(root, &version)?;
+mod version;
+
+/// What `release` calls this checkout's build (`cargo xtask version`).
+pub fn version_name(root: &Path) -> Result<String> {
+    let changelog = fs::read_to_string(root.join("CHANGELOG.md"))?;
+    Ok(version::of_checkout(root, &image::env_version(root)?, &changelog)?.name)
+}
+
+/// The release of this checkout; with `repository`, its chart runs the
+/// image from there, pinned by the index's digest.
+pub fn release(root: &Path, repository: Option<&str>) -> Result<Dist> {
+    let crate_version = image::env_version(root)?;
+    check_chart_version(root, &crate_version)?;
+    let changelog = fs::read_to_string(root.join("CHANGELOG.md"))?;
+    let version::Version {
+        name: version,
+        notes,
+        ..
+    } = version::of_checkout(root, &crate_version, &changelog)?;
     setup::ensure_debs(&[("sha256sum", "coreutils")])?;
     let tools = setup::ensure_manifest_tools()?;
     let sbom_tool = setup::ensure_cyclonedx()?;
@@ -50,7 +65,7 @@ pub fn release(root: &Path) -> Result<Dist> {
     let mut images = Vec::new();
     for arch in Arch::ALL {
         let bin = build_for(root, true, arch)?;
-        let img = image::build(root, &target, &bin, arch)?;
+        let img = image::build(&target, &bin, arch, &version)?;
         image::check(&target, &img)?;
         images.push(img);
     }
@@ -70,14 +85,11 @@ pub fn release(root: &Path) -> Result<Dist> {
         )?;
     }
     image::save_index(&target, &images, &dist.index())?;
-    run(Command::new(&tools.helm)
-        .args(["package", "--version", v, "--app-version", v, "-d"])
-        .arg(&dist.dir)
-        .arg(root.join("deploy/helm/lastgasp")))
-    .context("helm package")?;
+    package_chart(root, &dist, &tools.helm, repository, &dist.dir)?;
     sbom(
         root,
         &sbom_tool,
+        &images,
         &dist.dir.join(format!("lastgasp-{v}.cdx.json")),
     )?;
     fs::write(dist.dir.join("RELEASE-NOTES.md"), notes)?;
@@ -123,10 +135,122 @@ fn check_chart_version(root: &Path, version: &str) -> Result<()> {
     Ok(())
 }
 
+/// The chart, versioned as the release. With `repository`, its default
+/// image is that repository pinned by the index's digest (what a registry
+/// serves for it after `skopeo copy --all`); without, `lastgasp` at the
+/// release's tag, for a registry named at install time.
+pub fn package_chart(
+    root: &Path,
+    dist: &Dist,
+    helm: &Path,
+    repository: Option<&str>,
+    out: &Path,
+) -> Result<PathBuf> {
+    let v = &dist.version;
+    let packaged = out.join(format!("lastgasp-{v}.tgz"));
+    let _ = fs::remove_file(&packaged);
+    let mut chart = root.join("deploy/helm/lastgasp");
+    let staged = dist.dir.with_file_name(format!(".chart-{v}"));
+    if let Some(repo) = repository {
+        ensure!(
+            repo.contains('/') && !repo.contains('@') && !repo.rsplit('/').next().unwrap_or("").contains(':'),
+            "--image-repository {repo}: a registry and a path (REGISTRY/PATH/lastgasp), without a tag or digest"
+        );
+        let digest = index_digest(&dist.index())?;
+        let _ = fs::remove_dir_all(&staged);
+        copy_dir(&chart, &staged.join("lastgasp"))?;
+        chart = staged.join("lastgasp");
+        let values = chart.join("values.yaml");
+        let text = fs::read_to_string(&values)?;
+        let pinned = pin_values(&text, repo, &digest)?;
+        fs::write(&values, pinned)?;
+        println!("release {v}: the chart runs {repo}@{digest}");
+    }
+    run(Command::new(helm)
+        .args(["package", "--version", v, "--app-version", v, "-d"])
+        .arg(out)
+        .arg(&chart))
+    .context("helm package")?;
+    let _ = fs::remove_dir_all(&staged);
+    Ok(packaged)
+}
+
+/// values.yaml with its top-level `image:` block naming `repo` and `digest`.
+fn pin_values(values: &str, repo: &str, digest: &str) -> Result<String> {
+    let mut out = Vec::new();
+    let (mut in_image, mut repo_set, mut digest_set) = (false, false, false);
+    for line in values.lines() {
+        if !line.starts_with(' ') && !line.starts_with('#') && !line.is_empty() {
+            in_image = line == "image:";
+        }
+        if in_image && line.starts_with("  repository: ") {
+            out.push(format!("  repository: {repo}"));
+            repo_set = true;
+        } else if in_image && line.starts_with("  digest: ") {
+            out.push(format!("  digest: \"{digest}\""));
+            digest_set = true;
+        } else {
+            out.push(line.to_string());
+        }
+    }
+    ensure!(
+        repo_set && digest_set,
+        "values.yaml has no top-level image.repository and image.digest to pin"
+    );
+    Ok(out.join("\n") + "\n")
+}
+
+/// The digest of the image index an `oci-archive` holds (its `index.json`'s
+/// one manifest).
+pub fn index_digest(archive: &Path) -> Result<String> {
+    let out = Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg("index.json")
+        .output()
+        .context("running tar")?;
+    ensure!(
+        out.status.success(),
+        "no index.json in {}",
+        archive.display()
+    );
+    let index: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let manifests = index["manifests"]
+        .as_array()
+        .context("index.json without manifests")?;
+    ensure!(
+        manifests.len() == 1
+            && manifests[0]["mediaType"] == "application/vnd.oci.image.index.v1+json",
+        "{} does not hold exactly one image index: {}",
+        archive.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let d = manifests[0]["digest"].as_str().unwrap_or_default();
+    ensure!(
+        d.starts_with("sha256:") && d.len() == 71,
+        "a digest that is not sha256: {d}"
+    );
+    Ok(d.to_string())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for e in fs::read_dir(from)? {
+        let e = e?;
+        let dest = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &dest)?;
+        } else {
+            fs::copy(e.path(), &dest)?;
+        }
+    }
+    Ok(())
+}
+
 /// The agent binary's crates (build-time-only crates left out), CycloneDX
 /// 1.5 JSON. cargo-cyclonedx writes one file beside each binary crate's
 /// manifest; the agent's is kept, the others removed.
-fn sbom(root: &Path, tool: &Path, to: &Path) -> Result<()> {
+fn sbom(root: &Path, tool: &Path, images: &[image::Image], to: &Path) -> Result<()> {
     run(Command::new(tool)
         .current_dir(root)
         .args(["cyclonedx", "--manifest-path", "agent/Cargo.toml"])
@@ -152,9 +276,37 @@ fn sbom(root: &Path, tool: &Path, to: &Path) -> Result<()> {
         "cargo cyclonedx wrote no {}",
         agent.display()
     );
-    fs::copy(&agent, to)?;
+    let mut bom: serde_json::Value = serde_json::from_slice(&fs::read(&agent)?)?;
+    add_base(&mut bom, images)?;
+    fs::write(to, serde_json::to_vec_pretty(&bom)?)?;
     for f in made {
         fs::remove_file(f)?;
+    }
+    Ok(())
+}
+
+/// The images' base: the Debian packages their loader and libraries came
+/// from, as components (purl `pkg:deb/debian/...`), named per image arch.
+fn add_base(bom: &mut serde_json::Value, images: &[image::Image]) -> Result<()> {
+    let comps = bom["components"]
+        .as_array_mut()
+        .context("an SBOM without components")?;
+    for img in images {
+        ensure!(
+            !img.packages.is_empty(),
+            "the {} image names no base package",
+            img.arch.name()
+        );
+        for p in &img.packages {
+            comps.push(serde_json::json!({
+                "type": "library",
+                "bom-ref": format!("pkg:deb/debian/{}@{}?arch={}", p.name, p.version, p.arch),
+                "name": p.name,
+                "version": p.version,
+                "purl": format!("pkg:deb/debian/{}@{}?arch={}", p.name, p.version, p.arch),
+                "description": format!("copied into the linux/{} image (its loader and libraries)", img.arch.name()),
+            }));
+        }
     }
     Ok(())
 }
@@ -193,7 +345,7 @@ fn sorted_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// the sums, pushes the index with skopeo and the chart with helm, reads
 /// the index back (one manifest per arch, each naming its platform), pulls
 /// the chart by its OCI reference and renders it with the image it names.
-pub fn verify(dist: &Dist) -> Result<()> {
+pub fn verify(root: &Path, dist: &Dist) -> Result<()> {
     setup::ensure_debs(&[("skopeo", "skopeo"), ("docker-registry", "docker-registry")])?;
     let helm = setup::ensure_manifest_tools()?.helm;
     let sums = Command::new("sha256sum")
@@ -219,33 +371,87 @@ pub fn verify(dist: &Dist) -> Result<()> {
         .arg(format!("docker://{host}/lastgasp:{v}")))
     .context("skopeo copy of the index to the registry")?;
     let arches = index_arches(&host, v)?;
+    // The release workflow's chart: pinned to where the index was pushed.
+    let pinned_dir = dist.dir.with_file_name(format!(".pinned-{v}"));
+    let _ = fs::remove_dir_all(&pinned_dir);
+    fs::create_dir_all(&pinned_dir)?;
+    let repo = format!("{host}/lastgasp");
+    let pinned = package_chart(root, dist, &helm, Some(&repo), &pinned_dir)?;
+    let digest = index_digest(&dist.index())?;
+    let served = served_digest(&host, v)?;
+    ensure!(
+        served == digest,
+        "the registry serves lastgasp:{v} as {served}, the chart pins {digest}"
+    );
+    for (chart, image) in [
+        (dist.chart(), format!("image: lastgasp:{v}")),
+        (pinned, format!("image: {repo}@{digest}")),
+    ] {
+        let pushed = pushed_render(&helm, &host, &chart, v)?;
+        ensure!(
+            pushed.matches(&image).count() >= 2,
+            "the chart {} pulled from the registry does not run `{image}` in both the agent and the controller",
+            chart.display()
+        );
+    }
+    let _ = fs::remove_dir_all(&pinned_dir);
+    println!(
+        "release {v} verified: sums, index ({}) and chart pushed to and pulled from a registry; \
+         the pinned chart runs {repo}@{digest}, the digest the registry serves",
+        arches.join(", ")
+    );
+    Ok(())
+}
 
-    run(Command::new(&helm)
+/// `chart` pushed to the registry, pulled back by its reference and rendered
+/// with its defaults.
+fn pushed_render(helm: &Path, host: &str, chart: &Path, v: &str) -> Result<String> {
+    run(Command::new(helm)
         .args(["push", "--plain-http"])
-        .arg(dist.chart())
+        .arg(chart)
         .arg(format!("oci://{host}/charts")))
     .context("helm push")?;
-    let out = Command::new(&helm)
+    let out = Command::new(helm)
         .args(["template", "lastgasp", "--plain-http", "--version", v])
         .arg(format!("oci://{host}/charts/lastgasp"))
-        .args(["--set", &format!("image.repository={host}/lastgasp")])
         .output()?;
     ensure!(
         out.status.success(),
         "helm template of the pushed chart: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rendered = String::from_utf8_lossy(&out.stdout);
-    let image_line = format!("image: {host}/lastgasp:{v}");
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The digest of what the registry serves for lastgasp:`v` (its raw manifest's sha256).
+fn served_digest(host: &str, v: &str) -> Result<String> {
+    let raw = Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{host}/lastgasp:{v}"))
+        .output()?;
     ensure!(
-        rendered.matches(&image_line).count() >= 2,
-        "the chart pulled from the registry does not run {host}/lastgasp:{v} in both the agent and the controller"
+        raw.status.success(),
+        "skopeo inspect: {}",
+        String::from_utf8_lossy(&raw.stderr)
     );
-    println!(
-        "release {v} verified: sums, index ({}) and chart pushed to and pulled from a registry",
-        arches.join(", ")
-    );
-    Ok(())
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .context("sha256sum's stdin")?
+            .write_all(&raw.stdout)?;
+    }
+    let out = child.wait_with_output()?;
+    let hex = String::from_utf8_lossy(&out.stdout);
+    Ok(format!(
+        "sha256:{}",
+        hex.split_whitespace().next().unwrap_or_default()
+    ))
 }
 
 /// The platforms of the index the registry serves for lastgasp:`v`: one

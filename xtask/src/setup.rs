@@ -529,6 +529,35 @@ pub fn ensure_cyclonedx() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// zizmor, the workflow linter (PyPI's wheel, in a venv under the cache).
+const ZIZMOR_VERSION: &str = "1.32.0";
+
+pub fn ensure_zizmor() -> Result<PathBuf> {
+    let root = cache_dir().join(format!("tools/zizmor-{ZIZMOR_VERSION}"));
+    let bin = root.join("bin/zizmor");
+    let want = format!("zizmor {ZIZMOR_VERSION}");
+    let check = |b: &Path| reports_version(b, &["--version"], &want);
+    if !check(&bin) {
+        eprintln!("xtask: installing zizmor {ZIZMOR_VERSION} (PyPI) to lint the release workflow");
+        let _ = fs::remove_dir_all(&root);
+        output(Command::new("python3").args(["-m", "venv"]).arg(&root))
+            .context("python3 -m venv (Debian: python3-venv)")?;
+        output(
+            Command::new(root.join("bin/pip"))
+                .args(["install", "--quiet", "--only-binary", ":all:"])
+                .arg(format!("zizmor=={ZIZMOR_VERSION}")),
+        )
+        .context("pip install zizmor")?;
+        if !check(&bin) {
+            bail!(
+                "zizmor at {} was installed but does not report {ZIZMOR_VERSION}",
+                bin.display()
+            );
+        }
+    }
+    Ok(bin)
+}
+
 fn reports_version(bin: &Path, args: &[&str], version: &str) -> bool {
     Command::new(bin)
         .args(args)

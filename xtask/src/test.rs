@@ -51,8 +51,8 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
         // The release (its image built from the release binary and
         // checked to arm as the DaemonSet runs it), pushed to a real
         // registry and pulled back.
-        let dist = release::release(root)?;
-        release::verify(&dist)?;
+        let dist = release::release(root, None)?;
+        release::verify(root, &dist)?;
         // The debug agent `test` just built: no second (release) build within CI's budget.
         vm::ci(root, || build(root, false))?;
     } else {

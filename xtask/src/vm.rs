@@ -314,7 +314,12 @@ fn node_prepared(
     // before), else built now from the agent of this run.
     let agent_image = crate::image::archive(root, target, crate::arch::Arch::Amd64)?;
     if !args.debug || !agent_image.0.is_file() {
-        crate::image::build(root, target, agent, crate::arch::Arch::Amd64)?;
+        crate::image::build(
+            target,
+            agent,
+            crate::arch::Arch::Amd64,
+            &crate::image::env_version(root)?,
+        )?;
     }
     let sleeper = crate::image::sleeper(root, target)?;
     crate::cmd::run(
@@ -388,27 +393,20 @@ fn node_test(root: &Path, args: &Args, agent: &Path) -> Result<()> {
         // CI's scenario must win: the record before the node dies, the fence after.
         // Those that stay up are judged by their own checks.
         let strict = arm == node::CI_ARM && node::CI.contains(&sc) && !node::STAYS_UP.contains(&sc);
-        let run = |dir: String| {
+        let run = |dir: &Path| {
             node::run(
                 &guest,
                 &prep,
                 (arm, sc, args.cgroup_driver),
-                &run_dir.join(dir),
+                dir,
                 !args.one_boot,
                 strict,
             )
         };
-        let mut o = run(format!("{arm}-{sc}"));
-        // A guest that stalled under TCG before the trigger tested nothing:
-        // once more, and the row says so (as for the VM scenarios).
-        if o.trigger_never_ran() {
-            println!("vm-test:   {}; once more", o.one_line());
-            o = run(format!("{arm}-{sc}-again"));
-            o.ran_as
-                .push_str(" (run twice: the first guest stalled before the trigger)");
-        }
-        println!("vm-test:   {}", o.one_line());
-        outcomes.push(o);
+        outcomes.push(run_twice_if_stalled(
+            &run_dir.join(format!("{arm}-{sc}")),
+            run,
+        ));
     }
     let md = format!(
         "{}\nGuest: {} MiB, {accel}; {:.1} min in all.\n",
@@ -692,4 +690,40 @@ fn cache_dir() -> PathBuf {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
         })
         .join("lastgasp/vm")
+}
+
+/// A real-node run; a guest that stalled under TCG before the trigger
+/// tested nothing: once more, and the row says so (as for the VM
+/// scenarios). A failure prints the end of its console.
+fn run_twice_if_stalled(dir: &Path, run: impl Fn(&Path) -> node::NodeOutcome) -> node::NodeOutcome {
+    let mut dir = dir.to_path_buf();
+    let mut o = run(&dir);
+    if o.trigger_never_ran() {
+        println!("vm-test:   {}; once more", o.one_line());
+        console_tail(&dir);
+        dir.set_file_name(format!(
+            "{}-again",
+            dir.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        o = run(&dir);
+        o.ran_as
+            .push_str(" (run twice: the first guest stalled before the trigger)");
+    }
+    println!("vm-test:   {}", o.one_line());
+    if o.failed() {
+        console_tail(&dir);
+    }
+    o
+}
+
+/// The end of a failed real-node run's console, on stdout: CI keeps only
+/// what was printed.
+fn console_tail(dir: &Path) {
+    let path = dir.join("boot1/console.log");
+    let text = String::from_utf8_lossy(&fs::read(&path).unwrap_or_default()).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    println!("vm-test:   the last lines of {}:", path.display());
+    for l in &lines[lines.len().saturating_sub(30)..] {
+        println!("vm-test:   | {l}");
+    }
 }

@@ -45,6 +45,9 @@ fn main() -> Result<()> {
     if std::env::args().any(|a| a == "zone") {
         return zone(quick);
     }
+    if std::env::args().any(|a| a == "sizing") {
+        return sizing(quick);
+    }
     let only_flood = std::env::args().any(|a| a == "flood");
     let mut rows = Vec::new();
     // reboot(2) to the agent's stdout, the audit log on tmpfs, then on disk.
@@ -1118,6 +1121,68 @@ fn zone(quick: bool) -> Result<()> {
                 Arm::Before => "before (the condition, and the taint with the full record: two writes)",
                 _ => "now (the record alone, compact: one write)",
             }
+        );
+    }
+    Ok(())
+}
+
+/// The controller's memory and CPU by cluster size: the real process on
+/// N realistic Nodes (100, 1,000, 5,000; `--quick`: 50, 200), one after the
+/// other on the same control plane, a 60 s steady window each.
+fn sizing(quick: bool) -> Result<()> {
+    use lastgasp_tests::{
+        controlplane,
+        render::{kustomize, kustomize_dir, render_kustomize_dir},
+        sizing::{add_nodes, free_lease, measure, node_bytes},
+    };
+    let Some(k) = kustomize() else {
+        bail!("bench sizing applies the kustomize render: no kustomize (`cargo xtask bench` installs it)");
+    };
+    let Some(cp) = controlplane::plain("bench sizing") else {
+        bail!("bench sizing needs the real control plane (see above)");
+    };
+    let bin = agent_bin();
+    let played = [
+        "DaemonSet",
+        "Deployment",
+        "PodDisruptionBudget",
+        "ConfigMap",
+    ];
+    let objs: Vec<serde_json::Value> = render_kustomize_dir(&k, &kustomize_dir())
+        .into_iter()
+        .filter(|o| !played.contains(&o["kind"].as_str().unwrap_or_default()))
+        .collect();
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(lastgasp_tests::render::apply(&cp.admin(), &objs, false))?;
+    let (sizes, window): (Vec<usize>, u64) = if quick {
+        (vec![50, 200], 20)
+    } else {
+        (vec![100, 1000, 5000], 60)
+    };
+    let mut rows = Vec::new();
+    let mut have = 0;
+    for n in sizes {
+        let t = Instant::now();
+        rt.block_on(add_nodes(&cp.admin(), have, n))?;
+        have = n;
+        println!(
+            "sizing: {n} nodes created in {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+        rows.push(measure(cp, &rt, &bin, n, Duration::from_secs(window))?);
+        rt.block_on(free_lease(&cp.admin()))?;
+    }
+    let bytes = rt.block_on(node_bytes(&cp.admin()))?;
+    println!(
+        "\nThe controller by cluster size (one process, the real API server; a Node is {:.1} KB as served; {window} s windows):\n",
+        bytes as f64 / 1024.0
+    );
+    println!("| nodes | ready after | RSS | peak RSS | controller CPU | API server CPU |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.1} s | {:.0} MiB | {:.0} MiB | {:.1} ms/s | {:.0} ms/s |",
+            r.nodes, r.ready_s, r.rss_mib, r.peak_mib, r.cpu_ms_per_s, r.apiserver_cpu_ms_per_s
         );
     }
     Ok(())

@@ -27,7 +27,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::qemu::{Guest, Run, Spec};
+use super::qemu::{Exit, Guest, Run, Spec};
 
 /// The scenarios of the real node: (name, `tests/vm/scenarios/NAME.sh`,
 /// does the guest come back on its own (a reboot)).
@@ -1021,24 +1021,54 @@ fn must_win(seen: &Seen, agent_ran: bool, fenced: Option<f64>, o: &mut NodeOutco
     }
 }
 
-/// Why the trigger never ran: the kubelet never registered the Node, as
-/// qemu says, or nothing to add.
+/// Why the trigger never ran: the kubelet never registered the Node (qemu
+/// says why), the runner's last step, and how the guest ended.
 fn never_registered(run: &Run, out: &Path) -> String {
     let registered = fs::read_to_string(out.join("cluster.jsonl"))
         .unwrap_or_default()
         .lines()
         .any(|l| l.contains("\"kind\":\"Node\"") && l.contains(NODE));
-    if registered {
-        return String::new();
+    let mut why = String::new();
+    if !registered {
+        why.push_str(": the kubelet never registered the Node");
+        if let Some(l) = run.stderr.lines().rfind(|l| !l.trim().is_empty()) {
+            why.push_str(&format!(" (qemu: {})", l.trim()));
+        }
     }
-    // qemu says why the guest could not reach the API server.
-    match run.stderr.lines().rfind(|l| !l.trim().is_empty()) {
-        Some(l) => format!(
-            ": the kubelet never registered the Node (qemu: {})",
-            l.trim()
-        ),
-        None => ": the kubelet never registered the Node".into(),
+    let last = run
+        .console
+        .iter()
+        .rfind(|l| l.text.contains("lastgasp-vm: "));
+    if let Some(l) = last {
+        let step = l.text.split("lastgasp-vm: ").nth(1).unwrap_or("");
+        // After the runner's clock: "<ns> STEP ...".
+        let step = step.split_once(' ').map_or(step, |(_, s)| s);
+        why.push_str(&format!(
+            "; the runner's last step at +{:.0} s: {}",
+            l.t.as_secs_f64(),
+            step.trim()
+        ));
     }
+    let lockups = run
+        .console
+        .iter()
+        .filter(|l| l.text.contains("soft lockup"))
+        .count();
+    if lockups > 0 {
+        why.push_str(&format!("; {lockups} soft lockups"));
+    }
+    match &run.exit {
+        Exit::Killed(r) => why.push_str(&format!(
+            "; the harness ended it at +{:.0} s: {r}",
+            run.exit_t.as_secs_f64()
+        )),
+        Exit::Halted => why.push_str("; the guest halted"),
+        Exit::Exited(st) => why.push_str(&format!(
+            "; qemu ended at +{:.0} s ({st})",
+            run.exit_t.as_secs_f64()
+        )),
+    }
+    why
 }
 
 /// The workloads that ran on the node at the trigger: (name, uid).
