@@ -396,6 +396,7 @@ fn judge(c: &DocCommand, ctx: &Ctx) -> Result<(), String> {
             )),
         },
         "cargo" if s(1) == "xtask" => xtask_accepts(s(2)),
+        "VERSION=$(cargo" if s(1) == "xtask" => xtask_accepts(s(2).trim_end_matches(')')),
         "skopeo" => {
             let archive = w
                 .iter()

@@ -87,7 +87,7 @@ node_up() {
     systemctl start kubelet || { say "FAIL the kubelet did not start"; finish fail; }
     say "KUBELET-STARTED"
     # Bounded by time, not by rounds (a round takes 0.3-1 s under TCG): the
-    # diagnosis below must be written before the host's ARMED timeout (600 s
+    # diagnosis below must be written before the host's ARMED timeout (420 s
     # from the runner's start, which $SECONDS counts from), however long the
     # images took to import.
     # After a power-off the workloads run elsewhere (replaced while the node
@@ -96,7 +96,7 @@ node_up() {
     if [ "$boot" -gt 1 ]; then
         if [ "$ARM" = kubelet ]; then expect=0; else expect=1; fi
     fi
-    local armed= until=540
+    local armed= until=360
     while [ "$SECONDS" -lt "$until" ]; do
         if [ "$ARM" = kubelet ] || grep -qs '"armed"\|lastgasp: armed\| armed ' /var/log/pods/lastgasp_lastgasp-agent-*/agent/*.log; then
             if [ "$(node_tasks)" -ge "$expect" ]; then armed=1; break; fi

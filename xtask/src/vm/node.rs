@@ -536,7 +536,7 @@ fn run_inner(
         keep_overlay: next_boot,
         mem_mib: MEM_MIB,
         apparmor: o.apparmor.is_some(),
-        arm_timeout: Duration::from_secs(600),
+        arm_timeout: Duration::from_secs(420),
     };
     let run = guest.boot(&spec);
     let run = match run {
