@@ -258,7 +258,7 @@ impl LastGasp {
     /// Warms the connections and starts the node watch.
     pub async fn start(watch_client: Client, patch_client: Client, node: &str) -> Result<Self> {
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        let store = super::kube::warm_store(Api::all(watch_client), config, "node").await?;
+        let store = super::kube::warm_store(Api::all(watch_client), config, "node", |_| {}).await?;
         let lg = LastGasp {
             node: node.to_string(),
             nodes: Api::all(patch_client.clone()),

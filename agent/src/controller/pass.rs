@@ -54,6 +54,30 @@ pub struct Controller {
     pub metrics: ControllerMetrics,
 }
 
+/// What the controller never reads of a Node, not kept in its cache: the
+/// image list and the managed fields' field sets, most of a busy Node's
+/// bytes (`cargo xtask bench sizing`). Of the field sets only whether one
+/// owns the Ready condition is kept (`rule::ready_written` reads it); every
+/// entry keeps its manager and time (`record::written_at`).
+pub fn trim_node(node: &mut Node) {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+    if let Some(st) = node.status.as_mut() {
+        st.images = None;
+    }
+    for m in node.metadata.managed_fields.iter_mut().flatten() {
+        let ready = m.fields_v1.as_ref().is_some_and(|f| {
+            f.0.pointer("/f:status/f:conditions")
+                .and_then(|c| c.get(READY_KEY))
+                .is_some()
+        });
+        m.fields_v1 = ready
+            .then(|| FieldsV1(serde_json::json!({"f:status": {"f:conditions": {READY_KEY: {}}}})));
+    }
+}
+
+/// The Ready condition's key in a field set.
+const READY_KEY: &str = r#"k:{"type":"Ready"}"#;
+
 impl Controller {
     /// `watch` serves the node watch (long reads), `client` every other
     /// request (short, bounded reads).
@@ -62,6 +86,7 @@ impl Controller {
             Api::<Node>::all(watch),
             watcher::Config::default(),
             "node",
+            trim_node,
         )
         .await?;
         let reporter = Reporter {

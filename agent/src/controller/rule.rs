@@ -691,6 +691,52 @@ mod tests {
         }
     }
 
+    /// The controller's cache keeps no image list and no field sets but
+    /// the Ready condition's owner: every verdict reads the same.
+    #[test]
+    fn a_trimmed_node_is_judged_as_the_full_one() {
+        use k8s_openapi::{
+            api::core::v1::ContainerImage, apimachinery::pkg::apis::meta::v1::FieldsV1,
+        };
+        let rec = kernel();
+        let c = cfg();
+        let l = lease(90);
+        for (ready, ready_at) in [("True", 50), ("True", 150), ("True", 100), ("Unknown", 10)] {
+            let mut n = node(Some(&rec), 100, ready, ready_at);
+            let fields = n.metadata.managed_fields.as_mut().unwrap();
+            fields.push(ManagedFieldsEntry {
+                manager: Some("kube-controller-manager".into()),
+                time: Some(stamp(180)),
+                fields_v1: Some(FieldsV1(serde_json::json!({"f:spec": {"f:podCIDR": {}}}))),
+                ..Default::default()
+            });
+            n.status.as_mut().unwrap().images = Some(vec![ContainerImage {
+                names: Some(vec!["registry.example.com/a:1".into()]),
+                size_bytes: Some(1),
+            }]);
+            let full = short(&judge(&n, Some(&l), t(200), &c));
+            super::super::pass::trim_node(&mut n);
+            assert_eq!(
+                short(&judge(&n, Some(&l), t(200), &c)),
+                full,
+                "Ready {ready} at {ready_at}"
+            );
+            assert!(n.status.as_ref().unwrap().images.is_none());
+            let sets: Vec<bool> = n
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .map(|m| m.fields_v1.is_some())
+                .collect();
+            assert_eq!(
+                sets,
+                [true, false, false],
+                "only the Ready owner's field set is kept"
+            );
+        }
+    }
+
     /// What the record does not carry is read from the Node as stored.
     #[test]
     fn the_node_decides_what_is_current() {

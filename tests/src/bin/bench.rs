@@ -1153,6 +1153,8 @@ fn sizing(quick: bool) -> Result<()> {
         .filter(|o| !played.contains(&o["kind"].as_str().unwrap_or_default()))
         .collect();
     let rt = tokio::runtime::Runtime::new()?;
+    // The clients are made outside the futures that use them.
+    let _in_rt = rt.enter();
     rt.block_on(lastgasp_tests::render::apply(&cp.admin(), &objs, false))?;
     let (sizes, window): (Vec<usize>, u64) = if quick {
         (vec![50, 200], 20)

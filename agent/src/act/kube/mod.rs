@@ -75,7 +75,7 @@ impl NodeClient {
     /// on `client` (short timeouts).
     pub async fn start_with(watch: Client, client: Client, node: &str) -> Result<Self> {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let pods = warm_store(Api::all(watch), config, "pod").await?;
+        let pods = warm_store(Api::all(watch), config, "pod", |_| {}).await?;
         let reporter = Reporter {
             controller: "lastgasp".into(),
             instance: Some(node.to_string()),
@@ -432,6 +432,7 @@ pub async fn warm_store<K>(
     api: Api<K>,
     config: watcher::Config,
     what: &'static str,
+    trim: fn(&mut K),
 ) -> Result<Store<K>>
 where
     K: kube::Resource<DynamicType = ()>
@@ -443,7 +444,7 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config))
+    let stream = reflector::reflector(writer, watcher(api, config).modify(trim))
         .default_backoff()
         .touched_objects();
     tokio::spawn(async move {
