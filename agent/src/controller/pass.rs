@@ -59,7 +59,7 @@ pub struct Controller {
 /// bytes (`cargo xtask bench sizing`). Of the field sets only whether one
 /// owns the Ready condition is kept (`rule::ready_written` reads it); every
 /// entry keeps its manager and time (`record::written_at`).
-pub fn trim_node(node: &mut Node) {
+pub(super) fn trim_node(node: &mut Node) {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
     if let Some(st) = node.status.as_mut() {
         st.images = None;
