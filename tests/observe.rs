@@ -1541,11 +1541,8 @@ async fn an_api_server_down_from_the_start_blinds_nothing() {
         &[],
     );
     let node = "n-local";
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // The agent retries this port until the double listens on it.
+    let port = port_below_ephemeral_range();
     let url = format!("http://127.0.0.1:{port}");
     let dir = std::env::temp_dir().join(format!("lastgasp-localfirst-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -27,7 +27,8 @@ use lastgasp::{
         metrics::Metrics,
     },
     controller::{
-        FENCED_BOOT_ANNOTATION, FENCED_CONDITION, OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION,
+        rule::has_out_of_service, FENCED_BOOT_ANNOTATION, FENCED_CONDITION, OUT_OF_SERVICE_KEY,
+        TAINTED_BY_ANNOTATION,
     },
     decide::{Action, Decider, Episode},
     grace::Bucket,
@@ -100,6 +101,15 @@ async fn pod_of(client: &Client, selector: &str, ok: impl Fn(&str, &str) -> bool
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// The client of `node`'s agent as deployed: a token bound to its pod.
+async fn agent_of(cp: &ControlPlane, admin: &Client, node: &str) -> Client {
+    let pod = pod_of(admin, "app.kubernetes.io/component=agent", |_, n| n == node).await;
+    cp.agent_client(
+        &pod_token(admin, NS, AGENT_SA, Some(&pod)).await,
+        Use::Requests,
+    )
 }
 
 /// The (group, resource[/subresource], verb) triples the render grants `sa`.
@@ -616,11 +626,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
 
         // The record comes from A's own agent (the admission policy refuses
         // it from anyone else).
-        let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
-        let agent = cp.agent_client(
-            &pod_token(&admin, NS, AGENT_SA, Some(&agent_pod)).await,
-            Use::Requests,
-        );
+        let agent = agent_of(cp, &admin, a).await;
         let boot = sim.boot_id(a).unwrap();
         recovery::last_gasp(&agent, a, &boot, lastgasp_tests::support::kernel_poweroff())
             .await
@@ -628,12 +634,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         sim.power_off(a);
         let nodes: Api<Node> = Api::all(admin.clone());
         let pods: Api<Pod> = Api::namespaced(admin.clone(), work);
-        let tainted = |n: &Node| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
-        };
+        let tainted = has_out_of_service;
         let t0 = Instant::now();
         loop {
             if tainted(&nodes.get(a).await.unwrap())
@@ -695,11 +696,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         // it set (B's, as a fence leaves it), and no one else's (C's).
         let (b, c) = (names[1], names[2]);
         // B's agent asked for it (admission admits no fence without that).
-        let agent_b = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == b).await;
-        let agent_b = cp.agent_client(
-            &pod_token(&admin, NS, AGENT_SA, Some(&agent_b)).await,
-            Use::Requests,
-        );
+        let agent_b = agent_of(cp, &admin, b).await;
         recovery::last_gasp(
             &agent_b,
             b,
@@ -806,11 +803,7 @@ fn a_reinstall_after_an_uninstall_fences_again() {
                 .annotations()
                 .contains_key("lastgasp.dev/paused")
         };
-        let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
-        let agent = cp.agent_client(
-            &pod_token(&admin, NS, AGENT_SA, Some(&agent_pod)).await,
-            Use::Requests,
-        );
+        let agent = agent_of(cp, &admin, a).await;
         recovery::last_gasp(
             &agent,
             a,
@@ -821,12 +814,7 @@ fn a_reinstall_after_an_uninstall_fences_again() {
         .unwrap();
         sim.power_off(a);
         let nodes: Api<Node> = Api::all(admin.clone());
-        let tainted = |n: &Node| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
-        };
+        let tainted = has_out_of_service;
         // The Lease silent for its 40 s and more: the paused controller holds.
         tokio::time::sleep(Duration::from_secs(50)).await;
         assert!(
@@ -1099,13 +1087,6 @@ async fn node_patcher(cp: &ControlPlane, admin: &Client) -> Client {
     )
 }
 
-fn has_out_of_service(n: &Node) -> bool {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_KEY))
-}
-
 /// The stamps the verdict reads and the fence are the node's agent's to
 /// give, on the real server: nobody else writes under the record's field
 /// manager (a patch of another field with its fieldManager, forged
@@ -1129,8 +1110,7 @@ fn the_record_stamp_and_the_fence_are_the_node_agents_to_give() {
         apply(&admin, &objs, false).await;
         let patcher = node_patcher(cp, &admin).await;
         evidence_enforced(&admin, a).await;
-        let pod_a = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == a).await;
-        let agent_a = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&pod_a)).await, Use::Requests);
+        let agent_a = agent_of(cp, &admin, a).await;
         let controller = cp.agent_client(&pod_token(&admin, NS, CONTROLLER_SA, None).await, Use::Requests);
         let nodes = Api::<Node>::all(admin.clone());
 
@@ -1280,8 +1260,7 @@ fn the_condition_follows_the_taint_and_a_live_nodes_pods_are_never_forced() {
         let fence = |node: &'static str| {
             let (nodes, sim, cp, admin) = (nodes.clone(), &sim, cp, admin.clone());
             async move {
-                let agent_pod = pod_of(&admin, "app.kubernetes.io/component=agent", |_, n| n == node).await;
-                let agent = cp.agent_client(&pod_token(&admin, NS, AGENT_SA, Some(&agent_pod)).await, Use::Requests);
+                let agent = agent_of(cp, &admin, node).await;
                 let boot = sim.boot_id(node).unwrap();
                 recovery::last_gasp(&agent, node, &boot, lastgasp_tests::support::kernel_poweroff())
                     .await

@@ -14,6 +14,23 @@ use lastgasp::{
 
 /// Tests that need root (to load eBPF) call this first; without it they print
 /// why they are skipped and return `false`. They never pass silently.
+/// A free loopback port below the kernel's ephemeral range, for a server
+/// that starts after its clients already try it: a client retrying an
+/// ephemeral port where nothing listens can connect to itself (TCP's
+/// simultaneous open on loopback) and hold the port.
+pub fn port_below_ephemeral_range() -> u16 {
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let span = u32::from(low.saturating_sub(10_000)).max(1);
+    let start = 10_000 + (std::process::id() % span) as u16;
+    (0..span)
+        .map(|i| 10_000 + ((u32::from(start - 10_000) + i) % span) as u16)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free loopback port below the ephemeral range")
+}
+
 pub fn can_load_ebpf(test: &str) -> bool {
     if !nix::unistd::geteuid().is_root() {
         println!("SKIPPED {test}: needs root to load eBPF programs");

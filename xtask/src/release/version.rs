@@ -1,8 +1,9 @@
 //! What a release is called. A tag `vX.Y.Z` at the commit (or
 //! `LASTGASP_RELEASE_TAG`, as the release workflow sets it) makes release
 //! X.Y.Z: the agent's crate must say X.Y.Z and CHANGELOG.md must date its
-//! `[X.Y.Z]` section. Any other commit builds `X.Y.Z-dev.gSHA`, a
-//! pre-release of the next version, with the `[Unreleased]` notes; a
+//! `[X.Y.Z]` section. Any other commit builds `X.Y.Z-dev.gSHA` (a source
+//! tree without git: `X.Y.Z-dev.nogit`), a pre-release of the next
+//! version, with the `[Unreleased]` notes; a
 //! version CHANGELOG.md already dates must be bumped first, so that no two
 //! builds share a name.
 use std::{path::Path, process::Command};
@@ -36,10 +37,15 @@ pub fn of_checkout(root: &Path, crate_version: &str, changelog: &str) -> Result<
         )
         .ok(),
     };
-    let sha = git(root, &["rev-parse", "--short=12", "HEAD"]).context(
-        "the release is named by its commit: run it in a git checkout, or set LASTGASP_RELEASE_TAG=vX.Y.Z",
-    )?;
-    name(crate_version, tag.as_deref(), &sha, changelog)
+    // Outside a git checkout (a source archive) a dev build says so in its name.
+    let commit = match git(root, &["rev-parse", "--short=12", "HEAD"]) {
+        Ok(sha) => format!("g{sha}"),
+        Err(e) => {
+            eprintln!("xtask: no commit to name the build by ({e:#}): it is named `nogit`");
+            "nogit".into()
+        }
+    };
+    name(crate_version, tag.as_deref(), &commit, changelog)
 }
 
 fn git(root: &Path, args: &[&str]) -> Result<String> {
@@ -57,9 +63,14 @@ fn git(root: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// The pure rule: `tag` (if any), the commit, the crate's version and the
-/// changelog make the name, or the reason there is none.
-pub fn name(crate_version: &str, tag: Option<&str>, sha: &str, changelog: &str) -> Result<Version> {
+/// The pure rule: `tag` (if any), the commit (`gSHA`), the crate's version
+/// and the changelog make the name, or the reason there is none.
+pub fn name(
+    crate_version: &str,
+    tag: Option<&str>,
+    commit: &str,
+    changelog: &str,
+) -> Result<Version> {
     let dated = dated(changelog, crate_version)?;
     if let Some(tag) = tag {
         ensure!(
@@ -82,7 +93,7 @@ pub fn name(crate_version: &str, tag: Option<&str>, sha: &str, changelog: &str) 
              bump the version (agent/Cargo.toml, the chart) for what follows"
         );
     }
-    let name = format!("{crate_version}-dev.g{sha}");
+    let name = format!("{crate_version}-dev.{commit}");
     let notes = changelog_section(changelog, "Unreleased")
         .map(|n| n.replace("lastgasp Unreleased", &format!("lastgasp {name}")))
         .unwrap_or_else(|_| {
@@ -139,7 +150,7 @@ mod tests {
 
     #[test]
     fn any_other_commit_is_a_dev_build_of_an_unreleased_version() {
-        let v = name("0.3.0", None, "0123456789ab", LOG).unwrap();
+        let v = name("0.3.0", None, "g0123456789ab", LOG).unwrap();
         assert_eq!(
             (v.name.as_str(), v.tagged),
             ("0.3.0-dev.g0123456789ab", false)
