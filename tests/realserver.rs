@@ -884,6 +884,11 @@ fn a_reinstall_after_an_uninstall_fences_again() {
         )
         .await
         .unwrap();
+        // The control plane is shared: the next test's controller creates its Lease.
+        leases
+            .delete("lastgasp-controller", &Default::default())
+            .await
+            .unwrap();
     });
 }
 
