@@ -352,10 +352,16 @@ impl What {
         let body = &r["body"];
         let node = format!("/api/v1/nodes/{NODE}");
         let seg: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let conditions = body["status"]["conditions"].as_array();
+        // The agent's own health (`LastgaspDegraded`, written once 10 s after
+        // it starts whatever happens) says nothing of a shutdown.
+        if path == format!("{node}/status")
+            && conditions.is_some_and(|cs| cs.iter().all(|c| c["type"] == "LastgaspDegraded"))
+        {
+            return None;
+        }
         Some(if path == format!("{node}/status") {
-            let c = body["status"]["conditions"]
-                .as_array()
-                .and_then(|cs| cs.iter().find(|c| c["type"] == "ShutdownInProgress"));
+            let c = conditions.and_then(|cs| cs.iter().find(|c| c["type"] == "ShutdownInProgress"));
             match c {
                 Some(c) => What::Condition(format!(
                     "{} {}",
@@ -749,6 +755,29 @@ mod tests {
             );
             assert_eq!(got.is_some_and(|w| w.announces()), announces, "{r}");
         }
+    }
+
+    /// The agent's own health condition alone is no shutdown write.
+    #[test]
+    fn the_agents_health_is_not_a_shutdown_write() {
+        let status = format!("/api/v1/nodes/{NODE}/status");
+        let health = json!({"type": "LastgaspDegraded", "status": "False", "reason": "Armed"});
+        let alone = req(
+            "PATCH",
+            &status,
+            json!({"status": {"conditions": [health]}}),
+        );
+        assert!(What::of(&alone).is_none());
+        let with = req(
+            "PATCH",
+            &status,
+            json!({"status": {"conditions": [health,
+                {"type": "ShutdownInProgress", "status": "True", "reason": "GracefulShutdown"}]}}),
+        );
+        assert_eq!(
+            What::of(&with).map(|w| w.to_string()).as_deref(),
+            Some("condition ShutdownInProgress=True GracefulShutdown")
+        );
     }
 
     #[test]

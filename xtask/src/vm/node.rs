@@ -553,11 +553,18 @@ fn run_inner(
         powered_off || (first_end.is_some_and(|l| l.text.contains("Restarting")) && !next_boot);
     let triggered_once = run.markers("TRIGGER ").len() == 1;
     if went_down && triggered_once {
+        // The final unit's word (read-only /usr) is fenced only after
+        // systemd-shutdown's sweep bound (the controller's 100 s).
+        let linger = if p.ro_usr {
+            LINGER + Duration::from_secs(100)
+        } else {
+            LINGER
+        };
         println!(
             "vm-test:   the node is down: the cluster watched for {} s",
-            LINGER.as_secs()
+            linger.as_secs()
         );
-        std::thread::sleep(LINGER);
+        std::thread::sleep(linger);
     }
     let run2 = if next_boot && powered_off && triggered_once {
         println!("vm-test:   the node powered off: switching it on again (same disks)");
@@ -1014,10 +1021,8 @@ fn must_win(seen: &Seen, agent_ran: bool, fenced: Option<f64>, o: &mut NodeOutco
             .push("the agent's record was not on the Node when the node went down".into());
     }
     if fenced.is_none() {
-        o.problems.push(format!(
-            "the controller did not fence the node within {} s",
-            LINGER.as_secs()
-        ));
+        o.problems
+            .push("the controller did not fence the node while the cluster was watched".into());
     }
 }
 
