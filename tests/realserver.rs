@@ -112,6 +112,20 @@ async fn agent_of(cp: &ControlPlane, admin: &Client, node: &str) -> Client {
     )
 }
 
+/// `node`'s agent, as deployed, sends the kernel's power-off record of its boot.
+async fn kernel_last_gasp(cp: &ControlPlane, admin: &Client, sim: &Sim, node: &str) {
+    let agent = agent_of(cp, admin, node).await;
+    let boot = sim.boot_id(node).unwrap();
+    recovery::last_gasp(
+        &agent,
+        node,
+        &boot,
+        lastgasp_tests::support::kernel_poweroff(),
+    )
+    .await
+    .unwrap();
+}
+
 /// The (group, resource[/subresource], verb) triples the render grants `sa`.
 fn grants(objs: &[Value], sa: &str) -> BTreeSet<(String, String, String)> {
     let bound: BTreeSet<(String, String)> =
@@ -696,15 +710,7 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         // it set (B's, as a fence leaves it), and no one else's (C's).
         let (b, c) = (names[1], names[2]);
         // B's agent asked for it (admission admits no fence without that).
-        let agent_b = agent_of(cp, &admin, b).await;
-        recovery::last_gasp(
-            &agent_b,
-            b,
-            &sim.boot_id(b).unwrap(),
-            lastgasp_tests::support::kernel_poweroff(),
-        )
-        .await
-        .unwrap();
+        kernel_last_gasp(cp, &admin, &sim, b).await;
         let fence = json!({
             "metadata": {"annotations": {TAINTED_BY_ANNOTATION: "deployed", FENCED_BOOT_ANNOTATION: sim.boot_id(b).unwrap()}},
             "spec": {"taints": [{"key": OUT_OF_SERVICE_KEY, "value": "nodeshutdown", "effect": "NoExecute"}]},
@@ -803,15 +809,7 @@ fn a_reinstall_after_an_uninstall_fences_again() {
                 .annotations()
                 .contains_key("lastgasp.dev/paused")
         };
-        let agent = agent_of(cp, &admin, a).await;
-        recovery::last_gasp(
-            &agent,
-            a,
-            &sim.boot_id(a).unwrap(),
-            lastgasp_tests::support::kernel_poweroff(),
-        )
-        .await
-        .unwrap();
+        kernel_last_gasp(cp, &admin, &sim, a).await;
         sim.power_off(a);
         let nodes: Api<Node> = Api::all(admin.clone());
         let tainted = has_out_of_service;
@@ -1265,11 +1263,8 @@ fn the_condition_follows_the_taint_and_a_live_nodes_pods_are_never_forced() {
         let fence = |node: &'static str| {
             let (nodes, sim, cp, admin) = (nodes.clone(), &sim, cp, admin.clone());
             async move {
-                let agent = agent_of(cp, &admin, node).await;
+                kernel_last_gasp(cp, &admin, sim, node).await;
                 let boot = sim.boot_id(node).unwrap();
-                recovery::last_gasp(&agent, node, &boot, lastgasp_tests::support::kernel_poweroff())
-                    .await
-                    .unwrap();
                 sim.power_off(node);
                 let t0 = Instant::now();
                 loop {
