@@ -241,8 +241,9 @@ pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
         }
         // Its detector checked that PID 1 is systemd-shutdown; the final
         // unit's courier, that systemd runs it for the shutdown and no pod
-        // lives.
-        Source::ShutdownHook | Source::FinalUnit => {
+        // lives; the sweep's reader, that PID 1 exec'd systemd-shutdown and
+        // its sweep left no process it would kill, nor any pod's.
+        Source::ShutdownHook | Source::FinalUnit | Source::FinalSweep => {
             pid = None;
             Proof::FinalStage
         }
@@ -881,6 +882,7 @@ fn confirms_as_host(s: &ShutdownSignal) -> bool {
             | Source::KernelHook
             | Source::ShutdownHook
             | Source::FinalUnit
+            | Source::FinalSweep
     ) || is_pid1_shutdown(s)
         || (s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.ns_pid == 1))
 }
@@ -892,7 +894,11 @@ pub fn leaves_no_time(s: &ShutdownSignal) -> bool {
     s.forced
         || matches!(
             s.source,
-            Source::RebootSyscall | Source::KernelHook | Source::ShutdownHook | Source::FinalUnit
+            Source::RebootSyscall
+                | Source::KernelHook
+                | Source::ShutdownHook
+                | Source::FinalUnit
+                | Source::FinalSweep
         )
         || is_pid1_shutdown(s)
 }
@@ -924,7 +930,7 @@ fn cannot_happen(s: &ShutdownSignal) -> Option<String> {
 
 /// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services
 /// already stopped.
-fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {
+pub fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {
     let Detail::Exec { path, .. } = &s.detail else {
         return false;
     };
@@ -950,9 +956,11 @@ fn can_reboot(s: &ShutdownSignal) -> Option<bool> {
 fn authority(s: &ShutdownSignal) -> Authority {
     match s.source {
         Source::Logind | Source::Systemd => Authority::Host,
-        Source::KernelHook | Source::RebootSyscall | Source::ShutdownHook | Source::FinalUnit => {
-            Authority::Kernel
-        }
+        Source::KernelHook
+        | Source::RebootSyscall
+        | Source::ShutdownHook
+        | Source::FinalUnit
+        | Source::FinalSweep => Authority::Kernel,
         // The kernel checked the sender's right to signal PID 1.
         Source::SignalPid1 => Authority::Privileged,
         Source::Exec if is_pid1_shutdown(s) => Authority::Kernel,
@@ -1001,6 +1009,9 @@ fn summary(s: &ShutdownSignal) -> String {
         },
         Detail::Hook { verb } if s.source == Source::FinalUnit => {
             format!("lastgasp's final unit, every unit stopped ({verb})")
+        }
+        Detail::Hook { verb } if s.source == Source::FinalSweep => {
+            format!("systemd-shutdown's kill sweep ended every process ({verb})")
         }
         Detail::Hook { verb } => format!("systemd-shutdown's final hook ({verb})"),
         Detail::ToolEnd { how } => format!("the tool {how}"),
@@ -1560,6 +1571,25 @@ mod tests {
             (
                 "--force, then systemd-shutdown's reboot(2)",
                 vec![exec(Poweroff, true), pid1_shutdown(), pid1_reboot()],
+                Some(Proof::Kernel),
+            ),
+            (
+                "--force, then systemd-shutdown's sweep ended every process",
+                vec![
+                    exec(Poweroff, true),
+                    pid1_shutdown(),
+                    sig(FinalSweep, Poweroff, true, Effect::Now),
+                ],
+                Some(Proof::FinalStage),
+            ),
+            (
+                "--force, the sweep's end, then the reboot(2): the kernel's",
+                vec![
+                    exec(Poweroff, true),
+                    pid1_shutdown(),
+                    sig(FinalSweep, Poweroff, true, Effect::Now),
+                    pid1_reboot(),
+                ],
                 Some(Proof::Kernel),
             ),
             (

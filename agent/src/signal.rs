@@ -30,6 +30,11 @@ pub enum Source {
     /// kubelet, the runtime), every mount unit unmounted; systemd-shutdown
     /// comes next.
     FinalUnit,
+    /// The agent's own reading once PID 1 exec'd systemd-shutdown
+    /// (`detect::final_sweep`): its kill sweep ended every process but
+    /// PID 1, kernel threads and root `@` processes outside pods; the
+    /// unmount loop and reboot(2) come next.
+    FinalSweep,
     /// `sched/sched_process_exit` (and exec): a tool whose exec proved the
     /// node's end ended without the kernel going down.
     ToolEnd,

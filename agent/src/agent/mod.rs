@@ -32,6 +32,7 @@ use crate::{
     detect::{
         actor, clock,
         ebpf::{Drops, EbpfDetector},
+        final_sweep,
         hooks::tool_end,
         logind::LogindHandle,
         shutdown_hook,
@@ -330,6 +331,9 @@ struct Inputs {
     dbus_rx: mpsc::Receiver<ShutdownSignal>,
     joined: Option<watch::Receiver<Option<Arc<Cluster>>>>,
     hook: Option<shutdown_hook::HookPaths>,
+    /// Where no hook is armed: the loop for systemd-shutdown's sweep's end
+    /// (`final_sweep`), used once.
+    sweep: Option<mpsc::Sender<ShutdownSignal>>,
 }
 
 /// The loop: detect → decide → act, fairly (a flood of records, bounded per
@@ -346,6 +350,7 @@ async fn turn(
         mut dbus_rx,
         joined,
         hook,
+        mut sweep,
     } = inputs;
     let mut join_pending = joined.is_some();
     let (_keep, mut joined) = match joined {
@@ -369,9 +374,13 @@ async fn turn(
                 let mut queue: VecDeque<ShutdownSignal> = batch?.into();
                 while let Some(s) = queue.pop_front() {
                     let exec = (s.source == Source::Exec).then(|| (s.actor.as_ref().map(|a| a.pid), s.at));
+                    let final_stage = final_sweep::verb(&s);
                     let d = agent.handle(s).await?;
                     if let Some((Some(pid), at)) = exec {
                         watch_tool(&mut det, pid, at, &d, &mut queue);
+                    }
+                    if let (Some(verb), Some(tx)) = (final_stage, sweep.take()) {
+                        final_sweep::watch("/proc".into(), std::process::id(), verb, tx);
                     }
                 }
             }

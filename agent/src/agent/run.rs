@@ -166,6 +166,11 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     // logind and systemd over D-Bus, and systemd-shutdown's hook, feed the same loop.
     let (dbus_tx, dbus_rx) = tokio::sync::mpsc::channel(64);
     let (hook, courier) = start_shutdown_hook(&args, &audit_dir, &node, &dbus_tx, &metrics);
+    // No hook to wait for the agent's word: the sweep's end is read instead.
+    let sweep = hook.is_none().then(|| dbus_tx.clone());
+    if sweep.is_some() {
+        metrics.set_last_word("final-sweep", true);
+    }
     let logind = launch::spawn_detectors(&args.dbus, dbus_tx, health.clone()).await?;
     let policy = crate::decide::DecisionPolicy {
         trust_unowned_bus_signals: args.dbus.trust_unowned_bus_signals,
@@ -197,6 +202,7 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
         dbus_rx,
         joined: (!args.standalone).then_some(joined.clone()),
         hook,
+        sweep,
     };
     let episode_open = turn(agent, inputs, &metrics, &health).await?;
     let cluster = joined.borrow().clone();
@@ -391,10 +397,11 @@ async fn start_cluster_half(
     Ok(())
 }
 
-/// systemd-shutdown's hook, when asked for, and in cluster mode its courier
-/// (the run directory where the courier's kit goes): beside the hook, or
-/// where the hook's directory is read-only, under the audit directory with
-/// the final unit to run it (`act::final_unit`).
+/// systemd-shutdown's hook, when asked for (its paths once installed), and
+/// in cluster mode its courier (the run directory where the courier's kit
+/// goes): beside the hook, or where the hook's directory is read-only,
+/// under the audit directory with the final unit to run it
+/// (`act::final_unit`).
 fn start_shutdown_hook(
     args: &RunArgs,
     audit_dir: &Path,
@@ -415,6 +422,7 @@ fn start_shutdown_hook(
     };
     let installed = shutdown_hook::start(&paths, node, tx.clone());
     metrics.set_last_word("shutdown-hook", installed.is_ok());
+    let armed = installed.is_ok();
     let courier_dir = match &installed {
         Ok(()) => Ok(paths.hook_dir.join(shutdown_hook::COURIER)),
         Err(_) => std::fs::read_to_string("/proc/1/mountinfo")
@@ -422,20 +430,20 @@ fn start_shutdown_hook(
             .and_then(|m| crate::act::courier::home(&m, &args.run_dir, audit_dir)),
     };
     if args.standalone {
-        return (Some(paths), None);
+        return (armed.then_some(paths), None);
     }
     if args.no_courier {
         let _ = crate::host_files::remove_courier(&paths.hook_dir, &paths.run_dir);
         let _ = std::fs::remove_dir_all(audit_dir.join(crate::act::courier::BESIDE_AUDIT));
         let _ = std::fs::remove_dir_all(args.run_dir.join(crate::act::courier::IN_RUN));
         tracing::info!("no courier (--no-courier): a shutdown that stops the agent before systemd-shutdown's hook is not fenced");
-        return (Some(paths), None);
+        return (armed.then_some(paths), None);
     }
     let unit_dir = match (installed, &args.unit_dir) {
         (Ok(()), _) => None,
         (Err(e), None) => {
             tracing::warn!(error = format!("{e:#}"), "systemd-shutdown's hook NOT installed and no --unit-dir: a shutdown through systemd is fenced only if the agent's last word outruns the kernel's power-off (never under the systemd cgroup driver)");
-            return (Some(paths), None);
+            return (armed.then_some(paths), None);
         }
         (Err(e), Some(d)) => {
             tracing::warn!(error = format!("{e:#}"), unit_dir = %d.display(), "systemd-shutdown's hook NOT installed: the courier runs from lastgasp's final unit instead");
@@ -448,7 +456,7 @@ fn start_shutdown_hook(
             metrics.set_last_word("courier", false);
             metrics.set_last_word("final-unit", false);
             tracing::warn!(error = format!("{e:#}"), "no courier: a shutdown that stops the agent before systemd's end (every shutdown through systemd under the systemd cgroup driver) loses its last word");
-            return (Some(paths), None);
+            return (armed.then_some(paths), None);
         }
     };
     let run_dir = paths.run_dir.clone();
@@ -459,7 +467,7 @@ fn start_shutdown_hook(
         args.dbus.system_bus.clone(),
         metrics.clone(),
     ));
-    (Some(paths), Some(run_dir))
+    (armed.then_some(paths), Some(run_dir))
 }
 
 /// The courier's copy (megabytes: beside the loop, not before it), then

@@ -47,7 +47,9 @@ const STAMP: Duration = Duration::from_secs(1);
 /// lastgasp's final unit speaks before systemd-shutdown: its kill sweep
 /// (up to its 90 s timeout), the unmount loop, then reboot(2). Measured
 /// 2.9 s under TCG with a busy mount, more than the proof's quiet: its
-/// word is fenced only once that sweep's bound has passed.
+/// word is fenced only once that sweep's bound has passed. The agent's
+/// word at the sweep's end (`final-sweep`) waits as long: the unmount
+/// loop, bounded by nothing shorter, is still to come.
 pub const FINAL_UNIT_SETTLE: Duration = Duration::from_secs(100);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -328,12 +330,12 @@ fn evidence(
             mark.map_or("none", String::as_str)
         ));
     }
-    let from_final_unit = rec
+    let before_unmount = rec
         .signal
         .as_ref()
-        .is_some_and(|s| s.source == Source::FinalUnit);
+        .is_some_and(|s| matches!(s.source, Source::FinalUnit | Source::FinalSweep));
     Ok(Evidence {
-        quiet: if from_final_unit {
+        quiet: if before_unmount {
             cfg.proof_quiet + FINAL_UNIT_SETTLE
         } else {
             cfg.proof_quiet
@@ -658,6 +660,9 @@ mod tests {
             signal(Source::Logind, Kind::Poweroff, 100),
             signal(Source::FinalUnit, Kind::Poweroff, 130),
         ]);
+        let mut forced = signal(Source::Exec, Kind::Poweroff, 100);
+        forced.calls_reboot = false;
+        let final_sweep = record(&[forced, signal(Source::FinalSweep, Kind::Poweroff, 130)]);
         let closed = |how| kernel().closed(how, "test", t(101));
         let ahead = {
             let mut r = kernel();
@@ -690,6 +695,8 @@ mod tests {
             ("the final unit's word: systemd-shutdown's sweep first", final_unit.clone(), 130, Some(120), 133, "wait"),
             ("... 2 s + 100 s (stamps: 103 s)", final_unit.clone(), 130, Some(120), 232, "wait"),
             ("... then fenced", final_unit, 130, Some(120), 233, "fence"),
+            ("--force, the sweep's end: the unmount loop first", final_sweep.clone(), 130, Some(120), 232, "wait"),
+            ("... then fenced", final_sweep, 130, Some(120), 233, "fence"),
             ("a direct tool, kubelet still renewing", direct.clone(), 100, Some(99), 111, "wait"),
             ("a direct tool, kubelet silent 13 s", direct.clone(), 100, Some(99), 113, "fence"),
             ("a direct tool, kubelet silent long before it: its quiet time first", direct.clone(), 100, Some(10), 108, "wait"),

@@ -2,6 +2,7 @@
 pub(crate) mod actor;
 pub mod clock;
 pub mod ebpf;
+pub mod final_sweep;
 pub mod hooks;
 pub(crate) mod host;
 pub(crate) mod launch;

@@ -41,7 +41,7 @@ impl ShutdownSignal {
                 member: "PrepareForShutdown".into(),
                 unit: None,
             },
-            Source::ShutdownHook | Source::FinalUnit => Detail::Hook {
+            Source::ShutdownHook | Source::FinalUnit | Source::FinalSweep => Detail::Hook {
                 verb: "poweroff".into(),
             },
             Source::ToolEnd => Detail::ToolEnd {
