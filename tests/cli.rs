@@ -17,10 +17,15 @@ struct Standalone {
 }
 
 fn standalone(dir: &std::path::Path) -> Standalone {
+    standalone_with(dir, &[])
+}
+
+fn standalone_with(dir: &std::path::Path, extra: &[&str]) -> Standalone {
     let _ = std::fs::remove_dir_all(dir);
     let mut agent = Command::new(agent_bin())
         .args(["run", "--standalone", "--audit-dir"])
         .arg(dir)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -200,6 +205,84 @@ fn a_direct_tool_that_ends_without_a_reboot_fails_its_episode() {
     }
     agent.stop();
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `systemctl poweroff --force` where no hook is armed: PID 1 exec's
+/// systemd-shutdown, whose sweep the agent reads in the node's /proc. A
+/// fresh PID namespace is the node (`--node-pid-ns`); its PID 1 runs
+/// stand-ins only (copies of the trigger that sleep and exit, never a
+/// reboot(2)): `systemctl poweroff --force`, then exec's one named
+/// systemd-shutdown, leaving no other process. The agent audits that it
+/// reads the sweep, then sends the final stage's word (a /proc whose PID 1
+/// is not systemd-shutdown proves nothing: `final_sweep`'s unit tests).
+#[test]
+fn the_sweeps_end_is_read_only_from_systemd_shutdown() {
+    if !can_load_ebpf("cli_final_sweep") {
+        return;
+    }
+    let base = std::env::temp_dir().join(format!("lastgasp-cli-sweep-{}", std::process::id()));
+    let tools = base.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    for tool in ["systemctl", "systemd-shutdown"] {
+        std::fs::copy(trigger_bin(), tools.join(tool)).unwrap();
+    }
+    let go = base.join("go");
+    let script = format!(
+        "[ $$ = 1 ] || exit 9; while [ ! -e {go} ]; do sleep 0.05; done; \
+         LASTGASP_STANDIN=sleep:0 {t}/systemctl poweroff --force; \
+         LASTGASP_STANDIN=sleep:3000 exec {t}/systemd-shutdown poweroff",
+        go = go.display(),
+        t = tools.display()
+    );
+    let mut node = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "bash", "-c", &script])
+        .spawn()
+        .expect("unshare (util-linux)");
+    // The namespace's init: bash, forked by unshare.
+    let init = (0..100)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            let kids =
+                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", node.id())).ok()?;
+            kids.split_whitespace().next().map(str::to_string)
+        })
+        .expect("the namespace's init");
+    let ns = format!("/proc/{init}/ns/pid");
+    let agent = standalone_with(
+        &base.join("audit"),
+        &["--no-dbus", "--metrics-listen", "off", "--node-pid-ns", &ns],
+    );
+    std::fs::write(&go, "").unwrap();
+    let (_, exec) = agent.next("systemctl poweroff --force", |v| {
+        v["source"] == "exec" && v["actor"]["comm"] == "systemctl"
+    });
+    assert_eq!(exec["decision"]["action"], "immediate", "{exec}");
+    let (_, pid1) = agent.next("PID 1's exec of systemd-shutdown", |v| {
+        v["source"] == "exec" && v["actor"]["ns_pid"] == 1
+    });
+    assert_eq!(pid1["decision"]["action"], "join", "{pid1}");
+    let (_, reading) = agent.next("the sweep read", |v| v["source"] == "final-sweep");
+    assert_eq!(reading["decision"]["action"], "audit-only", "{reading}");
+    assert!(
+        reading["decision"]["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("reading systemd-shutdown's kill sweep"),
+        "{reading}"
+    );
+    let (_, end) = agent.next("the sweep's end", |v| v["source"] == "final-sweep");
+    assert_eq!(
+        (&end["effect"], &end["kind"]),
+        (&"now".into(), &"poweroff".into()),
+        "{end}"
+    );
+    assert_eq!(
+        end["decision"]["action"], "last-word",
+        "the final stage's proof: {end}"
+    );
+    agent.stop();
+    assert!(node.wait().unwrap().success());
+    std::fs::remove_dir_all(&base).ok();
 }
 
 #[test]

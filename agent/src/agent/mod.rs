@@ -333,7 +333,7 @@ struct Inputs {
     hook: Option<shutdown_hook::HookPaths>,
     /// Where no hook is armed: the loop for systemd-shutdown's sweep's end
     /// (`final_sweep`), used once.
-    sweep: Option<mpsc::Sender<ShutdownSignal>>,
+    sweep: Option<final_sweep::Reader>,
 }
 
 /// The loop: detect → decide → act, fairly (a flood of records, bounded per
@@ -374,13 +374,14 @@ async fn turn(
                 let mut queue: VecDeque<ShutdownSignal> = batch?.into();
                 while let Some(s) = queue.pop_front() {
                     let exec = (s.source == Source::Exec).then(|| (s.actor.as_ref().map(|a| a.pid), s.at));
-                    let final_stage = final_sweep::verb(&s);
+                    let final_stage = decide::is_pid1_shutdown(&s).then(|| final_sweep::verb(&s)).flatten();
                     let d = agent.handle(s).await?;
                     if let Some((Some(pid), at)) = exec {
                         watch_tool(&mut det, pid, at, &d, &mut queue);
                     }
-                    if let (Some(verb), Some(tx)) = (final_stage, sweep.take()) {
-                        final_sweep::watch("/proc".into(), std::process::id(), verb, tx);
+                    // Once, and only for that exec (`take` only then).
+                    if let Some((verb, reader)) = final_stage.and_then(|v| Some((v, sweep.take()?))) {
+                        reader.watch(verb);
                     }
                 }
             }

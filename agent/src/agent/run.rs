@@ -167,7 +167,9 @@ pub async fn run(mut args: RunArgs, json_logs: bool) -> Result<()> {
     let (dbus_tx, dbus_rx) = tokio::sync::mpsc::channel(64);
     let (hook, courier) = start_shutdown_hook(&args, &audit_dir, &node, &dbus_tx, &metrics);
     // No hook to wait for the agent's word: the sweep's end is read instead.
-    let sweep = hook.is_none().then(|| dbus_tx.clone());
+    let sweep = hook
+        .is_none()
+        .then(|| crate::detect::final_sweep::Reader::of(&node, dbus_tx.clone()));
     if sweep.is_some() {
         metrics.set_last_word("final-sweep", true);
     }

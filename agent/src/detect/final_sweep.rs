@@ -26,12 +26,9 @@ const POLL: Duration = Duration::from_millis(50);
 /// `PF_KTHREAD` in /proc/PID/stat's flags.
 const PF_KTHREAD: u64 = 0x0020_0000;
 
-/// The verb systemd-shutdown was exec'd with (its argv[1]), if `s` is that
-/// exec by the node's PID 1.
+/// The verb of an exec of systemd-shutdown (its argv[1]); the caller has
+/// checked that the node's PID 1 made it (`decide::is_pid1_shutdown`).
 pub fn verb(s: &ShutdownSignal) -> Option<String> {
-    if !crate::decide::is_pid1_shutdown(s) {
-        return None;
-    }
     match &s.detail {
         Detail::Exec { argv, .. } => Some(argv.get(1).cloned().unwrap_or_default()),
         _ => None,
@@ -46,22 +43,51 @@ pub fn signal(verb: &str, at: SystemTime) -> ShutdownSignal {
     s
 }
 
-/// Reads the sweep on a thread of its own (blocking reads of /proc must
-/// not hold the agent's loop): see [`await_end`].
-pub fn watch(proc_root: PathBuf, me: u32, verb: String, tx: Sender<ShutdownSignal>) {
-    tracing::info!(verb, "the last word: reading systemd-shutdown's kill sweep");
-    let spawned = std::thread::Builder::new()
-        .name("final-sweep".into())
-        .spawn(move || await_end(&proc_root, me, &verb, &tx));
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "no last word from the sweep: no thread to read it");
+/// Where and by whom the sweep is read: the node's /proc, the agent's own
+/// pid there (spared; 0 where the agent runs outside the node's namespace),
+/// and the loop's channel.
+pub struct Reader {
+    pub proc_root: PathBuf,
+    pub me: u32,
+    pub tx: Sender<ShutdownSignal>,
+}
+
+impl Reader {
+    /// For the node's PID namespace: the agent's own /proc in the initial
+    /// one; else (tests) the /proc its init sees.
+    pub fn of(node: &crate::node::NodePidNs, tx: Sender<ShutdownSignal>) -> Self {
+        let (proc_root, me) = match node.init_pid {
+            1 => (PathBuf::from("/proc"), std::process::id()),
+            init => (PathBuf::from(format!("/proc/{init}/root/proc")), 0),
+        };
+        Reader { proc_root, me, tx }
+    }
+
+    /// Reads the sweep on a thread of its own (blocking reads of /proc must
+    /// not hold the agent's loop): see [`await_end`].
+    pub fn watch(self, verb: String) {
+        tracing::info!(verb, "the last word: reading systemd-shutdown's kill sweep");
+        let why = format!(
+            "reading systemd-shutdown's kill sweep (every {} ms, up to {} s)",
+            POLL.as_millis(),
+            BOUND.as_secs()
+        );
+        let _ = self.tx.try_send(without_effect(&verb, why));
+        let Reader { proc_root, me, tx } = self;
+        let spawned = std::thread::Builder::new()
+            .name("final-sweep".into())
+            .spawn(move || await_end(&proc_root, me, &verb, &tx));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no last word from the sweep: no thread to read it");
+        }
     }
 }
 
 /// Waits (up to [`BOUND`]) until systemd-shutdown's sweep has left nothing
 /// in `proc_root` but PID 1, kernel threads, `me` and root `@` processes
 /// outside pods, then sends the sweep's signal on `tx`. What holds the
-/// sweep a second or more (a few of them), an unreadable /proc, or the
+/// sweep (the first reading, then any that holds it a second or more: a
+/// few of them), an unreadable /proc, or the
 /// bound passing go out as signals without effect: the audit keeps them.
 pub fn await_end(proc_root: &Path, me: u32, verb: &str, tx: &Sender<ShutdownSignal>) {
     let started = Instant::now();
@@ -92,6 +118,13 @@ pub fn await_end(proc_root: &Path, me: u32, verb: &str, tx: &Sender<ShutdownSign
                     let _ = tx.blocking_send(without_effect(verb, why));
                     first = Some((left, Instant::now() + BOUND));
                 }
+            }
+            // The first reading is told at once: the sweep is being read.
+            _ if first.is_none() => {
+                told += 1;
+                let why = format!("systemd-shutdown's sweep, first read: {left}");
+                let _ = tx.blocking_send(without_effect(verb, why));
+                first = Some((left, Instant::now()));
             }
             _ => first = Some((left, Instant::now())),
         }
