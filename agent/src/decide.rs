@@ -1512,6 +1512,22 @@ mod tests {
         }
     }
 
+    /// The proof of death the last of `signals` leaves, decided in order.
+    fn proof(signals: Vec<ShutdownSignal>) -> Option<Proof> {
+        let mut d = Decider::new();
+        signals
+            .iter()
+            .map(|s| d.decide(s))
+            .last()
+            .and_then(|d| d.episode?.death.map(|x| x.proof))
+    }
+
+    fn pid1_reboot() -> ShutdownSignal {
+        let mut s = reboot2(Poweroff, false);
+        s.actor.as_mut().unwrap().ns_pid = 1;
+        s
+    }
+
     /// Which paths prove that the kernel goes down now: only the kernel's
     /// own power-off, and a direct tool whose caller can reboot. A path
     /// through PID 1 (`--force`, SIGRTMIN+14, systemd-shutdown) stops or
@@ -1519,19 +1535,6 @@ mod tests {
     /// final reboot(2).
     #[test]
     fn only_the_kernel_and_direct_tools_prove_death() {
-        let proof = |signals: Vec<ShutdownSignal>| {
-            let mut d = Decider::new();
-            signals
-                .iter()
-                .map(|s| d.decide(s))
-                .last()
-                .and_then(|d| d.episode?.death.map(|x| x.proof))
-        };
-        let pid1_reboot = || {
-            let mut s = reboot2(Poweroff, false);
-            s.actor.as_mut().unwrap().ns_pid = 1;
-            s
-        };
         let cases: Vec<(&str, Vec<ShutdownSignal>, Option<Proof>)> = vec![
             (
                 "reboot(2) by root",
@@ -1571,25 +1574,6 @@ mod tests {
             (
                 "--force, then systemd-shutdown's reboot(2)",
                 vec![exec(Poweroff, true), pid1_shutdown(), pid1_reboot()],
-                Some(Proof::Kernel),
-            ),
-            (
-                "--force, then systemd-shutdown's sweep ended every process",
-                vec![
-                    exec(Poweroff, true),
-                    pid1_shutdown(),
-                    sig(FinalSweep, Poweroff, true, Effect::Now),
-                ],
-                Some(Proof::FinalStage),
-            ),
-            (
-                "--force, the sweep's end, then the reboot(2): the kernel's",
-                vec![
-                    exec(Poweroff, true),
-                    pid1_shutdown(),
-                    sig(FinalSweep, Poweroff, true, Effect::Now),
-                    pid1_reboot(),
-                ],
                 Some(Proof::Kernel),
             ),
             (
@@ -1734,6 +1718,25 @@ mod tests {
             alone.episode.unwrap().death.unwrap().proof,
             Proof::FinalStage
         );
+    }
+
+    /// `--force` where no hook is armed: the end of systemd-shutdown's
+    /// sweep is the final stage (`final_sweep`); its reboot(2), if seen,
+    /// the kernel's. Read while PID 1 is not systemd-shutdown, it is no
+    /// proof.
+    #[test]
+    fn the_sweeps_end_is_the_final_stage() {
+        let sweep = || sig(FinalSweep, Poweroff, true, Effect::Now);
+        let force = || vec![exec(Poweroff, true), pid1_shutdown(), sweep()];
+        assert_eq!(proof(force()), Some(Proof::FinalStage));
+        let mut then = force();
+        then.push(pid1_reboot());
+        assert_eq!(proof(then), Some(Proof::Kernel));
+        let mut unread = sweep();
+        unread.effect = Effect::None {
+            why: "PID 1 is systemd".into(),
+        };
+        assert_eq!(proof(vec![exec(Poweroff, true), unread]), None);
     }
 
     /// A shutdown logind confirmed goes on when a proof in it fails: the

@@ -379,10 +379,7 @@ async fn turn(
                     if let Some((Some(pid), at)) = exec {
                         watch_tool(&mut det, pid, at, &d, &mut queue);
                     }
-                    // Once, and only for that exec (`take` only then).
-                    if let Some((verb, reader)) = final_stage.and_then(|v| Some((v, sweep.take()?))) {
-                        reader.watch(verb);
-                    }
+                    read_sweep(final_stage, &mut sweep);
                 }
             }
             Some(s) = dbus_rx.recv() => {
@@ -430,6 +427,15 @@ async fn turn(
     }
     tracing::info!(ring_buffer_drops = det.drops(), "stopping");
     Ok(agent.episode_open())
+}
+
+/// PID 1 exec'd systemd-shutdown (`verb`): the sweep's reader starts, once.
+/// (`take` only then: another exec must not use it up.)
+fn read_sweep(verb: Option<String>, sweep: &mut Option<final_sweep::Reader>) {
+    let Some(verb) = verb else { return };
+    if let Some(reader) = sweep.take() {
+        reader.watch(verb);
+    }
 }
 
 /// The Node's `LastgaspDegraded`: which part of the graceful path is lost

@@ -242,29 +242,21 @@ fn in_pod(path: &str, pod_depth: usize) -> bool {
 mod tests {
     use super::*;
 
-    fn proc_entry(
-        root: &Path,
-        pid: u32,
-        comm: &str,
-        state: &str,
-        flags: u64,
-        uid: u32,
-        cmdline: &[u8],
-        cg: &str,
-    ) {
-        let d = root.join(pid.to_string());
+    /// A process in a fake /proc: `head` is its stat line's start, "PID
+    /// (COMM) STATE".
+    fn proc_entry(root: &Path, head: &str, flags: u64, uid: u32, cmdline: &[u8], cg: &str) {
+        let (pid, rest) = head.split_once(" (").unwrap();
+        let comm = rest.split_once(')').unwrap().0;
+        let d = root.join(pid);
         fs::create_dir_all(&d).unwrap();
         fs::write(
             d.join("stat"),
-            format!("{pid} ({comm}) {state} 1 1 1 0 -1 {flags} 0 0 0 0 0 0\n"),
+            format!("{head} 1 1 1 0 -1 {flags} 0 0 0 0 0 0\n"),
         )
         .unwrap();
         fs::write(d.join("comm"), format!("{comm}\n")).unwrap();
-        fs::write(
-            d.join("status"),
-            format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"),
-        )
-        .unwrap();
+        let status = format!("Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n");
+        fs::write(d.join("status"), status).unwrap();
         fs::write(d.join("cmdline"), cmdline).unwrap();
         fs::write(d.join("cgroup"), format!("0::{cg}\n")).unwrap();
     }
@@ -278,30 +270,26 @@ mod tests {
         let r = root.as_path();
         proc_entry(
             r,
-            1,
-            "systemd-shutdow",
-            "S",
+            "1 (systemd-shutdow) S",
             0,
             0,
             b"/usr/lib/systemd/systemd-shutdown\0poweroff\0",
             "/../../../../init.scope",
         );
-        proc_entry(r, 2, "kthreadd", "S", PF_KTHREAD, 0, b"", "/../../../..");
-        proc_entry(r, 500, "lastgasp", "S", 0, 0, b"@lastgasp\0run\0", "/");
+        proc_entry(r, "2 (kthreadd) S", PF_KTHREAD, 0, b"", "/../../../..");
+        proc_entry(r, "500 (lastgasp) S", 0, 0, b"@lastgasp\0run\0", "/");
         proc_entry(
             r,
-            600,
-            "iscsid",
-            "S",
+            "600 (iscsid) S",
             0,
             0,
             b"@iscsid\0",
             "/../../../../system.slice/iscsid.service",
         );
-        proc_entry(r, 700, "postgres", "Z", 0, 999, b"", "/../../../kubepods-burstable.slice/kubepods-burstable-podb.slice/cri-containerd-c.scope");
+        proc_entry(r, "700 (postgres) Z", 0, 999, b"", "/../../../kubepods-burstable.slice/kubepods-burstable-podb.slice/cri-containerd-c.scope");
         assert_eq!(first_survivor(r, 500).unwrap(), None);
 
-        proc_entry(r, 701, "postgres", "S", 0, 999, b"postgres\0", "/../../../kubepods-burstable.slice/kubepods-burstable-podb.slice/cri-containerd-c.scope");
+        proc_entry(r, "701 (postgres) S", 0, 999, b"postgres\0", "/../../../kubepods-burstable.slice/kubepods-burstable-podb.slice/cri-containerd-c.scope");
         let left = first_survivor(r, 500).unwrap().unwrap();
         assert!(left.starts_with("pid 701 (postgres) is left"), "{left}");
         fs::remove_dir_all(r.join("701")).unwrap();
@@ -310,9 +298,7 @@ mod tests {
         // (same QoS slice) or in another: a workload alive.
         proc_entry(
             r,
-            702,
-            "writer",
-            "S",
+            "702 (writer) S",
             0,
             0,
             b"@writer\0",
@@ -326,9 +312,7 @@ mod tests {
         // A non-root `@` process is killed by the sweep: left for it.
         proc_entry(
             r,
-            703,
-            "user",
-            "S",
+            "703 (user) S",
             0,
             1000,
             b"@user\0",
@@ -344,9 +328,7 @@ mod tests {
         // Not the final stage: nothing is read as the sweep.
         proc_entry(
             r,
-            1,
-            "systemd",
-            "S",
+            "1 (systemd) S",
             0,
             0,
             b"/sbin/init\0",
@@ -383,9 +365,7 @@ mod tests {
         let _ = fs::remove_dir_all(&root);
         proc_entry(
             &root,
-            1,
-            "systemd-shutdow",
-            "S",
+            "1 (systemd-shutdow) S",
             0,
             0,
             b"/lib/systemd/systemd-shutdown\0poweroff\0",
@@ -408,9 +388,7 @@ mod tests {
         );
         proc_entry(
             &root,
-            1,
-            "systemd",
-            "S",
+            "1 (systemd) S",
             0,
             0,
             b"/sbin/init\0",
