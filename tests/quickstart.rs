@@ -159,6 +159,28 @@ fn the_readmes_five_minutes_install_and_check_on_the_real_control_plane() {
                 _ => panic!("{c}: a step this test does not know; run it here or say why not"),
             }
         }
+        // One lastgasp per cluster: a second release is refused at install
+        // (its policies would refuse the first's agents), an upgrade of the
+        // first is not.
+        let second = helm_command(&helm, &home)
+            .current_dir(repo())
+            .args(["install", "second", "deploy/helm/lastgasp", "--namespace", "second"])
+            .args(["--create-namespace", "--set", "nameOverride=second"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&second.stderr);
+        assert!(!second.status.success(), "a second release installed");
+        assert!(said.contains("another lastgasp is installed in this cluster (its evidence policy lastgasp-evidence, release \"lastgasp\" in namespace \"lastgasp\")"), "{said}");
+        let upgrade = helm_command(&helm, &home)
+            .current_dir(repo())
+            .args(["upgrade", "lastgasp", "deploy/helm/lastgasp", "--namespace", "lastgasp"])
+            .args(["--reuse-values"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&upgrade.stderr);
+        assert!(upgrade.status.success(), "the release's own upgrade: {said}");
         std::fs::remove_dir_all(&home).ok();
         // Safe first: the five minutes install observe (nothing fenced, no
         // pod removed).
