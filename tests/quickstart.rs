@@ -81,6 +81,16 @@ fn the_readmes_five_minutes_install_and_check_on_the_real_control_plane() {
             .write_kubeconfig("five-minutes.kubeconfig", ADMIN_TOKEN)
             .unwrap();
         let home = std::env::temp_dir().join(format!("lastgasp-five-{}", std::process::id()));
+        // helm as the README runs it: from the repository, on this cluster.
+        let run_helm = |args: &[String]| {
+            helm_command(&helm, &home)
+                .current_dir(repo())
+                .args(args)
+                .env("KUBECONFIG", &kubeconfig)
+                .output()
+                .unwrap()
+        };
+        let words = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         let mut ran = Vec::new();
         for c in &steps {
             let w: Vec<&str> = c.words.iter().map(String::as_str).collect();
@@ -115,12 +125,7 @@ fn the_readmes_five_minutes_install_and_check_on_the_real_control_plane() {
                 }
                 ["helm", "install", ..] => {
                     let args: Vec<String> = c.words[1..].iter().map(|a| filled(a)).collect();
-                    let out = helm_command(&helm, &home)
-                        .current_dir(repo())
-                        .args(&args)
-                        .env("KUBECONFIG", &kubeconfig)
-                        .output()
-                        .unwrap();
+                    let out = run_helm(&args);
                     assert!(
                         out.status.success(),
                         "{c}:\n{}",
@@ -162,23 +167,15 @@ fn the_readmes_five_minutes_install_and_check_on_the_real_control_plane() {
         // One lastgasp per cluster: a second release is refused at install
         // (its policies would refuse the first's agents), an upgrade of the
         // first is not.
-        let second = helm_command(&helm, &home)
-            .current_dir(repo())
-            .args(["install", "second", "deploy/helm/lastgasp", "--namespace", "second"])
-            .args(["--create-namespace", "--set", "nameOverride=second"])
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .unwrap();
+        let second = run_helm(&words(
+            "install second deploy/helm/lastgasp --namespace second --create-namespace --set nameOverride=second",
+        ));
         let said = String::from_utf8_lossy(&second.stderr);
         assert!(!second.status.success(), "a second release installed");
         assert!(said.contains("another lastgasp is installed in this cluster (its evidence policy lastgasp-evidence, release \"lastgasp\" in namespace \"lastgasp\")"), "{said}");
-        let upgrade = helm_command(&helm, &home)
-            .current_dir(repo())
-            .args(["upgrade", "lastgasp", "deploy/helm/lastgasp", "--namespace", "lastgasp"])
-            .args(["--reuse-values"])
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .unwrap();
+        let upgrade = run_helm(&words(
+            "upgrade lastgasp deploy/helm/lastgasp --namespace lastgasp --reuse-values",
+        ));
         let said = String::from_utf8_lossy(&upgrade.stderr);
         assert!(upgrade.status.success(), "the release's own upgrade: {said}");
         std::fs::remove_dir_all(&home).ok();

@@ -655,14 +655,12 @@ mod tests {
         let reboot = record(&[signal(Source::RebootSyscall, Kind::Reboot, 100)]);
         let mut forced_exec = signal(Source::Exec, Kind::Poweroff, 100);
         forced_exec.calls_reboot = false;
-        let through_pid1 = record(&[forced_exec]);
+        let through_pid1 = record(&[forced_exec.clone()]);
         let final_unit = record(&[
             signal(Source::Logind, Kind::Poweroff, 100),
             signal(Source::FinalUnit, Kind::Poweroff, 130),
         ]);
-        let mut forced = signal(Source::Exec, Kind::Poweroff, 100);
-        forced.calls_reboot = false;
-        let final_sweep = record(&[forced, signal(Source::FinalSweep, Kind::Poweroff, 130)]);
+        let final_sweep = record(&[forced_exec, signal(Source::FinalSweep, Kind::Poweroff, 130)]);
         let closed = |how| kernel().closed(how, "test", t(101));
         let ahead = {
             let mut r = kernel();
