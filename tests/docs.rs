@@ -420,6 +420,18 @@ fn judge(c: &DocCommand, ctx: &Ctx) -> Result<(), String> {
                 )),
             }
         }
+        "podman" | "docker" => match s(1) {
+            // `cargo xtask release` builds that file (the release step of `cargo xtask test`).
+            "build" | "buildx" => match repo().join("Containerfile").is_file() {
+                true => Ok(()),
+                false => Err("no Containerfile at the repository's root".into()),
+            },
+            "push" => Ok(()),
+            other => Err(format!(
+                "{} {other}: a subcommand this check does not know",
+                s(0)
+            )),
+        },
         "cd" if s(1).starts_with("target/dist/") => {
             match s(1) == format!("target/dist/{}", ctx.version) {
                 true => Ok(()),

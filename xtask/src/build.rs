@@ -32,17 +32,33 @@ pub const BINS: [&str; 4] = ["--package", "lastgasp", "--package", "lastgasp-api
 /// The agent alone for `arch` (the eBPF object is the same bytecode for
 /// every arch); this machine's arch is `build`.
 pub fn build_for(root: &Path, release: bool, arch: Arch) -> Result<PathBuf> {
-    let Some(triple) = arch.rust_target() else {
+    if arch.rust_target().is_none() {
         return build(root, release);
-    };
+    }
+    agent(root, release, arch, &[])
+}
+
+/// The release agent alone for `arch`, without debug info (the image
+/// strips it anyway): the Containerfile's build stage.
+pub fn image_agent(root: &Path, arch: Arch) -> Result<PathBuf> {
+    agent(root, true, arch, &[("CARGO_PROFILE_RELEASE_DEBUG", "0")])
+}
+
+fn agent(root: &Path, release: bool, arch: Arch, env: &[(&str, &str)]) -> Result<PathBuf> {
     let tools = setup::ensure(root)?;
     build_ebpf(root, &tools)?;
     setup::ensure_cross(arch)?;
     let mut cmd = cargo();
     cmd.current_dir(root)
-        .args(["build", "--package", "lastgasp", "--target", triple])
+        .args(["build", "--package", "lastgasp"])
         .env("LASTGASP_EBPF_OBJ", ebpf_object(root));
-    for (var, val) in setup::cross_env(arch) {
+    if let Some(triple) = arch.rust_target() {
+        cmd.args(["--target", triple]);
+    }
+    for (var, val) in setup::cross_env(arch)
+        .into_iter()
+        .chain(env.iter().copied())
+    {
         cmd.env(var, val);
     }
     if release {

@@ -1,7 +1,8 @@
-//! `cargo xtask image`: the DaemonSet's image, from the release binary, with
-//! no base image to pull: `FROM scratch` over a root filesystem the project
-//! makes (the binary, stripped, and the few glibc libraries `ldd` names).
-//! Built with Debian's podman, saved as an OCI archive under
+//! The DaemonSet's image, built from the root `Containerfile` with Debian's
+//! podman: either its build stage compiles the agent (`From::Source`: a
+//! release, as `podman build .` does anywhere) or the agent this host built
+//! is laid out in the context (`From::Host`: `cargo xtask image` and the VM
+//! tests, its `prebuilt` stage). Saved as an OCI archive under
 //! `target/image/`, and checked by running it the way the DaemonSet does
 //! (the same capabilities, host PID and network, read-only BTF, the host's
 //! tracefs): it must arm.
@@ -17,6 +18,9 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::{arch::Arch, setup};
 
+mod base;
+pub use base::Base;
+
 /// The DaemonSet's added capabilities (deploy/kustomize/agent-daemonset.yaml;
 /// tests/manifests/privileges.rs checks that list against the docs).
 const CAPS: &str = "BPF,PERFMON,SYS_ADMIN,SYS_PTRACE";
@@ -26,11 +30,11 @@ pub struct Image {
     pub arch: Arch,
     /// Where `build` saved it (an OCI archive).
     pub archive: PathBuf,
-    /// The Debian packages its libraries were copied from (the SBOM's base).
+    /// The Debian packages of its base (the SBOM's base).
     pub packages: Vec<DebPackage>,
 }
 
-/// A Debian package on the build host: name, version, architecture.
+/// A Debian package installed in an image: name, version, architecture.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DebPackage {
     pub name: String,
@@ -38,51 +42,12 @@ pub struct DebPackage {
     pub arch: String,
 }
 
-/// The package that installed `file` on this host (`dpkg -S`), with its version.
-fn owner(file: &Path) -> Result<DebPackage> {
-    let real = fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-    // dpkg knows a path as its package shipped it: /lib or /usr/lib.
-    let candidates = [
-        real.clone(),
-        file.to_path_buf(),
-        Path::new("/usr").join(real.strip_prefix("/").unwrap_or(&real)),
-        real.strip_prefix("/usr")
-            .map_or(real.clone(), |p| Path::new("/").join(p)),
-    ];
-    for c in &candidates {
-        let out = Command::new("dpkg")
-            .arg("-S")
-            .arg(c)
-            .output()
-            .context("running dpkg -S")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let Some(pkg) = text.lines().next().and_then(|l| l.split(": ").next()) else {
-            continue;
-        };
-        if !out.status.success() {
-            continue;
-        }
-        let pkg = pkg.split(", ").next().unwrap_or(pkg).to_string();
-        let q = Command::new("dpkg-query")
-            .args(["-W", "-f", "${Package}\t${Version}\t${Architecture}", &pkg])
-            .output()
-            .context("running dpkg-query")?;
-        let line = String::from_utf8_lossy(&q.stdout).to_string();
-        let f: Vec<&str> = line.split('\t').collect();
-        ensure!(
-            q.status.success() && f.len() == 3,
-            "dpkg-query {pkg}: {line}"
-        );
-        return Ok(DebPackage {
-            name: f[0].into(),
-            version: f[1].into(),
-            arch: f[2].into(),
-        });
-    }
-    bail!(
-        "no Debian package owns {} (dpkg -S): the SBOM cannot name the image's base",
-        file.display()
-    )
+/// Where the image's agent comes from.
+pub enum From<'a> {
+    /// This binary, built on the host for the image's arch (the `prebuilt` stage).
+    Host(&'a Path),
+    /// The Containerfile's build stage, from the checkout (a release).
+    Source,
 }
 
 /// Podman set up for this machine: vfs storage (no overlay mounts needed),
@@ -96,79 +61,76 @@ fn podman(dir: &Path) -> Command {
     cmd
 }
 
-/// The image of `bin`, an agent built for `arch` (`build::build_for`).
-pub fn build(target: &Path, bin: &Path, arch: Arch, version: &str) -> Result<Image> {
-    setup::ensure_debs(&[
-        ("podman", "podman"),
-        ("runc", "runc"),
-        ("strip", "binutils"),
-    ])?;
-    setup::ensure_cross(arch)?;
+/// The directory podman's configuration and the images' files live in.
+fn podman_dir(target: &Path) -> Result<PathBuf> {
     let dir = target.join("image");
-    let (tag, archive) = names(target, arch, version);
-    let rootfs = dir.join("rootfs");
-    let _ = fs::remove_dir_all(&rootfs);
-    fs::create_dir_all(rootfs.join("usr/local/bin"))?;
-    for d in [
-        "tmp",
-        "proc",
-        "sys",
-        "var/lib/lastgasp",
-        "etc/lastgasp",
-        "host",
-    ] {
-        fs::create_dir_all(rootfs.join(d))?;
-    }
-    // As on any distribution: the D-Bus system bus is found at
-    // /var/run/dbus/system_bus_socket (zbus's default, the spec's), and the
-    // DaemonSet mounts the host's /run/dbus at /run/dbus. Without the link
-    // the agent in its pod never reached logind: no delay lock, no
-    // PrepareForShutdown (found by `vm-test --node`).
-    fs::create_dir_all(rootfs.join("run"))?;
-    fs::create_dir_all(rootfs.join("var"))?;
-    std::os::unix::fs::symlink("../run", rootfs.join("var/run"))?;
+    fs::create_dir_all(&dir)?;
     fs::write(
         dir.join("containers.conf"),
         "[containers]\ndefault_ulimits = []\n",
     )?;
-    let strip = match arch {
-        Arch::Amd64 => "strip",
-        Arch::Arm64 => "aarch64-linux-gnu-strip",
-    };
-    let st = Command::new(strip)
-        .arg("-o")
-        .arg(rootfs.join("usr/local/bin/lastgasp"))
-        .arg(bin)
-        .status()
-        .context("running strip")?;
-    if !st.success() {
-        bail!("strip {} failed", bin.display());
-    }
-    let mut packages: Vec<DebPackage> = Vec::new();
-    for (lib, at) in libraries(bin, arch)? {
-        let p = owner(&lib)?;
-        if !packages.contains(&p) {
-            packages.push(p);
+    Ok(dir)
+}
+
+/// The image of the agent for `arch`, from the root `Containerfile` over `base`.
+pub fn build(
+    root: &Path,
+    target: &Path,
+    from: From,
+    arch: Arch,
+    version: &str,
+    base: Base,
+) -> Result<Image> {
+    setup::ensure_debs(&[("podman", "podman"), ("runc", "runc")])?;
+    let dir = podman_dir(target)?;
+    let (tag, archive) = names(target, arch, version);
+    let base_args = base.build_args(&dir, arch)?;
+    let mut cmd = podman(&dir);
+    cmd.args(["build", "--platform"])
+        .arg(format!("linux/{}", arch.name()))
+        .args(["--build-arg", &format!("TARGETARCH={}", arch.name())])
+        .args(["-t", &tag])
+        .arg("-f")
+        .arg(root.join("Containerfile"));
+    cmd.args(&base_args);
+    match from {
+        From::Host(bin) => {
+            let ctx = dir.join("context");
+            lay_root(bin, arch, &ctx.join("prebuilt"))?;
+            cmd.args(["--quiet", "--target", "prebuilt"]).arg(&ctx);
         }
-        let to = rootfs.join(at.strip_prefix("/").unwrap_or(&at));
-        fs::create_dir_all(to.parent().expect("a library path has a directory"))?;
-        fs::copy(&lib, &to).with_context(|| format!("copying {}", lib.display()))?;
+        From::Source => {
+            println!(
+                "image: building {tag} from the Containerfile (its build stage compiles the agent)"
+            );
+            // Its downloads trust what this host trusts (a TLS-intercepting
+            // proxy's CA, as on this workplace's machines).
+            let ca = std::env::var_os("SSL_CERT_FILE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into());
+            if ca.is_file() {
+                cmd.arg("--secret")
+                    .arg(format!("id=ca,src={}", ca.display()));
+            }
+            cmd.arg(root);
+        }
     }
-    fs::write(
-        dir.join("Containerfile"),
-        "# Made by cargo xtask image: the agent and its glibc, nothing else.\n\
-         FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/usr/local/bin/lastgasp\"]\n",
-    )?;
-    build_replacing(
-        &dir,
-        &tag,
-        podman(&dir)
-            .args(["build", "--quiet", "--platform"])
-            .arg(format!("linux/{}", arch.name()))
-            .args(["-t", &tag])
-            .arg(&dir),
-    )
-    .context("podman build")?;
+    let started = Instant::now();
+    build_replacing(&dir, &tag, &mut cmd).with_context(|| {
+        format!(
+            "podman build of {tag}{}",
+            if base == Base::Registry {
+                " (where no container registry is reachable, a local base: --local-base)"
+            } else {
+                ""
+            }
+        )
+    })?;
+    println!(
+        "image: {tag} built in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let packages = base::packages(&podman(&dir), &tag)?;
     save_archive(&dir, &tag, &archive).context("podman save")?;
     println!("image: {tag}, saved as {}", archive.display());
     Ok(Image {
@@ -177,6 +139,37 @@ pub fn build(target: &Path, bin: &Path, arch: Arch, version: &str) -> Result<Ima
         archive,
         packages,
     })
+}
+
+/// The image's root as the Containerfile's build stage leaves it in /out:
+/// the agent, stripped, and the directories the DaemonSet mounts over.
+pub fn lay_root(bin: &Path, arch: Arch, out: &Path) -> Result<()> {
+    let strip = match arch {
+        Arch::Amd64 => {
+            setup::ensure_debs(&[("strip", "binutils")])?;
+            "strip"
+        }
+        Arch::Arm64 => {
+            setup::ensure_cross(arch)?;
+            "aarch64-linux-gnu-strip"
+        }
+    };
+    match fs::remove_dir_all(out) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("emptying {}", out.display()))
+        }
+        _ => {}
+    }
+    for d in ["usr/local/bin", "var/lib/lastgasp", "etc/lastgasp", "host"] {
+        fs::create_dir_all(out.join(d))?;
+    }
+    crate::run(
+        Command::new(strip)
+            .arg("-o")
+            .arg(out.join("usr/local/bin/lastgasp"))
+            .arg(bin),
+    )
+    .with_context(|| format!("{strip} {}", bin.display()))
 }
 
 /// The tag and the archive of the image for `arch`: this machine's arch
@@ -236,9 +229,9 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
     let dir = target.join("image/sleeper");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("rootfs"))?;
-    fs::write(
+    fs::copy(
+        podman_dir(target)?.join("containers.conf"),
         dir.join("containers.conf"),
-        "[containers]\ndefault_ulimits = []\n",
     )?;
     crate::run(
         Command::new("gcc")
@@ -272,50 +265,9 @@ pub fn archive(root: &Path, target: &Path, arch: Arch) -> Result<(PathBuf, Strin
     Ok((archive, tag))
 }
 
-/// The shared libraries `bin` loads, each with where it goes in the image:
-/// for this machine's arch as `ldd` resolves them; for arm64 the `NEEDED`
-/// entries and the loader (`readelf`), from Debian's cross glibc, placed
-/// where an arm64 Debian keeps them.
-pub fn libraries(bin: &Path, arch: Arch) -> Result<Vec<(PathBuf, PathBuf)>> {
-    if arch == Arch::Arm64 {
-        let out = Command::new("aarch64-linux-gnu-readelf")
-            .args(["-d", "-l"])
-            .arg(bin)
-            .output()
-            .context("running aarch64-linux-gnu-readelf")?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut libs = Vec::new();
-        for l in text.lines() {
-            if let Some(name) = l
-                .split_once("Shared library: [")
-                .and_then(|(_, r)| r.strip_suffix(']'))
-            {
-                libs.push((
-                    Path::new(setup::CROSS_LIBS).join(name),
-                    Path::new("/lib/aarch64-linux-gnu").join(name),
-                ));
-            }
-            if let Some(interp) = l
-                .split_once("[Requesting program interpreter: ")
-                .and_then(|(_, r)| r.strip_suffix(']'))
-            {
-                let name = Path::new(interp)
-                    .file_name()
-                    .context("an interpreter path")?;
-                libs.push((
-                    Path::new(setup::CROSS_LIBS).join(name),
-                    PathBuf::from(interp),
-                ));
-            }
-        }
-        if libs.len() < 2 {
-            bail!(
-                "readelf named no libraries and loader for {}:\n{text}",
-                bin.display()
-            );
-        }
-        return Ok(libs);
-    }
+/// The shared libraries `bin` (built for this machine) loads, as `ldd`
+/// resolves them, each twice: where it is and where it goes.
+pub fn libraries(bin: &Path) -> Result<Vec<(PathBuf, PathBuf)>> {
     let out = Command::new("ldd")
         .arg(bin)
         .output()

@@ -9,6 +9,7 @@ mod fuzz;
 mod image;
 mod k8s;
 mod lint;
+mod previous;
 mod release;
 mod setup;
 mod test;
@@ -57,12 +58,25 @@ enum Cmd {
     },
     /// Real shutdowns in a QEMU guest: the scenario matrix and the last-gasp race.
     VmTest(vm::Args),
-    /// Build the DaemonSet's image from the release binary (podman, FROM
-    /// scratch) and check that it arms in a container (another arch's:
-    /// that it starts, under qemu-user).
+    /// Build the DaemonSet's image around the release binary built here
+    /// (the Containerfile's `prebuilt` stage) and check that it arms in a
+    /// container (another arch's: that it starts, under qemu-user).
     Image {
         #[arg(long, value_enum, default_value_t)]
         arch: arch::Arch,
+        /// Debian's base made here with debootstrap instead of pulled from
+        /// docker.io (for hosts that reach no container registry).
+        #[arg(long)]
+        local_base: bool,
+    },
+    /// The Containerfile's build stage: build the release agent for
+    /// `arch` and lay out the image's root in `out`.
+    #[command(hide = true)]
+    ImageRoot {
+        #[arg(long, value_enum)]
+        arch: arch::Arch,
+        #[arg(long)]
+        out: PathBuf,
     },
     /// The release artefacts in target/dist/VERSION: image archives and a
     /// multi-arch OCI index, the chart package, an SBOM, notes, SHA256SUMS.
@@ -74,6 +88,10 @@ enum Cmd {
         /// chart's default image, pinned by the index's digest.
         #[arg(long, env = "LASTGASP_IMAGE_REPOSITORY")]
         image_repository: Option<String>,
+        /// Debian's base made here with debootstrap instead of pulled from
+        /// docker.io (for hosts that reach no container registry).
+        #[arg(long)]
+        local_base: bool,
     },
     /// Print the name `release` gives this checkout: X.Y.Z at its tag
     /// vX.Y.Z, X.Y.Z-dev.gSHA on any other commit.
@@ -104,18 +122,25 @@ fn main() -> Result<()> {
             run(&mut cmd)
         }
         Cmd::Test { args } => test::test(&root, &args),
-        Cmd::Image { arch } => {
+        Cmd::Image { arch, local_base } => {
             let bin = build::build_for(&root, true, arch)?;
             let version = image::env_version(&root)?;
-            let img = image::build(&target_dir(&root), &bin, arch, &version)?;
-            image::check(&target_dir(&root), &img)
+            let target = target_dir(&root);
+            let from = image::From::Host(&bin);
+            let img = image::build(&root, &target, from, arch, &version, base(local_base))?;
+            image::check(&target, &img)
+        }
+        Cmd::ImageRoot { arch, out } => {
+            let bin = build::image_agent(&root, arch)?;
+            image::lay_root(&bin, arch, &out)
         }
         Cmd::VmTest(args) => vm::vm_test(&root, args, |release| build(&root, release)),
         Cmd::Release {
             verify,
             image_repository,
+            local_base,
         } => {
-            let dist = release::release(&root, image_repository.as_deref())?;
+            let dist = release::release(&root, image_repository.as_deref(), base(local_base))?;
             if verify {
                 release::verify(&root, &dist)?;
             }
@@ -127,6 +152,14 @@ fn main() -> Result<()> {
         }
         Cmd::Bench { args } => bench::bench(&root, &args),
         Cmd::Lint => lint::lint(&root),
+    }
+}
+
+fn base(local: bool) -> image::Base {
+    if local {
+        image::Base::Local
+    } else {
+        image::Base::Registry
     }
 }
 

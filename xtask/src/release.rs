@@ -1,5 +1,6 @@
 //! `cargo xtask release`: what an operator pulls, in `target/dist/VERSION/`:
-//! the image (the one `cargo xtask image` builds and checks) as a per-arch
+//! the image (the root `Containerfile`, its build stage compiling the agent
+//! for each arch, checked as `cargo xtask image` checks) as a per-arch
 //! OCI archive and as a multi-arch OCI index, the chart as a package `helm
 //! push` sends to any OCI registry, a CycloneDX SBOM of the agent's crates,
 //! release notes from CHANGELOG.md, and SHA256SUMS over all of them.
@@ -17,12 +18,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::{
-    arch::Arch,
-    build::{build_for, target_dir},
-    cmd::run,
-    image, setup,
-};
+use crate::{arch::Arch, build::target_dir, cmd::run, image, setup};
 
 pub struct Dist {
     pub dir: PathBuf,
@@ -46,9 +42,9 @@ pub fn version_name(root: &Path) -> Result<String> {
     Ok(version::of_checkout(root, &image::env_version(root)?, &changelog)?.name)
 }
 
-/// The release of this checkout; with `repository`, its chart runs the
-/// image from there, pinned by the index's digest.
-pub fn release(root: &Path, repository: Option<&str>) -> Result<Dist> {
+/// The release of this checkout over `base`; with `repository`, its chart
+/// runs the image from there, pinned by the index's digest.
+pub fn release(root: &Path, repository: Option<&str>, base: image::Base) -> Result<Dist> {
     let crate_version = image::env_version(root)?;
     check_chart_version(root, &crate_version)?;
     let changelog = fs::read_to_string(root.join("CHANGELOG.md"))?;
@@ -64,8 +60,7 @@ pub fn release(root: &Path, repository: Option<&str>) -> Result<Dist> {
     let target = target_dir(root);
     let mut images = Vec::new();
     for arch in Arch::ALL {
-        let bin = build_for(root, true, arch)?;
-        let img = image::build(&target, &bin, arch, &version)?;
+        let img = image::build(root, &target, image::From::Source, arch, &version, base)?;
         image::check(&target, &img)?;
         images.push(img);
     }
@@ -285,12 +280,12 @@ fn sbom(root: &Path, tool: &Path, images: &[image::Image], to: &Path) -> Result<
     Ok(())
 }
 
-/// The images' base: the Debian packages their loader and libraries came
-/// from, as components (purl `pkg:deb/debian/...`), named per image arch.
+/// The images' base: the Debian packages installed in each (its dpkg
+/// status), as components (purl `pkg:deb/debian/...`), once per purl (an
+/// `all` package is in both arches' images), naming the images.
 fn add_base(bom: &mut serde_json::Value, images: &[image::Image]) -> Result<()> {
-    let comps = bom["components"]
-        .as_array_mut()
-        .context("an SBOM without components")?;
+    let mut base: std::collections::BTreeMap<String, (&image::DebPackage, Vec<&str>)> =
+        std::collections::BTreeMap::new();
     for img in images {
         ensure!(
             !img.packages.is_empty(),
@@ -298,15 +293,30 @@ fn add_base(bom: &mut serde_json::Value, images: &[image::Image]) -> Result<()> 
             img.arch.name()
         );
         for p in &img.packages {
-            comps.push(serde_json::json!({
-                "type": "library",
-                "bom-ref": format!("pkg:deb/debian/{}@{}?arch={}", p.name, p.version, p.arch),
-                "name": p.name,
-                "version": p.version,
-                "purl": format!("pkg:deb/debian/{}@{}?arch={}", p.name, p.version, p.arch),
-                "description": format!("copied into the linux/{} image (its loader and libraries)", img.arch.name()),
-            }));
+            let purl = format!("pkg:deb/debian/{}@{}?arch={}", p.name, p.version, p.arch);
+            base.entry(purl)
+                .or_insert((p, Vec::new()))
+                .1
+                .push(img.arch.name());
         }
+    }
+    let comps = bom["components"]
+        .as_array_mut()
+        .context("an SBOM without components")?;
+    for (purl, (p, arches)) in base {
+        let images: Vec<String> = arches.iter().map(|a| format!("linux/{a}")).collect();
+        let images = match images.len() {
+            1 => format!("the {} image", images[0]),
+            _ => format!("the {} images", images.join(" and ")),
+        };
+        comps.push(serde_json::json!({
+            "type": "library",
+            "bom-ref": purl,
+            "name": p.name,
+            "version": p.version,
+            "purl": purl,
+            "description": format!("installed in the base of {images}"),
+        }));
     }
     Ok(())
 }
@@ -547,7 +557,42 @@ impl Drop for Registry {
 
 #[cfg(test)]
 mod tests {
-    use super::changelog_section;
+    use super::{add_base, changelog_section, image, Arch};
+
+    #[test]
+    fn a_package_in_both_images_is_one_component() {
+        let pkg = |name: &str, arch: &str| image::DebPackage {
+            name: name.into(),
+            version: "1".into(),
+            arch: arch.into(),
+        };
+        let img = |arch: Arch| image::Image {
+            tag: String::new(),
+            arch,
+            archive: Default::default(),
+            packages: vec![pkg("adduser", "all"), pkg("libc6", arch.name())],
+        };
+        let mut bom = serde_json::json!({"components": []});
+        add_base(&mut bom, &[img(Arch::Amd64), img(Arch::Arm64)]).unwrap();
+        let refs: Vec<&str> = bom["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["bom-ref"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            refs,
+            [
+                "pkg:deb/debian/adduser@1?arch=all",
+                "pkg:deb/debian/libc6@1?arch=amd64",
+                "pkg:deb/debian/libc6@1?arch=arm64"
+            ]
+        );
+        assert_eq!(
+            bom["components"][0]["description"],
+            "installed in the base of the linux/amd64 and linux/arm64 images"
+        );
+    }
 
     #[test]
     fn a_versions_notes_are_its_section_only() {

@@ -19,6 +19,8 @@ use crate::{arch::Arch, cmd::output};
 /// of this kind ship it preinstalled as `nightly`; elsewhere it is installed.
 pub const NIGHTLY_DATE: &str = "2026-05-19";
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Where debootstrap fetches Debian (the VM guests, the image's local base).
+pub const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 
 pub struct Tools {
     pub nightly: String,
@@ -277,7 +279,7 @@ pub fn ensure_debs(wanted: &[(&str, &str)]) -> Result<()> {
 
 /// What cross-building the agent for `arch` needs: Rust's standard library
 /// for the target (rustup), and Debian's cross gcc, binutils and glibc (the
-/// linker, `strip` and `readelf` for the image, the C of `ring`).
+/// linker, `strip` for the image, the C of `ring`).
 pub fn ensure_cross(arch: Arch) -> Result<()> {
     let Some(triple) = arch.rust_target() else {
         return Ok(());
@@ -302,15 +304,12 @@ pub fn ensure_cross(arch: Arch) -> Result<()> {
     ensure_debs(&[
         ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
         ("aarch64-linux-gnu-strip", "binutils-aarch64-linux-gnu"),
-        ("aarch64-linux-gnu-readelf", "binutils-aarch64-linux-gnu"),
         (CROSS_CRT, "libc6-dev-arm64-cross"),
     ])
 }
 
 /// A file only Debian's arm64 cross glibc (development part) ships.
 const CROSS_CRT: &str = "/usr/aarch64-linux-gnu/lib/crt1.o";
-/// Where that glibc's shared libraries are.
-pub const CROSS_LIBS: &str = "/usr/aarch64-linux-gnu/lib";
 
 /// cargo's and cc's variables for cross-building to `arch`.
 pub fn cross_env(arch: Arch) -> Vec<(&'static str, &'static str)> {
@@ -598,4 +597,19 @@ fn install_binary(from: &Path, to: &Path) -> Result<()> {
     fs::set_permissions(&staged, fs::Permissions::from_mode(0o755))?;
     fs::rename(&staged, to).with_context(|| format!("installing {}", to.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_containerfile_installs_the_pinned_nightly() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Containerfile");
+        let text = fs::read_to_string(file).unwrap();
+        assert!(
+            text.contains(&format!("ARG EBPF_NIGHTLY=nightly-{NIGHTLY_DATE}\n")),
+            "the Containerfile's EBPF_NIGHTLY is not nightly-{NIGHTLY_DATE}"
+        );
+    }
 }

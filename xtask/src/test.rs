@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use crate::{
     build::{build, ebpf_object, target_dir},
     cmd::{cargo, output, run},
-    k8s, lint, release, setup, vm,
+    k8s, lint, previous, release, setup, vm,
 };
 
 pub fn test(root: &Path, args: &[String]) -> Result<()> {
@@ -24,6 +24,8 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
     let manifest_tools = setup::ensure_manifest_tools()?;
     // The cluster tests also run against a real control plane.
     let control_plane = k8s::ensure(root)?;
+    // The version-skew tests run the previous release's agent beside this one.
+    let previous = previous::build(root, &crate::image::env_version(root)?)?;
     let bin = build(root, false)?;
     let obj = ebpf_object(root);
     let scratch = scratch(root)?;
@@ -38,20 +40,28 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
         .env("LASTGASP_PROMTOOL", "promtool")
         .args(args);
     k8s::env(&mut cmd, &control_plane);
+    match previous {
+        Ok(p) => {
+            cmd.env("LASTGASP_PREVIOUS_BIN", p.bin)
+                .env("LASTGASP_PREVIOUS_VERSION", p.version);
+        }
+        Err(why) => println!("no previous release for the skew tests: {why}"),
+    }
     // eBPF tests share the kernel's hooks: one at a time.
     if !args.iter().any(|a| a == "--") {
         cmd.args(["--", "--test-threads=1"]);
     }
     run(&mut cmd)?;
-    // Last: the DaemonSet's image, built from the release binary and
+    // Last: the DaemonSet's image, built by the Containerfile and
     // run as the DaemonSet runs it; then real shutdowns in a QEMU guest
     // (a named subset, vm::CI_SUBSET), or SKIPPED with the reason
     // (LASTGASP_VM=skip, or qemu cannot run here).
     if args.is_empty() {
-        // The release (its image built from the release binary and
-        // checked to arm as the DaemonSet runs it), pushed to a real
-        // registry and pulled back.
-        let dist = release::release(root, None)?;
+        // The release (its images built by the Containerfile, the agent
+        // compiled in its build stage, over a Debian base made here: no
+        // container registry is reachable; checked to arm as the DaemonSet
+        // runs it), pushed to a real registry and pulled back.
+        let dist = release::release(root, None, crate::image::Base::Local)?;
         release::verify(root, &dist)?;
         // The debug agent `test` just built: no second (release) build within CI's budget.
         vm::ci(root, || build(root, false))?;

@@ -315,10 +315,12 @@ fn node_prepared(
     let agent_image = crate::image::archive(root, target, crate::arch::Arch::Amd64)?;
     if !args.debug || !agent_image.0.is_file() {
         crate::image::build(
+            root,
             target,
-            agent,
+            crate::image::From::Host(agent),
             crate::arch::Arch::Amd64,
             &crate::image::env_version(root)?,
+            crate::image::Base::Local,
         )?;
     }
     let sleeper = crate::image::sleeper(root, target)?;

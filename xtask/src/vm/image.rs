@@ -74,7 +74,7 @@ impl Distro {
         }
     }
 }
-const MIRROR: &str = "http://deb.debian.org/debian";
+const MIRROR: &str = crate::setup::DEBIAN_MIRROR;
 /// A cold build is about 3 minutes on an idle 2-core machine.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 

@@ -630,7 +630,7 @@ fn with_host_libc(agent: &Path, inp: &Path) -> Result<()> {
     let lib = inp.join("lib");
     fs::create_dir_all(&lib)?;
     let mut interpreter = None;
-    for (l, _) in crate::image::libraries(agent, crate::arch::Arch::Amd64)? {
+    for (l, _) in crate::image::libraries(agent)? {
         let name = l.file_name().context("a library path has a name")?;
         fs::copy(&l, lib.join(name)).with_context(|| format!("copying {}", l.display()))?;
         if name.to_string_lossy().starts_with("ld-linux") {
