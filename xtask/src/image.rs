@@ -130,7 +130,7 @@ pub fn build(
         "image: {tag} built in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    let packages = base::packages(&podman(&dir), &tag)?;
+    let packages = base::packages(&dir, &tag)?;
     save_archive(&dir, &tag, &archive).context("podman save")?;
     println!("image: {tag}, saved as {}", archive.display());
     Ok(Image {

@@ -78,8 +78,9 @@ pub fn build(root: &Path, current: &str) -> Result<std::result::Result<Previous,
         .arg(&src)
         .stdin(archive.stdout.take().context("git archive's output")?)
         .status()?;
+    let archived = archive.wait()?;
     ensure!(
-        st.success() && archive.wait()?.success(),
+        st.success() && archived.success(),
         "unpacking commit {commit}"
     );
     let mut cmd = Command::new("cargo");

@@ -131,20 +131,11 @@ fn make(cache: &Path, arch: Arch, tar: &Path) -> Result<()> {
 
 /// The Debian packages installed in image `tag` (its dpkg status), read
 /// from the image mounted, whatever its arch.
-pub fn packages(podman: &Command, tag: &str) -> Result<Vec<DebPackage>> {
-    let again = || {
-        let mut cmd = Command::new(podman.get_program());
-        cmd.args(podman.get_args());
-        for (k, v) in podman.get_envs() {
-            if let Some(v) = v {
-                cmd.env(k, v);
-            }
-        }
-        cmd
-    };
-    let at = output(again().args(["image", "mount", tag])).context("podman image mount")?;
+pub fn packages(dir: &Path, tag: &str) -> Result<Vec<DebPackage>> {
+    let at =
+        output(super::podman(dir).args(["image", "mount", tag])).context("podman image mount")?;
     let status = fs::read_to_string(Path::new(at.trim()).join("var/lib/dpkg/status"));
-    let _ = again().args(["image", "unmount", tag]).output();
+    let _ = super::podman(dir).args(["image", "unmount", tag]).output();
     let status = status.with_context(|| format!("{tag} has no dpkg status"))?;
     let found = parse_status(&status);
     ensure!(!found.is_empty(), "{tag}'s dpkg status names no package");
