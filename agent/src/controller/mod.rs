@@ -15,6 +15,7 @@
 //! election and the pause switch), `pass` (one pass over the nodes and the
 //! operator's controls), `write` (the writes).
 mod lead;
+pub mod ledger;
 pub mod lift;
 mod pass;
 pub mod rule;

@@ -93,7 +93,7 @@ impl Verdict {
 }
 
 /// The kubelet's Ready condition, if reported.
-fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+pub(super) fn ready_condition(node: &Node) -> Option<&NodeCondition> {
     node.status
         .as_ref()?
         .conditions
@@ -145,7 +145,7 @@ pub fn fenced_by_us(node: &Node) -> bool {
 
 /// The API server's time of the controller's last write of the Node: when
 /// it fenced it (whole seconds).
-fn fenced_at(node: &Node) -> Option<SystemTime> {
+pub(super) fn fenced_at(node: &Node) -> Option<SystemTime> {
     managed_time(&node.metadata, FENCE_MANAGER)
 }
 
