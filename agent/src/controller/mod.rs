@@ -16,6 +16,7 @@
 //! operator's controls), `write` (the writes).
 mod lead;
 pub mod ledger;
+pub mod ledger_writer;
 pub mod lift;
 mod pass;
 pub mod rule;
@@ -110,6 +111,8 @@ pub struct ControllerConfig {
     /// This replica's Deployment, in `lease_namespace`: created after the
     /// uninstall's pause, it lifts that pause (a reinstall).
     pub deployment: Option<String>,
+    /// The shutdown ledger (NodeShutdown objects) and what it keeps; None: not written.
+    pub ledger: Option<ledger_writer::Retention>,
 }
 
 impl ControllerConfig {
@@ -129,6 +132,7 @@ impl ControllerConfig {
             lease_duration: Duration::from_secs(15),
             concurrency: 16,
             deployment: None,
+            ledger: None,
         }
     }
 }
@@ -195,6 +199,16 @@ pub struct ControllerArgs {
     /// (default: $POD_IP:9851).
     #[arg(long, value_name = "ADDR:PORT", env = "LASTGASP_METRICS_LISTEN")]
     pub metrics_listen: Option<Listen>,
+    /// Do not write the shutdown ledger (NodeShutdown objects, one per
+    /// episode; the CRD must be installed otherwise).
+    #[arg(long, env = "LASTGASP_NO_LEDGER")]
+    pub no_ledger: bool,
+    /// Ledger entries opened longer ago are deleted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30d", env = "LASTGASP_LEDGER_MAX_AGE")]
+    pub ledger_max_age: Duration,
+    /// Per node, the newest this many ledger entries are kept.
+    #[arg(long, default_value_t = 100, env = "LASTGASP_LEDGER_MAX_PER_NODE")]
+    pub ledger_max_per_node: usize,
     /// Pause the running replicas (the Lease's `lastgasp.dev/paused`), lift
     /// every out-of-service fence this controller set (the taint and its
     /// annotations), then exit: an uninstall's last step.
@@ -231,6 +245,10 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         lease_name: args.lease_name,
         concurrency: args.concurrency,
         deployment: args.deployment,
+        ledger: (!args.no_ledger).then_some(ledger_writer::Retention {
+            max_age: args.ledger_max_age,
+            max_per_node: args.ledger_max_per_node,
+        }),
         ..ControllerConfig::new(&identity)
     };
     let listen = http::resolve(

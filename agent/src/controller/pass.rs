@@ -48,6 +48,8 @@ pub struct Controller {
     /// Whether the last pass led: a new leader looks for fences an earlier
     /// one left without deleting the node's pods.
     leading: bool,
+    /// The same, for the ledger's writer (its own task).
+    leading_now: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The last actions (newest last), at most [`ACTIONS_KEPT`].
     pub actions: VecDeque<(String, Verdict)>,
     /// Lease held, actions by kind, failed passes (served by `lastgasp controller`).
@@ -102,6 +104,16 @@ impl Controller {
             cfg.clone(),
             installed,
         );
+        let leading_now = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let Some(retention) = cfg.ledger {
+            let w = super::ledger_writer::Writer::new(
+                client.clone(),
+                store.clone(),
+                leading_now.clone(),
+                retention,
+            );
+            tokio::spawn(w.run());
+        }
         Ok(Controller {
             writer: Writer {
                 nodes: Api::all(client.clone()),
@@ -118,6 +130,7 @@ impl Controller {
             told: BTreeMap::new(),
             unrecovered: BTreeSet::new(),
             leading: false,
+            leading_now,
             actions: VecDeque::new(),
             metrics: ControllerMetrics::default(),
         })
@@ -139,6 +152,10 @@ impl Controller {
         self.metrics.lease_held.set(i64::from(term.leading));
         let newly = term.leading && !self.leading;
         self.leading = term.leading;
+        self.leading_now.store(
+            term.leading && !term.paused,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if !term.leading {
             return Ok(false);
         }

@@ -1,0 +1,286 @@
+//! The ledger's writer: a task beside the controller's passes (never in
+//! their way: a zone's thousand entries must not delay a fence), writing
+//! while this replica leads. Every few seconds it reads the node cache,
+//! applies each episode's entry that changed (server-side apply, field
+//! manager [`LEDGER_MANAGER`]), prints it as one JSON line on stdout for
+//! log pipelines, and now and then deletes what the retention leaves out.
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams},
+    runtime::reflector,
+    Api, Client, ResourceExt,
+};
+use serde_json::json;
+
+use super::ledger::{self, merge, Spec, GROUP, KIND, PLURAL, VERSION};
+
+pub const LEDGER_MANAGER: &str = "lastgasp-ledger";
+const EVERY: Duration = Duration::from_secs(2);
+const RETAIN_EVERY: Duration = Duration::from_secs(300);
+
+/// How long and how many entries are kept.
+#[derive(Clone, Copy, Debug)]
+pub struct Retention {
+    /// Entries opened longer ago are deleted.
+    pub max_age: Duration,
+    /// Per node, the newest this many are kept.
+    pub max_per_node: usize,
+}
+
+pub fn resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
+
+/// The labels `kubectl get nodeshutdowns -l ...` filters by.
+fn labels(spec: &Spec) -> serde_json::Value {
+    let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    json!({
+        "lastgasp.dev/node": spec.node.chars().take(63).collect::<String>().trim_end_matches(['.', '-']),
+        "lastgasp.dev/kind": word(json!(spec.kind)),
+        "lastgasp.dev/path": word(json!(spec.path)),
+        "lastgasp.dev/ending": word(json!(spec.ending)),
+        "lastgasp.dev/graceful": spec.graceful.to_string(),
+    })
+}
+
+/// The object of an entry, as applied and exported.
+pub fn object(name: &str, spec: &Spec) -> serde_json::Value {
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": KIND,
+        "metadata": {"name": name, "labels": labels(spec)},
+        "spec": spec,
+    })
+}
+
+pub struct Writer {
+    api: Api<DynamicObject>,
+    store: reflector::Store<Node>,
+    leading: Arc<AtomicBool>,
+    retention: Retention,
+    /// What the ledger holds, by name (read back at start: no memory needed).
+    held: BTreeMap<String, Spec>,
+}
+
+impl Writer {
+    pub fn new(
+        client: Client,
+        store: reflector::Store<Node>,
+        leading: Arc<AtomicBool>,
+        retention: Retention,
+    ) -> Self {
+        Writer {
+            api: Api::all_with(client, &resource()),
+            store,
+            leading,
+            retention,
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// Runs until the process ends; a failed round is logged and tried again.
+    pub async fn run(mut self) {
+        let mut loaded = false;
+        let mut last_retain: Option<tokio::time::Instant> = None;
+        let mut tick = tokio::time::interval(EVERY);
+        loop {
+            tick.tick().await;
+            if !self.leading.load(Ordering::Relaxed) {
+                loaded = false;
+                continue;
+            }
+            if !loaded {
+                match self.load().await {
+                    Ok(()) => loaded = true,
+                    Err(e) => {
+                        tracing::warn!(error = format!("{e:#}"), "ledger: not read");
+                        continue;
+                    }
+                }
+            }
+            if let Err(e) = self.round().await {
+                tracing::warn!(error = format!("{e:#}"), "ledger round");
+            }
+            if last_retain.is_none_or(|t| t.elapsed() >= RETAIN_EVERY) {
+                last_retain = Some(tokio::time::Instant::now());
+                match self.retain(SystemTime::now()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "ledger: retention"),
+                    Err(e) => tracing::warn!(error = format!("{e:#}"), "ledger retention"),
+                }
+            }
+        }
+    }
+
+    async fn load(&mut self) -> Result<()> {
+        let list = self
+            .api
+            .list(&ListParams::default())
+            .await
+            .context("listing NodeShutdowns")?;
+        self.held = list
+            .items
+            .into_iter()
+            .filter_map(|o| {
+                let spec: Spec = serde_json::from_value(o.data.get("spec")?.clone()).ok()?;
+                Some((o.name_any(), spec))
+            })
+            .collect();
+        Ok(())
+    }
+
+    /// Applies every entry that changed; returns how many.
+    pub async fn round(&mut self) -> Result<usize> {
+        let mut changed = Vec::new();
+        for node in self.store.state() {
+            let Some((name, spec)) = ledger::entry(&node) else {
+                continue;
+            };
+            let spec = match self.held.get(&name) {
+                Some(old) => merge(old, spec),
+                None => spec,
+            };
+            if self.held.get(&name) != Some(&spec) {
+                changed.push((name, spec));
+            }
+        }
+        let api = self.api.clone();
+        let results: Vec<_> = futures::stream::iter(changed)
+            .map(|(name, spec)| {
+                let api = api.clone();
+                async move {
+                    let obj = object(&name, &spec);
+                    let r = api
+                        .patch(
+                            &name,
+                            &PatchParams::apply(LEDGER_MANAGER).force(),
+                            &Patch::Apply(&obj),
+                        )
+                        .await;
+                    (name, spec, obj, r)
+                }
+            })
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        let mut n = 0;
+        for (name, spec, obj, r) in results {
+            match r {
+                Ok(_) => {
+                    println!("{}", json!({ "nodeShutdown": obj }));
+                    self.held.insert(name, spec);
+                    n += 1;
+                }
+                Err(e) => tracing::warn!(%name, error = %e, "ledger: entry not written"),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Deletes entries older than the retention's age, and per node all but
+    /// the newest `max_per_node`; returns how many went.
+    pub async fn retain(&mut self, now: SystemTime) -> Result<usize> {
+        let doomed = expired(&self.held, self.retention, now);
+        for name in &doomed {
+            match self.api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e).context("deleting a NodeShutdown"),
+            }
+            self.held.remove(name);
+        }
+        Ok(doomed.len())
+    }
+}
+
+/// The names the retention leaves out: too old, or beyond the newest
+/// `max_per_node` of their node.
+pub fn expired(held: &BTreeMap<String, Spec>, r: Retention, now: SystemTime) -> Vec<String> {
+    let mut by_node: BTreeMap<&str, Vec<(&String, &Spec)>> = BTreeMap::new();
+    for (name, spec) in held {
+        by_node
+            .entry(spec.node.as_str())
+            .or_default()
+            .push((name, spec));
+    }
+    let mut out = Vec::new();
+    for (_, mut entries) in by_node {
+        entries.sort_by_key(|(_, s)| std::cmp::Reverse(s.opened_at));
+        for (i, (name, spec)) in entries.into_iter().enumerate() {
+            let old = now.duration_since(spec.opened_at).unwrap_or_default() > r.max_age;
+            if old || i >= r.max_per_node {
+                out.push(name.clone());
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        controller::ledger::{Claims, Ending},
+        decide::ShutdownPath,
+        signal::Kind,
+    };
+
+    fn spec(node: &str, opened_h_ago: u64, now: SystemTime) -> Spec {
+        Spec {
+            node: node.into(),
+            boot_id: "b".into(),
+            episode: 1,
+            kind: Kind::Poweroff,
+            path: ShutdownPath::Immediate,
+            graceful: false,
+            forced: true,
+            opened_at: now - Duration::from_secs(opened_h_ago * 3600),
+            ending: Ending::Fenced,
+            delivered_late: false,
+            agent_claims: Claims::default(),
+            down: None,
+            fence: None,
+            back: None,
+            closed: None,
+        }
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_per_node_within_the_age() {
+        let now = SystemTime::now();
+        let held: BTreeMap<String, Spec> = [
+            ("a1", spec("a", 1, now)),
+            ("a2", spec("a", 2, now)),
+            ("a3", spec("a", 3, now)),
+            ("b1", spec("b", 50, now)),
+            ("b2", spec("b", 5, now)),
+        ]
+        .into_iter()
+        .map(|(n, s)| (n.to_string(), s))
+        .collect();
+        let r = Retention {
+            max_age: Duration::from_secs(48 * 3600),
+            max_per_node: 2,
+        };
+        let mut gone = expired(&held, r, now);
+        gone.sort();
+        assert_eq!(gone, ["a3", "b1"]);
+    }
+}
