@@ -17,7 +17,7 @@ use lastgasp_tests::{
     nodesim::{self, Sim},
     recovery,
     render::{apply, kustomize, kustomize_dir, render_kustomize_dir},
-    support::{kernel_poweroff, rt},
+    support::{agent_bin, kernel_poweroff, rt},
 };
 use serde_json::Value;
 
@@ -157,5 +157,27 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             .filter(|n| n.starts_with("ledger-a."))
             .collect();
         assert_eq!(mine, [name], "one entry per episode");
+        // The fleet's view, as an operator asks for it.
+        let kubeconfig = cp
+            .write_kubeconfig("ledger-admin.kubeconfig", controlplane::ADMIN_TOKEN)
+            .unwrap();
+        let out = std::process::Command::new(agent_bin())
+            .args(["history", "--cluster", "--since", "1h"])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("{text}");
+        assert!(text.starts_with("1 shutdown episodes since"), "{text}");
+        assert!(text.contains("by ending: back 1"), "{text}");
+        assert!(
+            text.contains("(the agents' claim): systemd-shutdow 1"),
+            "{text}"
+        );
     });
 }

@@ -37,6 +37,13 @@ enum Command {
         /// `current`, `previous`, `all` or a boot id.
         #[arg(long, default_value = "all", env = "LASTGASP_BOOT")]
         boot: BootFilter,
+        /// The whole cluster's shutdowns instead, from the controller's
+        /// ledger (NodeShutdown objects; in-cluster or $KUBECONFIG).
+        #[arg(long, env = "LASTGASP_CLUSTER")]
+        cluster: bool,
+        /// With --cluster: the window, back from now.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "7d", env = "LASTGASP_SINCE")]
+        since: std::time::Duration,
     },
     /// Completes the non-graceful shutdown procedure in the cluster (one
     /// active replica, elected through a Lease).
@@ -106,7 +113,17 @@ fn main() -> Result<()> {
     };
     match cli.command {
         Command::Run(args) => current()?.block_on(agent::run(args, cli.json_logs)),
-        Command::History { audit_dir, boot } => audit::history(&audit_dir, &boot),
+        Command::History {
+            cluster: true,
+            since,
+            ..
+        } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(controller::ledger_writer::print_history(since)),
+        Command::History {
+            audit_dir, boot, ..
+        } => audit::history(&audit_dir, &boot),
         Command::Controller(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?

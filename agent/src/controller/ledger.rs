@@ -295,6 +295,21 @@ mod tests {
             })
         );
         // The spec as the CRD's schema names it.
+        let text = summary(
+            &[("n1.b1.1".into(), kept.clone())],
+            at("2026-11-27T00:00:00Z"),
+        );
+        assert!(
+            text.starts_with("1 shutdown episodes since 2026-11-27T00:00:00Z"),
+            "{text}"
+        );
+        assert!(text.contains("by kind:   poweroff 1"), "{text}");
+        assert!(text.contains("by ending: back 1"), "{text}");
+        assert!(
+            text.contains("(the agents' claim): systemd-shutdow 1"),
+            "{text}"
+        );
+        assert!(text.contains("n1.b1.1: 4.0 s"), "{text}");
         let json = serde_json::to_value(&kept).unwrap();
         for key in [
             "node",
@@ -323,4 +338,77 @@ mod tests {
         assert!(n.len() <= 253, "{}", n.len());
         assert!(n.ends_with(".abcdef01.1"));
     }
+}
+
+/// `lastgasp history --cluster`: the ledger's entries opened since `since`,
+/// in counts (by kind, path, ending, the agent's claimed caller), then the
+/// slowest fences after the proof, as text.
+pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
+    use std::{collections::BTreeMap, fmt::Write};
+    let recent: Vec<&(String, Spec)> = entries
+        .iter()
+        .filter(|(_, s)| s.opened_at >= since)
+        .collect();
+    let mut out = format!(
+        "{} shutdown episodes since {}\n",
+        recent.len(),
+        humantime::format_rfc3339_seconds(since)
+    );
+    let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    let count = |key: &dyn Fn(&Spec) -> String| {
+        let mut m: BTreeMap<String, usize> = BTreeMap::new();
+        for (_, s) in &recent {
+            *m.entry(key(s)).or_default() += 1;
+        }
+        let mut v: Vec<(String, usize)> = m.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "  by kind:   {}",
+        count(&|s| word(serde_json::json!(s.kind)))
+    );
+    let _ = writeln!(
+        out,
+        "  by path:   {}",
+        count(&|s| word(serde_json::json!(s.path)))
+    );
+    let _ = writeln!(
+        out,
+        "  by ending: {}",
+        count(&|s| word(serde_json::json!(s.ending)))
+    );
+    let _ = writeln!(
+        out,
+        "  by caller (the agents' claim): {}",
+        count(&|s| s
+            .agent_claims
+            .actor
+            .as_ref()
+            .map_or("-".into(), |a| a.comm.clone()))
+    );
+    let mut slow: Vec<(std::time::Duration, &str)> = recent
+        .iter()
+        .filter_map(|(name, s)| {
+            let d = s
+                .fence
+                .as_ref()?
+                .at
+                .duration_since(s.down.as_ref()?.at)
+                .ok()?;
+            Some((d, name.as_str()))
+        })
+        .collect();
+    slow.sort_by(|a, b| b.0.cmp(&a.0));
+    if !slow.is_empty() {
+        let _ = writeln!(out, "  slowest fences after the proof:");
+        for (d, name) in slow.iter().take(5) {
+            let _ = writeln!(out, "    {name}: {:.1} s", d.as_secs_f64());
+        }
+    }
+    out
 }
