@@ -217,6 +217,79 @@ pub fn merge(old: &Spec, mut new: Spec) -> Spec {
     new
 }
 
+/// `lastgasp history --cluster`: the ledger's entries opened since `since`,
+/// in counts (by kind, path, ending, the agent's claimed caller), then the
+/// slowest fences after the proof, as text.
+pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
+    use std::{collections::BTreeMap, fmt::Write};
+    let recent: Vec<&(String, Spec)> = entries
+        .iter()
+        .filter(|(_, s)| s.opened_at >= since)
+        .collect();
+    let mut out = format!(
+        "{} shutdown episodes since {}\n",
+        recent.len(),
+        humantime::format_rfc3339_seconds(since)
+    );
+    let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    let count = |key: &dyn Fn(&Spec) -> String| {
+        let mut m: BTreeMap<String, usize> = BTreeMap::new();
+        for (_, s) in &recent {
+            *m.entry(key(s)).or_default() += 1;
+        }
+        let mut v: Vec<(String, usize)> = m.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "  by kind:   {}",
+        count(&|s| word(serde_json::json!(s.kind)))
+    );
+    let _ = writeln!(
+        out,
+        "  by path:   {}",
+        count(&|s| word(serde_json::json!(s.path)))
+    );
+    let _ = writeln!(
+        out,
+        "  by ending: {}",
+        count(&|s| word(serde_json::json!(s.ending)))
+    );
+    let _ = writeln!(
+        out,
+        "  by caller (the agents' claim): {}",
+        count(&|s| s
+            .agent_claims
+            .actor
+            .as_ref()
+            .map_or("-".into(), |a| a.comm.clone()))
+    );
+    let mut slow: Vec<(std::time::Duration, &str)> = recent
+        .iter()
+        .filter_map(|(name, s)| {
+            let d = s
+                .fence
+                .as_ref()?
+                .at
+                .duration_since(s.down.as_ref()?.at)
+                .ok()?;
+            Some((d, name.as_str()))
+        })
+        .collect();
+    slow.sort_by_key(|s| std::cmp::Reverse(s.0));
+    if !slow.is_empty() {
+        let _ = writeln!(out, "  slowest fences after the proof:");
+        for (d, name) in slow.iter().take(5) {
+            let _ = writeln!(out, "    {name}: {:.1} s", d.as_secs_f64());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,77 +411,4 @@ mod tests {
         assert!(n.len() <= 253, "{}", n.len());
         assert!(n.ends_with(".abcdef01.1"));
     }
-}
-
-/// `lastgasp history --cluster`: the ledger's entries opened since `since`,
-/// in counts (by kind, path, ending, the agent's claimed caller), then the
-/// slowest fences after the proof, as text.
-pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
-    use std::{collections::BTreeMap, fmt::Write};
-    let recent: Vec<&(String, Spec)> = entries
-        .iter()
-        .filter(|(_, s)| s.opened_at >= since)
-        .collect();
-    let mut out = format!(
-        "{} shutdown episodes since {}\n",
-        recent.len(),
-        humantime::format_rfc3339_seconds(since)
-    );
-    let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
-    let count = |key: &dyn Fn(&Spec) -> String| {
-        let mut m: BTreeMap<String, usize> = BTreeMap::new();
-        for (_, s) in &recent {
-            *m.entry(key(s)).or_default() += 1;
-        }
-        let mut v: Vec<(String, usize)> = m.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        v.iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let _ = writeln!(
-        out,
-        "  by kind:   {}",
-        count(&|s| word(serde_json::json!(s.kind)))
-    );
-    let _ = writeln!(
-        out,
-        "  by path:   {}",
-        count(&|s| word(serde_json::json!(s.path)))
-    );
-    let _ = writeln!(
-        out,
-        "  by ending: {}",
-        count(&|s| word(serde_json::json!(s.ending)))
-    );
-    let _ = writeln!(
-        out,
-        "  by caller (the agents' claim): {}",
-        count(&|s| s
-            .agent_claims
-            .actor
-            .as_ref()
-            .map_or("-".into(), |a| a.comm.clone()))
-    );
-    let mut slow: Vec<(std::time::Duration, &str)> = recent
-        .iter()
-        .filter_map(|(name, s)| {
-            let d = s
-                .fence
-                .as_ref()?
-                .at
-                .duration_since(s.down.as_ref()?.at)
-                .ok()?;
-            Some((d, name.as_str()))
-        })
-        .collect();
-    slow.sort_by(|a, b| b.0.cmp(&a.0));
-    if !slow.is_empty() {
-        let _ = writeln!(out, "  slowest fences after the proof:");
-        for (d, name) in slow.iter().take(5) {
-            let _ = writeln!(out, "    {name}: {:.1} s", d.as_secs_f64());
-        }
-    }
-    out
 }
