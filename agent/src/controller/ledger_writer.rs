@@ -233,6 +233,29 @@ pub fn expired(held: &BTreeMap<String, Spec>, r: Retention, now: SystemTime) -> 
     out
 }
 
+/// `lastgasp history --cluster`: the ledger's summary of the last `since`.
+pub async fn print_history(since: Duration) -> Result<()> {
+    let client = crate::act::kube::client(crate::act::kube::Use::Requests, None).await?;
+    let api: Api<DynamicObject> = Api::all_with(client, &resource());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .context("listing NodeShutdowns (is the ledger's CRD installed, and may you list it?)")?;
+    let entries: Vec<(String, Spec)> = list
+        .items
+        .into_iter()
+        .filter_map(|o| {
+            let spec = serde_json::from_value(o.data.get("spec")?.clone()).ok()?;
+            Some((o.name_any(), spec))
+        })
+        .collect();
+    let from = SystemTime::now()
+        .checked_sub(since)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    print!("{}", ledger::summary(&entries, from));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,27 +306,4 @@ mod tests {
         gone.sort();
         assert_eq!(gone, ["a3", "b1"]);
     }
-}
-
-/// `lastgasp history --cluster`: the ledger's summary of the last `since`.
-pub async fn print_history(since: Duration) -> Result<()> {
-    let client = crate::act::kube::client(crate::act::kube::Use::Requests, None).await?;
-    let api: Api<DynamicObject> = Api::all_with(client, &resource());
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .context("listing NodeShutdowns (is the ledger's CRD installed, and may you list it?)")?;
-    let entries: Vec<(String, Spec)> = list
-        .items
-        .into_iter()
-        .filter_map(|o| {
-            let spec = serde_json::from_value(o.data.get("spec")?.clone()).ok()?;
-            Some((o.name_any(), spec))
-        })
-        .collect();
-    let from = SystemTime::now()
-        .checked_sub(since)
-        .unwrap_or(SystemTime::UNIX_EPOCH);
-    print!("{}", ledger::summary(&entries, from));
-    Ok(())
 }
