@@ -153,7 +153,7 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
         let mine: Vec<String> = all
             .items
             .iter()
-            .map(|o| o.name_any())
+            .map(ResourceExt::name_any)
             .filter(|n| n.starts_with("ledger-a."))
             .collect();
         assert_eq!(mine, [name], "one entry per episode");

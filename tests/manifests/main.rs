@@ -179,12 +179,16 @@ fn typed(v: &Value) -> Result<Value, String> {
         ("flowcontrol.apiserver.k8s.io/v1", "PriorityLevelConfiguration") => {
             strict::<k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration>(v)?.1
         }
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+            strict::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(v)?.1
+        }
         _ => return Err(format!("unexpected object {api} {kind}: add it to `typed`")),
     };
     Ok(back)
 }
 
-const CLUSTER_SCOPED: [&str; 6] = [
+const CLUSTER_SCOPED: [&str; 7] = [
+    "CustomResourceDefinition",
     "ClusterRole",
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
