@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    api::{DynamicObject, ListParams},
+    api::{DynamicObject, ListParams, PostParams},
     Api, Client, ResourceExt,
 };
 use lastgasp::controller::{ledger, ledger_writer};
@@ -19,7 +19,8 @@ use lastgasp_tests::{
     render::{apply, kustomize, kustomize_dir, render_kustomize_dir},
     support::{agent_bin, kernel_poweroff, rt},
 };
-use serde_json::Value;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
 
 const NS: &str = "lastgasp";
 
@@ -51,6 +52,56 @@ async fn token_of(admin: &Client, component: &str, node: &str) -> String {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+const CONTROLLER: &str = "system:serviceaccount:lastgasp:lastgasp-controller";
+const STALE: &str = "ledger-gone.0000abcd.1";
+
+/// A well-formed entry of a node that went down 40 days ago.
+fn stale_entry() -> Value {
+    let opened = std::time::SystemTime::now() - Duration::from_secs(40 * 86_400);
+    json!({
+        "apiVersion": "lastgasp.dev/v1alpha1", "kind": "NodeShutdown",
+        "metadata": {"name": STALE, "labels": {"lastgasp.dev/node": "ledger-gone"}},
+        "spec": {
+            "node": "ledger-gone", "bootID": "0000abcd-0000", "episode": 1,
+            "kind": "poweroff", "path": "immediate", "graceful": false, "forced": true,
+            "openedAt": humantime::format_rfc3339(opened).to_string(),
+            "ending": "down", "agentClaims": {}
+        }
+    })
+}
+
+/// The controller's ClusterRole grants on the ledger exactly what its
+/// requests used, as the API server's audit log saw them, and `create`,
+/// which RBAC asks of a server-side apply that makes a new object (logged
+/// as a patch).
+fn ledger_grants_are_what_the_controller_uses(
+    cp: &controlplane::ControlPlane,
+    objs: &[Value],
+    audit_from: usize,
+) {
+    let role = objs
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "lastgasp-controller")
+        .expect("the controller's ClusterRole");
+    let granted: BTreeSet<String> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["apiGroups"] == json!(["lastgasp.dev"]))
+        .flat_map(|r| r["verbs"].as_array().unwrap().clone())
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let mut used: BTreeSet<String> = cp.audit(CONTROLLER)[audit_from..]
+        .iter()
+        .filter(|e| e.group == "lastgasp.dev")
+        .inspect(|e| assert!(e.code < 300, "{e:?}"))
+        .map(|e| e.verb.clone())
+        .collect();
+    println!("the controller's ledger requests: {used:?}");
+    used.insert("create".into());
+    assert_eq!(granted, used);
 }
 
 /// Waits up to `within` for the ledger entry `name` to satisfy `ok`.
@@ -99,10 +150,35 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
         nodesim::schedulable(&admin, &["ledger-ctl", "ledger-a"], Duration::from_secs(60))
             .await
             .unwrap();
-        let ctl = cp.agent_client(
-            &token_of(&admin, "controller", "ledger-ctl").await,
-            lastgasp::act::kube::Use::Watch,
+        let ctl_token = token_of(&admin, "controller", "ledger-ctl").await;
+        let ctl = cp.agent_client(&ctl_token, lastgasp::act::kube::Use::Watch);
+        let api: Api<DynamicObject> = Api::all_with(admin.clone(), &ledger_writer::resource());
+        // An entry past the retention's age, which the controller's first
+        // round prunes (planted with the controller's own token: nobody else
+        // may create one, as the admin is about to find).
+        let stale = stale_entry();
+        let forged = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(stale.clone()).unwrap(),
+            )
+            .await
+            .expect_err("the admission rule refuses the admin's entry");
+        println!("the admin's entry: {forged}");
+        assert!(
+            forged
+                .to_string()
+                .contains("written only by the lastgasp controller"),
+            "{forged}"
         );
+        Api::<DynamicObject>::all_with(ctl.clone(), &ledger_writer::resource())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(stale).unwrap(),
+            )
+            .await
+            .unwrap();
+        let audit_from = cp.audit(CONTROLLER).len();
         let mut cfg = recovery::controller_config("ledger");
         cfg.lease_namespace = NS.into();
         cfg.lease_name = "lastgasp-controller".into();
@@ -121,7 +197,6 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             .unwrap();
         let gasped = Instant::now();
         sim.power_off("ledger-a");
-        let api: Api<DynamicObject> = Api::all_with(admin.clone(), &ledger_writer::resource());
         let name = ledger::name("ledger-a", &boot, 1);
         let down = entry_when(&api, &name, Duration::from_secs(10), |v| {
             v["spec"]["down"]["proof"] == "kernel"
@@ -157,6 +232,11 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             .filter(|n| n.starts_with("ledger-a."))
             .collect();
         assert_eq!(mine, [name], "one entry per episode");
+        assert!(
+            api.get_opt(STALE).await.unwrap().is_none(),
+            "the retention pruned the entry past its age"
+        );
+        ledger_grants_are_what_the_controller_uses(cp, &objs, audit_from);
         // The fleet's view, as an operator asks for it.
         let kubeconfig = cp
             .write_kubeconfig("ledger-admin.kubeconfig", controlplane::ADMIN_TOKEN)

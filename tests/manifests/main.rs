@@ -135,6 +135,8 @@ fn lost_fields(input: &Value, back: &Value, path: &str, lost: &mut Vec<String>) 
             }
         }
         (a, b) if a == b => {}
+        // JSON has one number type: a schema's `minimum: 0` comes back as 0.0.
+        (Value::Number(a), Value::Number(b)) if a.as_f64() == b.as_f64() => {}
         (a, b) => lost.push(format!("{path} ({a} became {b})")),
     }
 }

@@ -12,6 +12,7 @@ fn every_source_manifest_parses_strictly() {
             "ClusterRoleBinding",
             "PodDisruptionBudget",
             "ConfigMap",
+            "CustomResourceDefinition",
             "DaemonSet",
             "Deployment",
             "Role",
