@@ -14,7 +14,8 @@ const N: usize = 30;
 
 /// Every node's evidence lands in lastgasp's own priority level (the
 /// server's answer says which), none is refused, and the controller fences
-/// every node whose record was accepted, from one LIST of Leases per pass.
+/// every node whose record was accepted, from one LIST of Leases per pass,
+/// and writes each its ledger entry.
 #[test]
 fn a_dark_zone_is_queued_not_rejected_and_every_node_fenced() {
     let test = "a_dark_zone_is_queued_not_rejected_and_every_node_fenced";
@@ -26,7 +27,7 @@ fn a_dark_zone_is_queued_not_rejected_and_every_node_fenced() {
         return;
     };
     let objs = render_kustomize_dir(&k, &kustomize_dir());
-    let mut bench = Bench::start(cp, &objs, 16).unwrap();
+    let mut bench = Bench::start(cp, &objs, 16, true).unwrap();
     let b = bench
         .burst(Arm::PriorityLevel, N, false, Duration::from_secs(60))
         .unwrap();
@@ -34,6 +35,8 @@ fn a_dark_zone_is_queued_not_rejected_and_every_node_fenced() {
     assert_eq!(b.accepted(), N, "{}", summary(&b));
     assert_eq!((b.refused(429), b.failed()), (0, 0), "{}", summary(&b));
     assert_eq!(b.fenced, N, "{}", summary(&b));
+    // The ledger: one NodeShutdown per node, saying it was fenced.
+    assert_eq!(b.ledger.map(|l| l.0), Some(N), "{}", summary(&b));
     // The controller's own requests: its passes LIST the Leases, never a
     // read per node; the only GETs are each fence's live re-read of that
     // one node's Lease before it writes, so at most one per fenced node

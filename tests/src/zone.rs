@@ -103,6 +103,9 @@ pub struct Burst {
     pub fenced: usize,
     pub last_fenced: Option<Duration>,
     pub fence_wait: Duration,
+    /// With the ledger: the fenced nodes' NodeShutdowns that say so, and
+    /// when the last of them did (after the dark).
+    pub ledger: Option<(usize, Option<Duration>)>,
 }
 
 impl Burst {
@@ -186,6 +189,8 @@ pub struct Bench {
     flowcontrol: Vec<Value>,
     controller: Option<tokio::runtime::Runtime>,
     rounds: usize,
+    /// The controller writes the shutdown ledger.
+    ledger: bool,
     /// The evidence level's nominalConcurrencyShares instead of the
     /// manifests' (to compare settings).
     pub shares: Option<i64>,
@@ -243,15 +248,21 @@ impl Bench {
     /// Applies `objs` (the kustomize render) but the workloads (the agents
     /// and the controller are played here), and starts the controller with
     /// its own token and `concurrency`. Not from within a runtime.
-    pub fn start(cp: &'static ControlPlane, objs: &[Value], concurrency: usize) -> Result<Bench> {
+    pub fn start(
+        cp: &'static ControlPlane,
+        objs: &[Value],
+        concurrency: usize,
+        ledger: bool,
+    ) -> Result<Bench> {
         let rt = runtime()?;
-        let (admin, flowcontrol) = rt.block_on(Self::prepare(cp, objs, concurrency))?;
+        let (admin, flowcontrol) = rt.block_on(Self::prepare(cp, objs, concurrency, ledger))?;
         Ok(Bench {
             cp,
             admin,
             flowcontrol,
             controller: Some(rt),
             rounds: 0,
+            ledger,
             shares: None,
         })
     }
@@ -260,6 +271,7 @@ impl Bench {
         cp: &'static ControlPlane,
         objs: &[Value],
         concurrency: usize,
+        ledger: bool,
     ) -> Result<(Client, Vec<Value>)> {
         let admin = cp.admin();
         let kinds_played = [
@@ -297,6 +309,11 @@ impl Bench {
         let cfg = ControllerConfig {
             concurrency,
             lease_namespace: NS.into(),
+            // The chart's defaults.
+            ledger: ledger.then_some(lastgasp::controller::ledger_writer::Retention {
+                max_age: Duration::from_secs(720 * 3600),
+                max_per_node: 100,
+            }),
             ..ControllerConfig::new("bench-controller")
         };
         let mut c = Controller::start(client.clone(), client, cfg).await?;
@@ -480,6 +497,11 @@ impl Bench {
             ((busy.as_secs_f64() - idle_rate * answered.as_secs_f64()).max(0.0) * 1e3) / n as f64
         };
         let (fenced, last_fenced) = self.wait_fenced(&zone, &accepted, dark, fence_wait).await?;
+        let ledger = if self.ledger {
+            Some(self.wait_ledger(&zone, fenced, dark, fence_wait).await?)
+        } else {
+            None
+        };
         self.remove(&zone).await?;
         Ok(Burst {
             arm,
@@ -493,6 +515,7 @@ impl Bench {
             fenced,
             last_fenced,
             fence_wait,
+            ledger,
         })
     }
 
@@ -736,6 +759,36 @@ impl Bench {
         }
     }
 
+    /// Waits up to `wait` after the dark for `fenced` of the zone's
+    /// NodeShutdowns to say `fenced`; how many did, and when the last did.
+    async fn wait_ledger(
+        &self,
+        zone: &str,
+        fenced: usize,
+        dark: Instant,
+        wait: Duration,
+    ) -> Result<(usize, Option<Duration>)> {
+        let api: Api<kube::api::DynamicObject> = Api::all_with(
+            self.admin.clone(),
+            &lastgasp::controller::ledger_writer::resource(),
+        );
+        let prefix = format!("{zone}-");
+        let lp = ListParams::default().labels("lastgasp.dev/ending=fenced");
+        let mut seen: std::collections::BTreeMap<String, Duration> = Default::default();
+        loop {
+            for o in api.list(&lp).await? {
+                let name = o.name_any();
+                if name.starts_with(&prefix) {
+                    seen.entry(name).or_insert_with(|| dark.elapsed());
+                }
+            }
+            if seen.len() >= fenced || dark.elapsed() > wait {
+                return Ok((seen.len(), seen.values().max().copied()));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// Deletes the zone's Nodes and Leases.
     async fn remove(&self, zone: &str) -> Result<()> {
         let lp = ListParams::default().labels(&format!("{ZONE_LABEL}={zone}"));
@@ -898,7 +951,7 @@ impl Burst {
 
 fn summary_figures(b: &Burst) -> String {
     format!(
-        " N={}{}: accepted {} (first try ≤200 ms {}, ≤500 ms {}, ≤1 s {}), 429 {}, failed {}, unanswered {}, fenced {}/{} (last at {:?}){}",
+        " N={}{}: accepted {} (first try ≤200 ms {}, ≤500 ms {}, ≤1 s {}), 429 {}, failed {}, unanswered {}, fenced {}/{} (last at {:?}){}{}",
         b.n,
         if b.background { " +list load" } else { "" },
         b.accepted(),
@@ -911,6 +964,10 @@ fn summary_figures(b: &Burst) -> String {
         b.fenced,
         b.accepted(),
         b.last_fenced,
+        match b.ledger {
+            Some((n, last)) => format!("; ledger: {n} fenced entries (last at {last:?})"),
+            None => String::new(),
+        },
         if b.failed() > 0 {
             format!("; failures: {}", b.failures())
         } else {

@@ -1043,7 +1043,10 @@ fn zone(quick: bool) -> Result<()> {
                 .collect()
         }
     };
-    let mut bench = Bench::start(cp, &objs, 16)?;
+    // LASTGASP_ZONE_LEDGER=1: the controller also writes the shutdown ledger.
+    let ledger = std::env::var("LASTGASP_ZONE_LEDGER").is_ok_and(|v| v == "1");
+    eprintln!("zone: the controller writes the ledger: {ledger}");
+    let mut bench = Bench::start(cp, &objs, 16, ledger)?;
     // What a last gasp costs the API server, without a burst.
     let cost_n = if quick { 100 } else { 300 };
     let mut costs = Vec::new();
