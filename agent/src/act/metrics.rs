@@ -2,7 +2,10 @@
 //! `/metrics`. Names are `lastgasp_*` with their unit; counters get
 //! `_total` from the encoder. The kubelet-compatible
 //! `graceful_shutdown_{start,end}_time_seconds` keep the kubelet's names.
-use std::sync::{atomic::AtomicU64, Arc};
+use std::{
+    collections::BTreeMap,
+    sync::{atomic::AtomicU64, Arc},
+};
 
 use prometheus_client::{
     encoding::text::encode,
@@ -285,6 +288,8 @@ pub struct ControllerMetrics {
     pub fenced: Gauge,
     pub pods_deleted: Counter,
     pub paused: Gauge,
+    pub ledger_entries: Family<Labels, Gauge>,
+    pub ledger_writes: Family<Labels, Counter>,
 }
 
 impl Default for ControllerMetrics {
@@ -332,6 +337,18 @@ impl Default for ControllerMetrics {
             "1 while fencing is paused (lastgasp.dev/paused on the controller's Lease), as the leader last read it",
             paused.clone(),
         );
+        let ledger_entries = Family::<Labels, Gauge>::default();
+        r.register(
+            "lastgasp_controller_ledger_entries",
+            "NodeShutdowns in the ledger by kind, path, ending and graceful, as the leader holds them (read back from the cluster at start: a dead node's shutdown is counted here)",
+            ledger_entries.clone(),
+        );
+        let ledger_writes = Family::<Labels, Counter>::default();
+        r.register(
+            "lastgasp_controller_ledger_writes",
+            "The ledger's writes by result: applied, failed, pruned (the retention's deletes)",
+            ledger_writes.clone(),
+        );
         register_build_info(&mut r, "controller");
         ControllerMetrics {
             registry: Arc::new(r),
@@ -342,11 +359,33 @@ impl Default for ControllerMetrics {
             fenced,
             pods_deleted,
             paused,
+            ledger_entries,
+            ledger_writes,
         }
     }
 }
 
 impl ControllerMetrics {
+    pub fn count_ledger_write(&self, result: &str, n: u64) {
+        self.ledger_writes
+            .get_or_create(&vec![("result".into(), result.to_string())])
+            .inc_by(n);
+    }
+
+    /// The ledger's counts, replaced whole: an entry the retention dropped
+    /// leaves no series behind.
+    pub fn set_ledger_entries<'a>(&self, specs: impl Iterator<Item = [(&'a str, String); 4]>) {
+        let mut counts: BTreeMap<Labels, i64> = BTreeMap::new();
+        for labels in specs {
+            let l = labels.map(|(k, v)| (k.to_string(), v)).to_vec();
+            *counts.entry(l).or_default() += 1;
+        }
+        self.ledger_entries.clear();
+        for (l, n) in counts {
+            self.ledger_entries.get_or_create(&l).set(n);
+        }
+    }
+
     pub fn count_action(&self, action: &str) {
         self.actions
             .get_or_create(&vec![("action".into(), action.to_string())])
@@ -399,5 +438,28 @@ mod tests {
         ] {
             assert!(c.contains(want), "{want} missing:\n{c}");
         }
+        // The ledger's counts are replaced whole: a pruned entry's series goes.
+        let c = ControllerMetrics::default();
+        let entry = |ending: &str| {
+            [
+                ("kind", "poweroff".to_string()),
+                ("path", "immediate".into()),
+                ("ending", ending.into()),
+                ("graceful", "false".into()),
+            ]
+        };
+        c.set_ledger_entries([entry("fenced"), entry("fenced"), entry("back")].into_iter());
+        c.count_ledger_write("applied", 3);
+        let text = c.encode();
+        for want in [
+            "lastgasp_controller_ledger_entries{kind=\"poweroff\",path=\"immediate\",ending=\"fenced\",graceful=\"false\"} 2",
+            "lastgasp_controller_ledger_entries{kind=\"poweroff\",path=\"immediate\",ending=\"back\",graceful=\"false\"} 1",
+            "lastgasp_controller_ledger_writes_total{result=\"applied\"} 3",
+        ] {
+            assert!(text.contains(want), "{want} missing:\n{text}");
+        }
+        c.set_ledger_entries([entry("back")].into_iter());
+        let text = c.encode();
+        assert!(!text.contains("ending=\"fenced\""), "{text}");
     }
 }

@@ -23,6 +23,8 @@ use kube::{
 };
 use serde_json::json;
 
+use crate::act::metrics::ControllerMetrics;
+
 use super::ledger::{self, merge, Spec, GROUP, KIND, PLURAL, VERSION};
 
 pub const LEDGER_MANAGER: &str = "lastgasp-ledger";
@@ -48,16 +50,28 @@ pub fn resource() -> ApiResource {
     }
 }
 
+/// What an entry is counted by: kind, path, ending and graceful.
+fn facets(spec: &Spec) -> [(&'static str, String); 4] {
+    let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    [
+        ("kind", word(json!(spec.kind))),
+        ("path", word(json!(spec.path))),
+        ("ending", word(json!(spec.ending))),
+        ("graceful", spec.graceful.to_string()),
+    ]
+}
+
 /// The labels `kubectl get nodeshutdowns -l ...` filters by.
 fn labels(spec: &Spec) -> serde_json::Value {
-    let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
-    json!({
-        "lastgasp.dev/node": spec.node.chars().take(63).collect::<String>().trim_end_matches(['.', '-']),
-        "lastgasp.dev/kind": word(json!(spec.kind)),
-        "lastgasp.dev/path": word(json!(spec.path)),
-        "lastgasp.dev/ending": word(json!(spec.ending)),
-        "lastgasp.dev/graceful": spec.graceful.to_string(),
-    })
+    let mut l = serde_json::Map::new();
+    l.insert(
+        "lastgasp.dev/node".into(),
+        json!(spec.node.chars().take(63).collect::<String>().trim_end_matches(['.', '-'])),
+    );
+    for (k, v) in facets(spec) {
+        l.insert(format!("lastgasp.dev/{k}"), json!(v));
+    }
+    serde_json::Value::Object(l)
 }
 
 /// The object of an entry, as applied and exported.
@@ -96,7 +110,7 @@ impl Writer {
     }
 
     /// Runs until the process ends; a failed round is logged and tried again.
-    pub async fn run(mut self) {
+    pub async fn run(mut self, metrics: ControllerMetrics) {
         let mut loaded = false;
         let mut last_retain: Option<tokio::time::Instant> = None;
         let mut tick = tokio::time::interval(EVERY);
@@ -115,17 +129,25 @@ impl Writer {
                     }
                 }
             }
-            if let Err(e) = self.round().await {
-                tracing::warn!(error = format!("{e:#}"), "ledger round");
+            match self.round().await {
+                Ok((applied, failed)) => {
+                    metrics.count_ledger_write("applied", applied);
+                    metrics.count_ledger_write("failed", failed);
+                }
+                Err(e) => tracing::warn!(error = format!("{e:#}"), "ledger round"),
             }
             if last_retain.is_none_or(|t| t.elapsed() >= RETAIN_EVERY) {
                 last_retain = Some(tokio::time::Instant::now());
                 match self.retain(SystemTime::now()).await {
                     Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "ledger: retention"),
+                    Ok(n) => {
+                        metrics.count_ledger_write("pruned", n as u64);
+                        tracing::info!(deleted = n, "ledger: retention");
+                    }
                     Err(e) => tracing::warn!(error = format!("{e:#}"), "ledger retention"),
                 }
             }
+            metrics.set_ledger_entries(self.held.values().map(facets));
         }
     }
 
@@ -146,8 +168,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Applies every entry that changed; returns how many.
-    pub async fn round(&mut self) -> Result<usize> {
+    /// Applies every entry that changed; returns how many were applied
+    /// and how many failed (tried again next round).
+    pub async fn round(&mut self) -> Result<(u64, u64)> {
         let mut changed = Vec::new();
         for node in self.store.state() {
             let Some((name, spec)) = ledger::entry(&node) else {
@@ -180,18 +203,21 @@ impl Writer {
             .buffer_unordered(4)
             .collect()
             .await;
-        let mut n = 0;
+        let (mut applied, mut failed) = (0, 0);
         for (name, spec, obj, r) in results {
             match r {
                 Ok(_) => {
                     println!("{}", json!({ "nodeShutdown": obj }));
                     self.held.insert(name, spec);
-                    n += 1;
+                    applied += 1;
                 }
-                Err(e) => tracing::warn!(%name, error = %e, "ledger: entry not written"),
+                Err(e) => {
+                    tracing::warn!(%name, error = %e, "ledger: entry not written");
+                    failed += 1;
+                }
             }
         }
-        Ok(n)
+        Ok((applied, failed))
     }
 
     /// Deletes entries older than the retention's age, and per node all but

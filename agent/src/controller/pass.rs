@@ -50,6 +50,8 @@ pub struct Controller {
     leading: bool,
     /// The same, for the ledger's writer (its own task).
     leading_now: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The ledger's writer, until the first tick starts it.
+    ledger: Option<super::ledger_writer::Writer>,
     /// The last actions (newest last), at most [`ACTIONS_KEPT`].
     pub actions: VecDeque<(String, Verdict)>,
     /// Lease held, actions by kind, failed passes (served by `lastgasp controller`).
@@ -105,15 +107,14 @@ impl Controller {
             installed,
         );
         let leading_now = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        if let Some(retention) = cfg.ledger {
-            let w = super::ledger_writer::Writer::new(
+        let ledger = cfg.ledger.map(|retention| {
+            super::ledger_writer::Writer::new(
                 client.clone(),
                 store.clone(),
                 leading_now.clone(),
                 retention,
-            );
-            tokio::spawn(w.run());
-        }
+            )
+        });
         Ok(Controller {
             writer: Writer {
                 nodes: Api::all(client.clone()),
@@ -131,6 +132,7 @@ impl Controller {
             unrecovered: BTreeSet::new(),
             leading: false,
             leading_now,
+            ledger,
             actions: VecDeque::new(),
             metrics: ControllerMetrics::default(),
         })
@@ -138,6 +140,11 @@ impl Controller {
 
     /// One pass: lead or stand by; if leading, judge every node.
     pub async fn tick(&mut self) -> Result<bool> {
+        // Started here, not in `start`: it counts into the metrics the
+        // caller set after `start`.
+        if let Some(w) = self.ledger.take() {
+            tokio::spawn(w.run(self.metrics.clone()));
+        }
         let r = self.pass().await;
         if r.is_err() {
             self.metrics.pass_errors.inc();
@@ -152,8 +159,9 @@ impl Controller {
         self.metrics.lease_held.set(i64::from(term.leading));
         let newly = term.leading && !self.leading;
         self.leading = term.leading;
+        // The ledger is written while fencing is paused too.
         self.leading_now.store(
-            term.leading && !term.paused,
+            term.leading,
             std::sync::atomic::Ordering::Relaxed,
         );
         if !term.leading {
