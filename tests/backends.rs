@@ -330,6 +330,42 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
 }
 both!(last_gasp_then_the_next_boot_clears);
 
+/// A boot that ended with no shutdown the agent saw (a power loss): the next
+/// boot's agent reports it unannounced and says so on its Node (the
+/// annotation the controller's ledger reads).
+async fn an_unannounced_end_is_said_on_the_node(b: Backend, node: String) {
+    b.node(&node).await;
+    let nodes: Api<Node> = Api::all(b.admin().await);
+    let lg = LastGasp::start(
+        b.agent(Use::Watch).await,
+        b.agent(Use::Requests).await,
+        &node,
+    )
+    .await
+    .unwrap();
+    let dir = b.dir("unannounced");
+    let cluster = std::sync::Arc::new(Cluster {
+        node: b.node_client(&node).await,
+        lastgasp: lg,
+        graceful: std::sync::Arc::new(options(&dir, vec![], Removal::Delete)),
+    });
+    // Boot 1: the agent starts, and then the power goes.
+    let mut first = agent_at(&dir, "boot-1", Some(cluster.clone()));
+    assert!(first.after_boot("boot-1").await.unwrap().is_none());
+    drop(first);
+    let before = std::time::SystemTime::now();
+    let mut next = agent_at(&dir, "boot-2", Some(cluster));
+    let after = next.after_boot("boot-2").await.unwrap().expect("boot-1");
+    let settled = after.delivery.expect("cluster mode").await.unwrap();
+    assert_eq!(settled.end, BootEnd::Unannounced);
+    let n = nodes.get(&node).await.unwrap();
+    let said = lastgasp::record::unannounced_of(&n).expect("the unannounced end on the Node");
+    assert_eq!(said.boot_id, "boot-1");
+    assert!(said.last_seen.is_some_and(|t| t <= before), "{said:?}");
+    assert!(said.reported_at >= before, "{said:?}");
+}
+both!(an_unannounced_end_is_said_on_the_node);
+
 /// A shutdown that does not come: the cancel turns the condition False and
 /// takes the taint off; another taint on the node stays.
 async fn cancel_undoes_the_marks(b: Backend, node: String) {

@@ -8,10 +8,14 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    api::{DynamicObject, ListParams, PostParams},
+    api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
     Api, Client, ResourceExt,
 };
-use lastgasp::controller::{ledger, ledger_writer};
+use lastgasp::{
+    act::kube::NodeClient,
+    controller::{ledger, ledger_writer},
+    record::{UnannouncedEnd, UNANNOUNCED_ANNOTATION},
+};
 use lastgasp_tests::{
     controlplane::{self, pod_token},
     nodesim::{self, Sim},
@@ -224,14 +228,46 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             back["spec"]["fence"], fenced["spec"]["fence"],
             "the fence is kept"
         );
+        // Then the power goes on that boot: nothing announced it. The next
+        // boot's agent says so on its Node (as its after-boot report does),
+        // and nobody else may.
+        let lost_boot = new_boot;
+        sim.power_off("ledger-a");
+        let third_boot = sim.add_node("ledger-a").await.unwrap();
+        let said = UnannouncedEnd {
+            boot_id: lost_boot.clone(),
+            last_seen: Some(std::time::SystemTime::now() - Duration::from_secs(60)),
+            reported_at: std::time::SystemTime::now(),
+        };
+        let body = json!({"metadata": {"annotations": {
+            UNANNOUNCED_ANNOTATION: serde_json::to_string(&said).unwrap()}}});
+        let forged = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+            .patch("ledger-a", &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .expect_err("only the node's agent says its boot ended unannounced");
+        assert!(forged.to_string().contains("unannounced-end"), "{forged}");
+        let agent_node = NodeClient::start_with(agent.clone(), agent.clone(), "ledger-a")
+            .await
+            .unwrap();
+        agent_node.set_unannounced(&said).await.unwrap();
+        let unannounced = ledger::name("ledger-a", &lost_boot, 0);
+        let u = entry_when(&api, &unannounced, Duration::from_secs(10), |v| {
+            v["spec"]["ending"] == "unannounced"
+        })
+        .await;
+        assert_eq!(u["spec"]["back"]["bootID"], third_boot);
+        assert_eq!(u["metadata"]["labels"]["lastgasp.dev/unannounced"], "true");
         let all = api.list(&ListParams::default()).await.unwrap();
-        let mine: Vec<String> = all
+        let mut mine: Vec<String> = all
             .items
             .iter()
             .map(ResourceExt::name_any)
             .filter(|n| n.starts_with("ledger-a."))
             .collect();
-        assert_eq!(mine, [name], "one entry per episode");
+        mine.sort();
+        let mut want = [name, unannounced];
+        want.sort();
+        assert_eq!(mine, want, "one entry per episode");
         assert!(
             api.get_opt(STALE).await.unwrap().is_none(),
             "the retention pruned the entry past its age"
@@ -253,10 +289,11 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             String::from_utf8_lossy(&out.stderr)
         );
         println!("{text}");
-        assert!(text.starts_with("1 shutdown episodes since"), "{text}");
-        assert!(text.contains("by ending: back 1"), "{text}");
+        assert!(text.starts_with("2 shutdown episodes since"), "{text}");
+        assert!(text.contains("by ending: back 1, unannounced 1"), "{text}");
+        assert!(text.contains("unannounced boots (1): ledger-a."), "{text}");
         assert!(
-            text.contains("(the agents' claim): systemd-shutdow 1"),
+            text.contains("(the agents' claim): - 1, systemd-shutdow 1"),
             "{text}"
         );
     });

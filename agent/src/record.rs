@@ -369,6 +369,42 @@ pub fn of_node(node: &k8s_openapi::api::core::v1::Node) -> Option<Result<Shutdow
         .map(|raw| ShutdownRecord::parse(raw))
 }
 
+/// After a boot whose end its agent never saw (no shutdown in the audit log:
+/// a power loss, a reset, a watchdog, a panic), the next boot's agent says
+/// so on its Node. The controller's ledger keeps it as an `unannounced`
+/// entry; nothing fences or drains on it. Written only by the node's own
+/// agent (`deploy/`'s evidence policy).
+pub const UNANNOUNCED_ANNOTATION: &str = "lastgasp.dev/unannounced-end";
+
+/// The value of [`UNANNOUNCED_ANNOTATION`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UnannouncedEnd {
+    /// The boot that ended unannounced.
+    #[serde(rename = "bootID")]
+    pub boot_id: String,
+    /// The agent's last line in that boot's audit log: it was alive then.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_seen: Option<SystemTime>,
+    /// When the next boot's agent found it.
+    #[serde(with = "humantime_serde")]
+    pub reported_at: SystemTime,
+}
+
+/// The unannounced end `node` carries, if readable.
+pub fn unannounced_of(node: &k8s_openapi::api::core::v1::Node) -> Option<UnannouncedEnd> {
+    let raw = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(UNANNOUNCED_ANNOTATION)?;
+    serde_json::from_str(raw).ok()
+}
+
 /// The API server's time of the last write of the record on `node` (whole
 /// seconds): the `managedFields` entry of [`RECORD_MANAGER`].
 pub fn written_at(node: &k8s_openapi::api::core::v1::Node) -> Option<SystemTime> {

@@ -13,7 +13,10 @@ use super::{
     report::{self, BootEnd, BootReport},
     unwind, Actuator, Cluster,
 };
-use crate::{decide::Episode, record::ShutdownRecord};
+use crate::{
+    decide::Episode,
+    record::{ShutdownRecord, UnannouncedEnd},
+};
 
 /// How the previous boot ended, and the task that tells the cluster (the
 /// PreviousBoot Event and an undelivered record; it then leaves a task that
@@ -149,6 +152,21 @@ impl Actuator {
             }
             if let (true, Some(ep)) = (report.undelivered, &report.episode) {
                 deliver_late(&c, &hands, &p, ep).await;
+            }
+            if report.end == BootEnd::Unannounced {
+                let end = UnannouncedEnd {
+                    boot_id: p.prev.clone(),
+                    last_seen: p
+                        .records
+                        .iter()
+                        .filter(|r| r.boot_id == p.prev)
+                        .map(|r| r.written_at)
+                        .max(),
+                    reported_at: SystemTime::now(),
+                };
+                if let Err(e) = c.node.set_unannounced(&end).await {
+                    tracing::warn!(error = format!("{e:#}"), "reporting the unannounced end");
+                }
             }
             let clear = p.current.clone();
             tokio::spawn(async move {

@@ -40,6 +40,37 @@ pub enum Ending {
     Expired,
     /// The node lived on after its proof (a reboot(2) that returned).
     Failed,
+    /// A boot ended with no shutdown its agent saw (a power loss, a reset,
+    /// a panic): the next boot's agent said so.
+    Unannounced,
+}
+
+/// The episode's path (the decider's), or `unannounced`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Path {
+    Pending,
+    Scheduled,
+    Graceful,
+    Immediate,
+    Cancelled,
+    Abandoned,
+    Expired,
+    Unannounced,
+}
+
+impl From<ShutdownPath> for Path {
+    fn from(p: ShutdownPath) -> Path {
+        match p {
+            ShutdownPath::Pending => Path::Pending,
+            ShutdownPath::Scheduled => Path::Scheduled,
+            ShutdownPath::Graceful => Path::Graceful,
+            ShutdownPath::Immediate => Path::Immediate,
+            ShutdownPath::Cancelled => Path::Cancelled,
+            ShutdownPath::Abandoned => Path::Abandoned,
+            ShutdownPath::Expired => Path::Expired,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -50,7 +81,7 @@ pub struct Spec {
     pub boot_id: String,
     pub episode: u32,
     pub kind: Kind,
-    pub path: ShutdownPath,
+    pub path: Path,
     pub graceful: bool,
     pub forced: bool,
     #[serde(with = "humantime_serde")]
@@ -109,14 +140,24 @@ pub struct Back {
 }
 
 /// The object's name: node, boot and episode, so that any replica names an
-/// episode alike (at most 253 characters: a long node name is cut).
+/// episode alike (at most 253 characters: a long node name is cut). The
+/// boot is the first 8 digits of a boot ID as the kernel makes them (a
+/// random UUID), or else 8 hex digits of a hash of the whole ID: IDs that
+/// share their start must not share an entry.
 pub fn name(node: &str, boot_id: &str, episode: u32) -> String {
-    let boot: String = boot_id
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .take(8)
-        .collect::<String>()
-        .to_ascii_lowercase();
+    let uuid = boot_id.len() == 36
+        && boot_id.chars().enumerate().all(|(i, c)| {
+            matches!(i, 8 | 13 | 18 | 23) == (c == '-') && (c == '-' || c.is_ascii_hexdigit())
+        });
+    let boot = if uuid {
+        boot_id[..8].to_ascii_lowercase()
+    } else {
+        // FNV-1a, folded to 32 bits.
+        let h = boot_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{:08x}", (h ^ (h >> 32)) as u32)
+    };
     let tail = format!(".{boot}.{episode}");
     let keep = node.len().min(253 - tail.len());
     let mut head = node[..keep].to_string();
@@ -124,6 +165,48 @@ pub fn name(node: &str, boot_id: &str, episode: u32) -> String {
         head.pop();
     }
     format!("{head}{tail}")
+}
+
+/// The ledger's entries `node` tells of: its record's episode and an
+/// unannounced end its agent reported.
+pub fn entries(node: &Node) -> impl Iterator<Item = (String, Spec)> {
+    entry(node).into_iter().chain(unannounced(node))
+}
+
+/// The entry of a boot that ended unannounced, as its next boot's agent said
+/// on the Node (episode 0). Not when it names the boot the node is on, or
+/// the boot its record is of (the agent's audit lost, the cluster knows).
+pub fn unannounced(node: &Node) -> Option<(String, Spec)> {
+    let u = record::unannounced_of(node)?;
+    let now_boot = rule::boot_id(node)?;
+    let recorded = matches!(record::of_node(node), Some(Ok(r)) if r.boot_id == u.boot_id);
+    if now_boot == u.boot_id || recorded {
+        return None;
+    }
+    let spec = Spec {
+        node: node.name_any(),
+        boot_id: u.boot_id.clone(),
+        episode: 0,
+        kind: Kind::Unknown,
+        path: Path::Unannounced,
+        graceful: false,
+        forced: false,
+        opened_at: u.last_seen.unwrap_or(u.reported_at),
+        ending: Ending::Unannounced,
+        delivered_late: false,
+        agent_claims: Claims {
+            source: Some("after-boot-report".into()),
+            ..Claims::default()
+        },
+        down: None,
+        fence: None,
+        back: Some(Back {
+            at: Some(u.reported_at),
+            boot_id: now_boot.to_string(),
+        }),
+        closed: None,
+    };
+    Some((name(&spec.node, &u.boot_id, 0), spec))
 }
 
 /// The ledger's entry for the episode `node`'s record holds, if any: its
@@ -164,7 +247,7 @@ pub fn entry(node: &Node) -> Option<(String, Spec)> {
         boot_id: rec.boot_id.clone(),
         episode: ep.id,
         kind: ep.kind,
-        path: ep.path,
+        path: ep.path.into(),
         graceful: ep.path == ShutdownPath::Graceful,
         forced: ep.forced,
         opened_at: ep
@@ -287,6 +370,19 @@ pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
             let _ = writeln!(out, "    {name}: {:.1} s", d.as_secs_f64());
         }
     }
+    let lost: Vec<&str> = recent
+        .iter()
+        .filter(|(_, s)| s.ending == Ending::Unannounced)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    if !lost.is_empty() {
+        let _ = writeln!(
+            out,
+            "  unannounced boots ({}): {}",
+            lost.len(),
+            lost.join(", ")
+        );
+    }
     out
 }
 
@@ -332,7 +428,7 @@ mod tests {
     #[test]
     fn an_episode_reads_down_then_fenced_then_back_and_keeps_its_fence() {
         let (name, down) = entry(&node("b1", false)).unwrap();
-        assert_eq!(name, "n1.b1.1");
+        assert_eq!(name, super::name("n1", "b1", 1));
         assert_eq!(down.ending, Ending::Down);
         assert_eq!(down.down.as_ref().map(|d| d.proof), Some(Proof::Kernel));
         assert_eq!(
@@ -368,10 +464,7 @@ mod tests {
             })
         );
         // The spec as the CRD's schema names it.
-        let text = summary(
-            &[("n1.b1.1".into(), kept.clone())],
-            at("2026-11-27T00:00:00Z"),
-        );
+        let text = summary(&[(name.clone(), kept.clone())], at("2026-11-27T00:00:00Z"));
         assert!(
             text.starts_with("1 shutdown episodes since 2026-11-27T00:00:00Z"),
             "{text}"
@@ -382,7 +475,7 @@ mod tests {
             text.contains("(the agents' claim): systemd-shutdow 1"),
             "{text}"
         );
-        assert!(text.contains("n1.b1.1: 4.0 s"), "{text}");
+        assert!(text.contains(&format!("{name}: 4.0 s")), "{text}");
         let json = serde_json::to_value(&kept).unwrap();
         for key in [
             "node",
@@ -401,14 +494,59 @@ mod tests {
     }
 
     #[test]
+    fn an_unannounced_end_is_its_own_entry_and_only_of_an_earlier_boot() {
+        let mut n = node("b3", false);
+        let said = |boot: &str| {
+            serde_json::json!({"bootID": boot, "lastSeen": "2026-11-28T08:00:00Z",
+                "reportedAt": "2026-11-28T09:00:00Z"})
+            .to_string()
+        };
+        n.annotations_mut()
+            .insert(record::UNANNOUNCED_ANNOTATION.into(), said("b2"));
+        let all: Vec<_> = entries(&n).collect();
+        assert_eq!(all.len(), 2, "the record's episode and the unannounced end");
+        let (name, u) = &all[1];
+        assert_eq!(*name, super::name("n1", "b2", 0));
+        assert_eq!(
+            (u.ending, u.path, u.kind),
+            (Ending::Unannounced, Path::Unannounced, Kind::Unknown)
+        );
+        assert_eq!(u.opened_at, at("2026-11-28T08:00:00Z"), "last seen alive");
+        assert_eq!(
+            u.back,
+            Some(Back {
+                at: Some(at("2026-11-28T09:00:00Z")),
+                boot_id: "b3".into()
+            })
+        );
+        // Not of the boot the node is on, nor of the boot its record is of;
+        // an unreadable annotation is no entry.
+        for (boot, claim) in [("b3", said("b3")), ("b3", said("b1")), ("b3", "{".into())] {
+            let mut n = node(boot, false);
+            n.annotations_mut()
+                .insert(record::UNANNOUNCED_ANNOTATION.into(), claim.clone());
+            assert!(unannounced(&n).is_none(), "{claim}");
+        }
+        let text = summary(&all, at("2026-11-27T00:00:00Z"));
+        assert!(
+            text.contains(&format!("unannounced boots (1): {name}")),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn names_are_the_episode_and_fit() {
         assert_eq!(
             name("worker-3", "5F0C2A1B-77aa-4e2b-9c1d-0123456789ab", 2),
             "worker-3.5f0c2a1b.2"
         );
         let long = "n".repeat(260);
-        let n = name(&long, "abcdef0123", 1);
+        let n = name(&long, "5f0c2a1b-77aa-4e2b-9c1d-0123456789ab", 1);
         assert!(n.len() <= 253, "{}", n.len());
-        assert!(n.ends_with(".abcdef01.1"));
+        assert!(n.ends_with(".5f0c2a1b.1"));
+        // Not a UUID: a hash of the whole ID, so a shared start is no clash.
+        let (a, b) = (name("n", "boot-n-0001", 1), name("n", "boot-n-0002", 1));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "n.".len() + 8 + ".1".len(), "{a}");
     }
 }

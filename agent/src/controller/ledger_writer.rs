@@ -66,11 +66,20 @@ fn labels(spec: &Spec) -> serde_json::Value {
     let mut l = serde_json::Map::new();
     l.insert(
         "lastgasp.dev/node".into(),
-        json!(spec.node.chars().take(63).collect::<String>().trim_end_matches(['.', '-'])),
+        json!(spec
+            .node
+            .chars()
+            .take(63)
+            .collect::<String>()
+            .trim_end_matches(['.', '-'])),
     );
     for (k, v) in facets(spec) {
         l.insert(format!("lastgasp.dev/{k}"), json!(v));
     }
+    l.insert(
+        "lastgasp.dev/unannounced".into(),
+        json!((spec.ending == ledger::Ending::Unannounced).to_string()),
+    );
     serde_json::Value::Object(l)
 }
 
@@ -173,15 +182,14 @@ impl Writer {
     pub async fn round(&mut self) -> Result<(u64, u64)> {
         let mut changed = Vec::new();
         for node in self.store.state() {
-            let Some((name, spec)) = ledger::entry(&node) else {
-                continue;
-            };
-            let spec = match self.held.get(&name) {
-                Some(old) => merge(old, spec),
-                None => spec,
-            };
-            if self.held.get(&name) != Some(&spec) {
-                changed.push((name, spec));
+            for (name, spec) in ledger::entries(&node) {
+                let spec = match self.held.get(&name) {
+                    Some(old) => merge(old, spec),
+                    None => spec,
+                };
+                if self.held.get(&name) != Some(&spec) {
+                    changed.push((name, spec));
+                }
             }
         }
         let api = self.api.clone();
@@ -286,8 +294,7 @@ pub async fn print_history(since: Duration) -> Result<()> {
 mod tests {
     use super::*;
     use crate::{
-        controller::ledger::{Claims, Ending},
-        decide::ShutdownPath,
+        controller::ledger::{Claims, Ending, Path},
         signal::Kind,
     };
 
@@ -297,7 +304,7 @@ mod tests {
             boot_id: "b".into(),
             episode: 1,
             kind: Kind::Poweroff,
-            path: ShutdownPath::Immediate,
+            path: Path::Immediate,
             graceful: false,
             forced: true,
             opened_at: now - Duration::from_secs(opened_h_ago * 3600),

@@ -160,10 +160,8 @@ impl Controller {
         let newly = term.leading && !self.leading;
         self.leading = term.leading;
         // The ledger is written while fencing is paused too.
-        self.leading_now.store(
-            term.leading,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.leading_now
+            .store(term.leading, std::sync::atomic::Ordering::Relaxed);
         if !term.leading {
             return Ok(false);
         }

@@ -28,7 +28,10 @@ use kube::{
 use serde_json::json;
 
 use self::retry::retry;
-use crate::record::{self, Closing, EpisodeKey, ShutdownRecord, RECORD_MANAGER};
+use crate::record::{
+    self, Closing, EpisodeKey, ShutdownRecord, UnannouncedEnd, RECORD_MANAGER,
+    UNANNOUNCED_ANNOTATION,
+};
 
 /// The node condition the agent owns (the kubelet owns Ready).
 pub const CONDITION: &str = "ShutdownInProgress";
@@ -299,6 +302,18 @@ impl NodeClient {
         })
         .await?;
         Ok(written)
+    }
+
+    /// Says on the Node that an earlier boot ended unannounced.
+    pub async fn set_unannounced(&self, end: &UnannouncedEnd) -> Result<()> {
+        let raw = serde_json::to_string(end)?;
+        let body = json!({ "metadata": { "annotations": { UNANNOUNCED_ANNOTATION: raw } } });
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+        retry("unannounced end", || {
+            self.nodes.patch(&self.node, &params, &patch)
+        })
+        .await?;
+        Ok(())
     }
 
     /// The record, in one merge patch guarded by `node`'s resourceVersion.
