@@ -250,7 +250,12 @@ fn known_keys() -> BTreeSet<&'static str> {
         controller::TAINTED_BY_ANNOTATION,
         controller::FENCED_BOOT_ANNOTATION,
         controller::OUT_OF_SERVICE_KEY,
+        lastgasp::record::PROOF_ANNOTATION,
+        lastgasp::record::UNANNOUNCED_ANNOTATION,
     ])
+    .into_iter()
+    .chain(controller::ledger_writer::LABEL_KEYS)
+    .collect()
 }
 
 /// Runs `lastgasp ARGS --help`: clap parses every argument before it (an

@@ -282,7 +282,8 @@ fn assert_same(an: &str, a: &BTreeMap<Key, Value>, bn: &str, b: &BTreeMap<Key, V
 /// release and the chart (the standard `helm.sh/chart` and
 /// `app.kubernetes.io/{managed-by,instance,version}` labels): left out of
 /// the comparison with kustomize. So are Helm's hooks (the uninstall's
-/// `--lift-fences` Job: kustomize has no uninstall to hook).
+/// `--lift-fences` Job: kustomize has no uninstall to hook) and its
+/// resource policy (the ledger's CRD outlives `helm uninstall`).
 fn without_helm_only(objs: &BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
     const HELM_LABELS: [&str; 4] = [
         "helm.sh/chart",
@@ -300,6 +301,16 @@ fn without_helm_only(objs: &BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
             {
                 for h in HELM_LABELS {
                     l.remove(h);
+                }
+            }
+            // Helm's own: `helm uninstall` keeps the ledger's CRD.
+            if let Some(a) = v
+                .pointer_mut("/metadata/annotations")
+                .and_then(Value::as_object_mut)
+            {
+                a.remove("helm.sh/resource-policy");
+                if a.is_empty() {
+                    v["metadata"].as_object_mut().unwrap().remove("annotations");
                 }
             }
             if let Some(a) = v

@@ -246,7 +246,7 @@ pub fn entry(node: &Node) -> Option<(String, Spec)> {
         node: node.name_any(),
         boot_id: rec.boot_id.clone(),
         episode: ep.id,
-        kind: ep.kind,
+        kind: rec.kind(),
         path: ep.path.into(),
         graceful: ep.path == ShutdownPath::Graceful,
         forced: ep.forced,

@@ -29,6 +29,11 @@ use super::ledger::{self, merge, Spec, GROUP, KIND, PLURAL, VERSION};
 
 pub const LEDGER_MANAGER: &str = "lastgasp-ledger";
 const EVERY: Duration = Duration::from_secs(2);
+/// Applies per round at most (25/s): a zone's thousand new entries are
+/// written over 40 s instead of crowding its last gasps and fences on the
+/// API server (measured: `cargo xtask bench zone`, docs/ledger.md). What
+/// waits is written with its newest state.
+const MAX_PER_ROUND: usize = 50;
 const RETAIN_EVERY: Duration = Duration::from_secs(300);
 
 /// How long and how many entries are kept.
@@ -62,6 +67,16 @@ fn facets(spec: &Spec) -> [(&'static str, String); 4] {
 }
 
 /// The labels `kubectl get nodeshutdowns -l ...` filters by.
+pub const LABEL_KEYS: [&str; 6] = [
+    "lastgasp.dev/node",
+    "lastgasp.dev/kind",
+    "lastgasp.dev/path",
+    "lastgasp.dev/ending",
+    "lastgasp.dev/graceful",
+    "lastgasp.dev/unannounced",
+];
+
+/// An entry's labels: [`LABEL_KEYS`].
 fn labels(spec: &Spec) -> serde_json::Value {
     let mut l = serde_json::Map::new();
     l.insert(
@@ -192,6 +207,7 @@ impl Writer {
                 }
             }
         }
+        changed.truncate(MAX_PER_ROUND);
         let api = self.api.clone();
         let results: Vec<_> = futures::stream::iter(changed)
             .map(|(name, spec)| {
@@ -316,6 +332,18 @@ mod tests {
             back: None,
             closed: None,
         }
+    }
+
+    #[test]
+    fn an_entry_carries_every_label_and_no_other() {
+        let now = SystemTime::now();
+        let l = labels(&spec("worker-3", 1, now));
+        let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want = LABEL_KEYS.to_vec();
+        want.sort_unstable();
+        assert_eq!(keys, want);
+        assert_eq!(l["lastgasp.dev/ending"], "fenced");
+        assert_eq!(l["lastgasp.dev/unannounced"], "false");
     }
 
     #[test]

@@ -26,10 +26,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::{runtime::watcher, Api, Client, ResourceExt};
+use kube::{api::DynamicObject, runtime::watcher, Api, Client, ResourceExt};
 use lastgasp::{
     act::kube::{Use, CONDITION, RECORD_ANNOTATION},
-    controller::{Controller, ControllerConfig},
+    controller::{ledger_writer, Controller, ControllerConfig},
     record::{Closing, ShutdownRecord},
 };
 use lastgasp_tests::{
@@ -130,6 +130,7 @@ fn main() -> Result<()> {
         tokio::spawn(record::<Pod>(admin.clone(), log.clone(), pod));
         tokio::spawn(record::<Node>(admin.clone(), log.clone(), node));
         tokio::spawn(record::<Event>(admin.clone(), log.clone(), event));
+        tokio::spawn(record_ledger(admin.clone(), log.clone()));
         tokio::spawn(controller(cp));
         tokio::spawn(second_node(admin.clone(), args.node.clone()));
         println!("READY {}", cp.port);
@@ -153,6 +154,11 @@ async fn controller(cp: &'static ControlPlane) {
         let tok = token(&cp.admin(), CONTROLLER_SA, None).await?;
         let cfg = ControllerConfig {
             lease_namespace: "lastgasp".into(),
+            // As `lastgasp controller` runs by default (the chart's values).
+            ledger: Some(ledger_writer::Retention {
+                max_age: Duration::from_secs(720 * 3600),
+                max_per_node: 100,
+            }),
             ..ControllerConfig::new("vm-cluster")
         };
         let mut c = Controller::start(
@@ -251,6 +257,38 @@ where
     }
 }
 
+/// One JSON line per change of a NodeShutdown (the ledger), as [`record`].
+async fn record_ledger(client: Client, log: Arc<Mutex<fs::File>>) {
+    let api: Api<DynamicObject> = Api::all_with(client, &ledger_writer::resource());
+    let mut stream = Box::pin(watcher(api, watcher::Config::default()));
+    while let Some(ev) = stream.next().await {
+        let obj = match ev {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+            Ok(_) => continue,
+            Err(e) => {
+                eprintln!("vm-cluster: ledger watch: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let t = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let spec = &obj.data["spec"];
+        let view = json!({"name": obj.name_any(), "node": spec["node"], "bootID": spec["bootID"],
+            "episode": spec["episode"], "kind": spec["kind"], "path": spec["path"],
+            "ending": spec["ending"], "proof": spec["down"]["proof"], "fenced": !spec["fence"].is_null()});
+        let line = json!({"t": t, "kind": "NodeShutdown", "event": "apply", "obj": view});
+        let mut f = log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
+            eprintln!("vm-cluster: writing the record: {e}");
+        }
+    }
+}
+
 fn pod(p: &Pod) -> Value {
     let spec = p.spec.as_ref();
     let status = p.status.as_ref();
@@ -310,6 +348,7 @@ fn node(n: &Node) -> Value {
         "unschedulable": n.spec.as_ref().and_then(|s| s.unschedulable),
         "record": record.map(|r| json!({"kind": r.kind(), "source": r.signal.as_ref().map(|s| s.source),
             "boot_id": r.boot_id, "closed": r.closed.as_ref().map(|c| c.how),
+            "episode": r.episode.as_ref().map(|e| e.id),
             "back": r.closed.as_ref().is_some_and(|c| c.how == Closing::Back),
             "proof": r.death().map(|d| d.proof), "delivered_late": r.delivered_late})),
     })

@@ -29,6 +29,8 @@ use serde_json::Value;
 
 use super::qemu::{Exit, Guest, Run, Spec};
 
+mod ledger;
+
 /// The scenarios of the real node: (name, `tests/vm/scenarios/NAME.sh`,
 /// does the guest come back on its own (a reboot)).
 pub const SCENARIOS: &[(&str, &str)] = &[
@@ -295,6 +297,8 @@ pub struct NodeOutcome {
     pub fence: String,
     pub events: String,
     pub guest: String,
+    /// The NodeShutdown objects of the Node, their endings in turn.
+    pub ledger: String,
 }
 
 const TRIGGER_NEVER_RAN: &str = "the trigger never ran";
@@ -498,6 +502,7 @@ pub fn run(
         fence: "-".into(),
         events: "-".into(),
         guest: "-".into(),
+        ledger: "-".into(),
     };
     if let Err(e) = run_inner(guest, p, dir, next_boot, &mut o) {
         o.problems.push(format!("{e:#}"));
@@ -1004,6 +1009,7 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         taken_back(&seen, o);
     }
     o.agent_end = agent_end(&seen, o.arm != "kubelet");
+    ledger::judge(&seen, o);
     Ok(())
 }
 
@@ -1363,13 +1369,13 @@ pub fn matrix(outcomes: &[NodeOutcome]) -> String {
     let mut m = String::new();
     let _ = writeln!(
         m,
-        "| arm | scenario | the agent | the fence, the kernel's end and the slow writer's last write | workload pods on the node: how each ended, s after the trigger, and its state when the node went down | replacements Running on the other node | the Node when the node went down | after it came back | where the agent's container and the kubelet ended | Node Events | guest | result |"
+        "| arm | scenario | the agent | the fence, the kernel's end and the slow writer's last write | workload pods on the node: how each ended, s after the trigger, and its state when the node went down | replacements Running on the other node | the Node when the node went down | after it came back | where the agent's container and the kubelet ended | Node Events | the ledger's object and its endings (s after the trigger) | guest | result |"
     );
-    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(m, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for o in outcomes {
         let _ = writeln!(
             m,
-            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             o.arm,
             o.trigger,
             o.ran_as,
@@ -1380,6 +1386,7 @@ pub fn matrix(outcomes: &[NodeOutcome]) -> String {
             o.after,
             o.agent_end,
             o.events,
+            o.ledger,
             o.guest,
             if o.failed() {
                 format!("**FAIL**: {}", o.problems.join("; "))
