@@ -49,6 +49,8 @@ fn every_metric_the_docs_name_exists() {
     m.set_hook_errors(Drops::default().hook_errors_by_label());
     let c = ControllerMetrics::default();
     c.count_action("taint-added");
+    c.count_ledger_write("applied", 1);
+    c.ledger_entries.get_or_create(&vec![]).set(1);
     let served = format!("{}\n{}", m.encode(), c.encode());
     let families: BTreeSet<String> = served
         .lines()

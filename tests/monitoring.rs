@@ -57,6 +57,8 @@ fn exported() -> String {
     }
     let c = ControllerMetrics::default();
     c.actions.get_or_create(&one()).inc();
+    c.ledger_writes.get_or_create(&one()).inc();
+    c.ledger_entries.get_or_create(&one()).set(1);
     format!("{}{}", m.encode(), c.encode())
 }
 
