@@ -635,6 +635,11 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
         // As the chart runs it (`--deployment`): it reads its Deployment's
         // creation, to tell a reinstall's pause from a running one's.
         cfg.deployment = Some("lastgasp-controller".into());
+        // And writes the ledger, as by default.
+        cfg.ledger = Some(lastgasp::controller::ledger_writer::Retention {
+            max_age: Duration::from_secs(720 * 3600),
+            max_per_node: 100,
+        });
         let from = cp.audit(&user(CONTROLLER_SA)).len();
         let ctl = recovery::spawn_controller(client.clone(), cfg).await.unwrap();
 
@@ -750,7 +755,13 @@ fn the_controller_as_deployed_fences_and_lifts_with_its_own_token() {
             "controller",
             &events[from..],
             &grants(&objs, CONTROLLER_SA),
-            &[("events.k8s.io", "events", "patch")],
+            // The ledger prunes nothing here, and its apply of a new entry
+            // is logged as a patch (tests/ledger.rs checks both).
+            &[
+                ("events.k8s.io", "events", "patch"),
+                ("lastgasp.dev", "nodeshutdowns", "create"),
+                ("lastgasp.dev", "nodeshutdowns", "delete"),
+            ],
         );
     });
 }
