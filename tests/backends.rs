@@ -119,6 +119,23 @@ impl Backend {
 
     /// The answers to evictions of pod `name` in `ns`, as the server logged
     /// them (the double's request log, the real server's audit log).
+    /// The agent's cluster half for `node`: its Node client, the last
+    /// gasp's warm client, a graceful path that deletes, state in `dir`.
+    async fn cluster(&self, node: &str, dir: &std::path::Path) -> std::sync::Arc<Cluster> {
+        let lastgasp = LastGasp::start(
+            self.agent(Use::Watch).await,
+            self.agent(Use::Requests).await,
+            node,
+        )
+        .await
+        .unwrap();
+        std::sync::Arc::new(Cluster {
+            node: self.node_client(node).await,
+            lastgasp,
+            graceful: std::sync::Arc::new(options(dir, vec![], Removal::Delete)),
+        })
+    }
+
     fn evictions(&self, ns: &str, name: &str) -> Vec<u16> {
         match self {
             Backend::Double(d) => d
@@ -251,20 +268,8 @@ async fn last_gasp_then_the_next_boot_clears(b: Backend, node: String) {
     b.node(&node).await;
     let admin = b.admin().await;
     let nodes: Api<Node> = Api::all(admin.clone());
-    let nc = b.node_client(&node).await;
-    let lg = LastGasp::start(
-        b.agent(Use::Watch).await,
-        b.agent(Use::Requests).await,
-        &node,
-    )
-    .await
-    .unwrap();
     let dir = b.dir("lastgasp");
-    let cluster = std::sync::Arc::new(Cluster {
-        node: nc,
-        lastgasp: lg,
-        graceful: std::sync::Arc::new(options(&dir, vec![], Removal::Delete)),
-    });
+    let cluster = b.cluster(&node, &dir).await;
     let mut agent = agent_at(&dir, "boot-1", Some(cluster.clone()));
     let d = agent.handle(forced_exec()).await.unwrap();
     assert!(matches!(d.action, Action::Immediate { escalated: false }));
@@ -336,19 +341,8 @@ both!(last_gasp_then_the_next_boot_clears);
 async fn an_unannounced_end_is_said_on_the_node(b: Backend, node: String) {
     b.node(&node).await;
     let nodes: Api<Node> = Api::all(b.admin().await);
-    let lg = LastGasp::start(
-        b.agent(Use::Watch).await,
-        b.agent(Use::Requests).await,
-        &node,
-    )
-    .await
-    .unwrap();
     let dir = b.dir("unannounced");
-    let cluster = std::sync::Arc::new(Cluster {
-        node: b.node_client(&node).await,
-        lastgasp: lg,
-        graceful: std::sync::Arc::new(options(&dir, vec![], Removal::Delete)),
-    });
+    let cluster = b.cluster(&node, &dir).await;
     // Boot 1: the agent starts, and then the power goes.
     let mut first = agent_at(&dir, "boot-1", Some(cluster.clone()));
     assert!(first.after_boot("boot-1").await.unwrap().is_none());

@@ -6,10 +6,9 @@
 //! kustomize.
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{DynamicObject, ListParams, Patch, PatchParams, PostParams},
-    Api, Client, ResourceExt,
+    Api, ResourceExt,
 };
 use lastgasp::{
     act::kube::NodeClient,
@@ -17,7 +16,7 @@ use lastgasp::{
     record::{UnannouncedEnd, UNANNOUNCED_ANNOTATION},
 };
 use lastgasp_tests::{
-    controlplane::{self, pod_token},
+    controlplane::{self, running_pod_token},
     nodesim::{self, Sim},
     recovery,
     render::{apply, kustomize, kustomize_dir, render_kustomize_dir},
@@ -27,36 +26,6 @@ use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
 const NS: &str = "lastgasp";
-
-/// The bound token of the Running pod of `component` on `node`.
-async fn token_of(admin: &Client, component: &str, node: &str) -> String {
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
-    let selector = format!("app.kubernetes.io/component={component}");
-    let t0 = Instant::now();
-    loop {
-        let list = pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .unwrap();
-        let found = list.items.into_iter().find(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        });
-        if let Some(p) = found {
-            let sa = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.service_account_name.clone())
-                .unwrap();
-            return pod_token(admin, NS, &sa, Some(&p)).await;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "no Running {component} pod on {node}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
 
 const CONTROLLER: &str = "system:serviceaccount:lastgasp:lastgasp-controller";
 const STALE: &str = "ledger-gone.0000abcd.1";
@@ -154,7 +123,7 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
         nodesim::schedulable(&admin, &["ledger-ctl", "ledger-a"], Duration::from_secs(60))
             .await
             .unwrap();
-        let ctl_token = token_of(&admin, "controller", "ledger-ctl").await;
+        let ctl_token = running_pod_token(&admin, NS, "controller", "ledger-ctl").await;
         let ctl = cp.agent_client(&ctl_token, lastgasp::act::kube::Use::Watch);
         let api: Api<DynamicObject> = Api::all_with(admin.clone(), &ledger_writer::resource());
         // An entry past the retention's age, which the controller's first
@@ -192,7 +161,7 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
         });
         let _ctl = recovery::spawn_controller(ctl, cfg).await.unwrap();
         let agent = cp.agent_client(
-            &token_of(&admin, "agent", "ledger-a").await,
+            &running_pod_token(&admin, NS, "agent", "ledger-a").await,
             lastgasp::act::kube::Use::Requests,
         );
         let boot = sim.boot_id("ledger-a").unwrap();

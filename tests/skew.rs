@@ -13,14 +13,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::{api::ListParams, Api, Client};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 use lastgasp::{
     controller::rule::has_out_of_service,
     record::{self, ShutdownRecord},
 };
 use lastgasp_tests::{
-    controlplane::{self, pod_token, ControlPlane},
+    controlplane::{self, running_pod_token, ControlPlane},
     nodesim::{self, Sim},
     render::{apply, kustomize, kustomize_dir, render_kustomize_dir},
     support::{agent_bin, can_load_ebpf, rt, send_signal, PidNsChild},
@@ -106,37 +106,6 @@ fn releases(test: &str) -> Option<(Release, Release)> {
         current: true,
     };
     Some((previous, this))
-}
-
-/// The bound token of the Running pod of `component` on `node`.
-async fn token_of(admin: &Client, component: &str, node: &str) -> String {
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
-    let selector = format!("app.kubernetes.io/component={component}");
-    let t0 = Instant::now();
-    loop {
-        let list = pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .unwrap();
-        let found = list.items.into_iter().find(|p| {
-            let on = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
-            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            running && on == Some(node)
-        });
-        if let Some(p) = found {
-            let sa = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.service_account_name.clone())
-                .unwrap();
-            return pod_token(admin, NS, &sa, Some(&p)).await;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(90),
-            "no Running {component} pod on {node}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
 }
 
 fn boot_id() -> String {
@@ -275,7 +244,7 @@ async fn skew(cp: &ControlPlane, objs: &[serde_json::Value], previous: Release, 
     nodesim::schedulable(&admin, &["skew-ctl"], Duration::from_secs(60))
         .await
         .unwrap();
-    let ctl_token = token_of(&admin, "controller", "skew-ctl").await;
+    let ctl_token = running_pod_token(&admin, NS, "controller", "skew-ctl").await;
     let boot = boot_id();
     for (node, _, _) in cases {
         sim.add_node(node).await.unwrap();
@@ -302,7 +271,7 @@ async fn skew(cp: &ControlPlane, objs: &[serde_json::Value], previous: Release, 
             leading = "skew-previous";
             ctl = Some(controller(ctl_release, &dir, &ctl_kubeconfig, leading));
         }
-        let token = token_of(&admin, "agent", node).await;
+        let token = running_pod_token(&admin, NS, "agent", node).await;
         let kubeconfig = cp
             .write_kubeconfig(&format!("skew-{node}.kubeconfig"), &token)
             .unwrap();

@@ -619,3 +619,40 @@ pub async fn pod_token(
         .and_then(|s| s.token)
         .expect("a token")
 }
+
+/// The bound token of the Running pod of `component` (its
+/// `app.kubernetes.io/component` label) on `node` in `ns`, as that pod
+/// holds it; waits up to 90 s for the pod.
+pub async fn running_pod_token(
+    admin: &kube::Client,
+    ns: &str,
+    component: &str,
+    node: &str,
+) -> String {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(admin.clone(), ns);
+    let lp = kube::api::ListParams::default()
+        .labels(&format!("app.kubernetes.io/component={component}"));
+    let t0 = std::time::Instant::now();
+    loop {
+        let list = pods.list(&lp).await.unwrap();
+        let found = list.items.into_iter().find(|p| {
+            let on = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            running && on == Some(node)
+        });
+        if let Some(p) = found {
+            let sa = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap();
+            return pod_token(admin, ns, &sa, Some(&p)).await;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(90),
+            "no Running {component} pod on {node}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}

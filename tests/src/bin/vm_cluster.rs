@@ -243,17 +243,22 @@ where
                 continue;
             }
         };
-        let t = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        let line = json!({"t": t, "kind": K::kind(&()), "event": what, "obj": view(&obj)});
-        let mut f = log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
-            eprintln!("vm-cluster: writing the record: {e}");
-        }
+        log_line(&log, &K::kind(&()), what, view(&obj));
+    }
+}
+
+/// One line of the record: the host's time, the kind, the event, the view.
+fn log_line(log: &Mutex<fs::File>, kind: &str, event: &str, obj: Value) {
+    let t = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let line = json!({"t": t, "kind": kind, "event": event, "obj": obj});
+    let mut f = log
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
+        eprintln!("vm-cluster: writing the record: {e}");
     }
 }
 
@@ -271,21 +276,11 @@ async fn record_ledger(client: Client, log: Arc<Mutex<fs::File>>) {
                 continue;
             }
         };
-        let t = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
         let spec = &obj.data["spec"];
         let view = json!({"name": obj.name_any(), "node": spec["node"], "bootID": spec["bootID"],
             "episode": spec["episode"], "kind": spec["kind"], "path": spec["path"],
             "ending": spec["ending"], "proof": spec["down"]["proof"], "fenced": !spec["fence"].is_null()});
-        let line = json!({"t": t, "kind": "NodeShutdown", "event": "apply", "obj": view});
-        let mut f = log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(e) = writeln!(f, "{line}").and_then(|()| f.flush()) {
-            eprintln!("vm-cluster: writing the record: {e}");
-        }
+        log_line(&log, "NodeShutdown", "apply", view);
     }
 }
 
