@@ -1,6 +1,6 @@
-//! The ledger's writer: a task beside the controller's passes (never in
-//! their way: a zone's thousand entries must not delay a fence), writing
-//! while this replica leads. Every few seconds it reads the node cache,
+//! The ledger's writer: a task beside the controller's passes (not in
+//! their queue: a fence never waits for an entry; on the API server it
+//! paces itself, see [`MAX_PER_ROUND`]), writing while this replica leads. Every few seconds it reads the node cache,
 //! applies each episode's entry that changed (server-side apply, field
 //! manager [`LEDGER_MANAGER`]), prints it as one JSON line on stdout for
 //! log pipelines, and now and then deletes what the retention leaves out.
