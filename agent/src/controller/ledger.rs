@@ -45,6 +45,20 @@ pub enum Ending {
     Unannounced,
 }
 
+impl Spec {
+    /// What an entry is counted by (labels, metrics, the summary): kind,
+    /// path, ending and graceful, as the object spells them.
+    pub fn facets(&self) -> [(&'static str, String); 4] {
+        let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        [
+            ("kind", word(serde_json::json!(self.kind))),
+            ("path", word(serde_json::json!(self.path))),
+            ("ending", word(serde_json::json!(self.ending))),
+            ("graceful", self.graceful.to_string()),
+        ]
+    }
+}
+
 /// The episode's path (the decider's), or `unannounced`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -314,7 +328,6 @@ pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
         recent.len(),
         humantime::format_rfc3339_seconds(since)
     );
-    let word = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
     let count = |key: &dyn Fn(&Spec) -> String| {
         let mut m: BTreeMap<String, usize> = BTreeMap::new();
         for (_, s) in &recent {
@@ -327,21 +340,9 @@ pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let _ = writeln!(
-        out,
-        "  by kind:   {}",
-        count(&|s| word(serde_json::json!(s.kind)))
-    );
-    let _ = writeln!(
-        out,
-        "  by path:   {}",
-        count(&|s| word(serde_json::json!(s.path)))
-    );
-    let _ = writeln!(
-        out,
-        "  by ending: {}",
-        count(&|s| word(serde_json::json!(s.ending)))
-    );
+    for (i, label) in [(0, "kind:  "), (1, "path:  "), (2, "ending:")] {
+        let _ = writeln!(out, "  by {label} {}", count(&|s| s.facets()[i].1.clone()));
+    }
     let _ = writeln!(
         out,
         "  by caller (the agents' claim): {}",

@@ -55,17 +55,6 @@ pub fn resource() -> ApiResource {
     }
 }
 
-/// What an entry is counted by: kind, path, ending and graceful.
-fn facets(spec: &Spec) -> [(&'static str, String); 4] {
-    let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
-    [
-        ("kind", word(json!(spec.kind))),
-        ("path", word(json!(spec.path))),
-        ("ending", word(json!(spec.ending))),
-        ("graceful", spec.graceful.to_string()),
-    ]
-}
-
 /// The labels `kubectl get nodeshutdowns -l ...` filters by.
 pub const LABEL_KEYS: [&str; 6] = [
     "lastgasp.dev/node",
@@ -88,7 +77,7 @@ fn labels(spec: &Spec) -> serde_json::Value {
             .collect::<String>()
             .trim_end_matches(['.', '-'])),
     );
-    for (k, v) in facets(spec) {
+    for (k, v) in spec.facets() {
         l.insert(format!("lastgasp.dev/{k}"), json!(v));
     }
     l.insert(
@@ -171,7 +160,7 @@ impl Writer {
                     Err(e) => tracing::warn!(error = format!("{e:#}"), "ledger retention"),
                 }
             }
-            metrics.set_ledger_entries(self.held.values().map(facets));
+            metrics.set_ledger_entries(self.held.values().map(Spec::facets));
         }
     }
 
