@@ -405,6 +405,67 @@ pub fn unannounced_of(node: &k8s_openapi::api::core::v1::Node) -> Option<Unannou
     serde_json::from_str(raw).ok()
 }
 
+/// The drain's end as the agent says it in its `Drained` condition's message
+/// (and the Event beside it): how many pods went, how many were left, the
+/// one that took longest. The ledger reads it back ([`DrainNote::parse`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct DrainNote {
+    pub gone: u32,
+    pub left: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowest: Option<SlowPod>,
+}
+
+/// A pod of the drain and its seconds from the request to its end.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SlowPod {
+    pub pod: String,
+    pub seconds: f64,
+}
+
+const DRAIN_DONE: &str = "graceful shutdown done: ";
+
+impl std::fmt::Display for DrainNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{DRAIN_DONE}{} pods terminated, {} still running",
+            self.gone, self.left
+        )?;
+        match &self.slowest {
+            Some(s) => write!(f, "; slowest {} {:.1} s", s.pod, s.seconds),
+            None => Ok(()),
+        }
+    }
+}
+
+impl DrainNote {
+    /// The note from its text; `None` for any other text.
+    pub fn parse(text: &str) -> Option<DrainNote> {
+        let rest = text.strip_prefix(DRAIN_DONE)?;
+        let (counts, slowest) = match rest.split_once("; slowest ") {
+            Some((c, s)) => (c, Some(s)),
+            None => (rest, None),
+        };
+        let (gone, left) = counts.split_once(" pods terminated, ")?;
+        let slowest = match slowest {
+            None => None,
+            Some(s) => {
+                let (pod, secs) = s.strip_suffix(" s")?.rsplit_once(' ')?;
+                Some(SlowPod {
+                    pod: pod.to_string(),
+                    seconds: secs.parse().ok()?,
+                })
+            }
+        };
+        Some(DrainNote {
+            gone: gone.parse().ok()?,
+            left: left.strip_suffix(" still running")?.parse().ok()?,
+            slowest,
+        })
+    }
+}
+
 /// The API server's time of the last write of the record on `node` (whole
 /// seconds): the `managedFields` entry of [`RECORD_MANAGER`].
 pub fn written_at(node: &k8s_openapi::api::core::v1::Node) -> Option<SystemTime> {
@@ -433,6 +494,34 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_drain_note_reads_back_as_written() {
+        let full = DrainNote {
+            gone: 4,
+            left: 1,
+            slowest: Some(SlowPod {
+                pod: "default/slow 0".into(),
+                seconds: 20.3,
+            }),
+        };
+        let text = full.to_string();
+        assert_eq!(
+            text,
+            "graceful shutdown done: 4 pods terminated, 1 still running; slowest default/slow 0 20.3 s"
+        );
+        assert_eq!(DrainNote::parse(&text), Some(full));
+        let bare = DrainNote::default();
+        assert_eq!(DrainNote::parse(&bare.to_string()), Some(bare));
+        for other in [
+            "",
+            "graceful shutdown done: four pods terminated, 0 still running",
+            "graceful shutdown done: 1 pods terminated, 0 still running; slowest x",
+            "the kubelet's own message",
+        ] {
+            assert_eq!(DrainNote::parse(other), None, "{other}");
+        }
+    }
     use crate::decide::Decider;
 
     fn reboot2() -> ShutdownSignal {

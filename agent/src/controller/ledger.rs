@@ -8,14 +8,15 @@
 //! claim (`agentClaims`).
 use std::time::SystemTime;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
 use super::{rule, FENCED_BOOT_ANNOTATION};
 use crate::{
+    act::kube::{DRAINED, DRAIN_IN_PROGRESS},
     decide::{Proof, ShutdownPath, TimelineEntry},
-    record::{self, ActorSummary, Closed, Closing, ShutdownRecord},
+    record::{self, ActorSummary, Closed, Closing, DrainNote, ShutdownRecord},
     signal::Kind,
 };
 
@@ -123,6 +124,63 @@ pub struct Claims {
     pub actor: Option<ActorSummary>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<TimelineEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
+}
+
+/// The graceful path's drain as the agent's conditions on the Node say it:
+/// `DrainInProgress` True since `started`, `Drained` at `ended` with the
+/// counts and the slowest pod of its message (the node's clock).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Drain {
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started: Option<SystemTime>,
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ended: Option<SystemTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained: Option<bool>,
+    #[serde(flatten)]
+    pub note: Option<DrainNote>,
+}
+
+impl Drain {
+    /// From the drain's start to its end, when both were seen.
+    pub fn took(&self) -> Option<std::time::Duration> {
+        self.ended?.duration_since(self.started?).ok()
+    }
+}
+
+/// The drain of the episode opened at `opened`: the agent's conditions
+/// written since then (whole seconds), a `Drained` only with its note.
+fn drain(node: &Node, opened: SystemTime) -> Option<Drain> {
+    let since = |c: &NodeCondition| {
+        let t = SystemTime::from(c.last_transition_time.as_ref()?.0);
+        (t + std::time::Duration::from_secs(1) >= opened).then_some(t)
+    };
+    let started = rule::condition(node, DRAIN_IN_PROGRESS)
+        .filter(|c| c.status == "True")
+        .and_then(since);
+    let done = rule::condition(node, DRAINED).and_then(|c| {
+        let note = DrainNote::parse(c.message.as_deref()?)?;
+        Some((since(c)?, c.status == "True", note))
+    });
+    if started.is_none() && done.is_none() {
+        return None;
+    }
+    Some(Drain {
+        started,
+        ended: done.as_ref().map(|d| d.0),
+        drained: done.as_ref().map(|d| d.1),
+        note: done.map(|d| d.2),
+    })
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -256,7 +314,7 @@ pub fn entry(node: &Node) -> Option<(String, Spec)> {
         (None, None, None, Some(_)) => Ending::Down,
         (None, None, None, None) => Ending::Open,
     };
-    let spec = Spec {
+    let mut spec = Spec {
         node: node.name_any(),
         boot_id: rec.boot_id.clone(),
         episode: ep.id,
@@ -276,12 +334,14 @@ pub fn entry(node: &Node) -> Option<(String, Spec)> {
             source: rec.signal.as_ref().map(|s| s.source.to_string()),
             actor: rec.signal.as_ref().and_then(|s| s.actor.clone()),
             timeline: ep.timeline.clone(),
+            drain: None,
         },
         down,
         fence,
         back,
         closed: rec.closed.clone(),
     };
+    spec.agent_claims.drain = drain(node, spec.opened_at);
     Some((name(&spec.node, &rec.boot_id, ep.id), spec))
 }
 
@@ -308,6 +368,15 @@ pub fn merge(old: &Spec, mut new: Spec) -> Spec {
     if new.back.is_none() {
         new.back = old.back.clone();
     }
+    if let Some(was) = &old.agent_claims.drain {
+        let now = new.agent_claims.drain.get_or_insert_with(Drain::default);
+        now.started = now.started.or(was.started);
+        if now.ended.is_none() {
+            now.ended = was.ended;
+            now.drained = was.drained;
+            now.note.clone_from(&was.note);
+        }
+    }
     if new.ending == Ending::Open || (new.ending == Ending::Down && old.ending != Ending::Open) {
         new.ending = old.ending;
     }
@@ -316,7 +385,7 @@ pub fn merge(old: &Spec, mut new: Spec) -> Spec {
 
 /// `lastgasp history --cluster`: the ledger's entries opened since `since`,
 /// in counts (by kind, path, ending, the agent's claimed caller), then the
-/// slowest fences after the proof, as text.
+/// slowest fences after the proof and the slowest drains, as text.
 pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
     use std::{collections::BTreeMap, fmt::Write};
     let recent: Vec<&(String, Spec)> = entries
@@ -352,6 +421,26 @@ pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
             .as_ref()
             .map_or("-".into(), |a| a.comm.clone()))
     );
+    slowest(&recent, &mut out);
+    let lost: Vec<&str> = recent
+        .iter()
+        .filter(|(_, s)| s.ending == Ending::Unannounced)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    if !lost.is_empty() {
+        let _ = writeln!(
+            out,
+            "  unannounced boots ({}): {}",
+            lost.len(),
+            lost.join(", ")
+        );
+    }
+    out
+}
+
+/// The summary's slowest fences after the proof and slowest drains.
+fn slowest(recent: &[&(String, Spec)], out: &mut String) {
+    use std::fmt::Write;
     let mut slow: Vec<(std::time::Duration, &str)> = recent
         .iter()
         .filter_map(|(name, s)| {
@@ -371,20 +460,27 @@ pub fn summary(entries: &[(String, Spec)], since: SystemTime) -> String {
             let _ = writeln!(out, "    {name}: {:.1} s", d.as_secs_f64());
         }
     }
-    let lost: Vec<&str> = recent
+    let mut drains: Vec<(std::time::Duration, &str, &Drain)> = recent
         .iter()
-        .filter(|(_, s)| s.ending == Ending::Unannounced)
-        .map(|(name, _)| name.as_str())
+        .filter_map(|(name, s)| {
+            let d = s.agent_claims.drain.as_ref()?;
+            Some((d.took()?, name.as_str(), d))
+        })
         .collect();
-    if !lost.is_empty() {
-        let _ = writeln!(
-            out,
-            "  unannounced boots ({}): {}",
-            lost.len(),
-            lost.join(", ")
-        );
+    drains.sort_by_key(|d| std::cmp::Reverse(d.0));
+    if !drains.is_empty() {
+        let _ = writeln!(out, "  slowest drains (the agents' word):");
+        for (took, name, d) in drains.iter().take(5) {
+            let _ = write!(out, "    {name}: {:.1} s", took.as_secs_f64());
+            if let Some(n) = &d.note {
+                let _ = write!(out, ", {} pods gone, {} left", n.gone, n.left);
+                if let Some(p) = &n.slowest {
+                    let _ = write!(out, ", slowest {} {:.1} s", p.pod, p.seconds);
+                }
+            }
+            let _ = writeln!(out);
+        }
     }
-    out
 }
 
 #[cfg(test)]
@@ -491,6 +587,76 @@ mod tests {
             "back",
         ] {
             assert!(json.get(key).is_some(), "{key} missing: {json}");
+        }
+    }
+
+    /// `node` with the agent's drain conditions: `DrainInProgress` (status,
+    /// at) and `Drained` (status, at, message).
+    fn with_drain(mut n: Node, going: (&str, &str), done: (&str, &str, &str)) -> Node {
+        let conds = n.status.as_mut().unwrap().conditions.as_mut().unwrap();
+        for c in [
+            serde_json::json!({"type": DRAIN_IN_PROGRESS, "status": going.0, "lastTransitionTime": going.1}),
+            serde_json::json!({"type": DRAINED, "status": done.0, "lastTransitionTime": done.1,
+                "message": done.2}),
+        ] {
+            conds.push(serde_json::from_value(c).unwrap());
+        }
+        n
+    }
+
+    #[test]
+    fn the_drain_is_the_agents_conditions_since_the_episode_opened() {
+        let note = "graceful shutdown done: 3 pods terminated, 1 still running; slowest default/slow-0 20.3 s";
+        // In progress (seen by one round), then done: the start is kept.
+        let going = with_drain(
+            node("b1", false),
+            ("True", "2026-11-28T07:00:00Z"),
+            ("False", "2026-11-28T06:00:00Z", "an older drain"),
+        );
+        let (_, first) = entry(&going).unwrap();
+        let d = first.agent_claims.drain.clone().unwrap();
+        assert_eq!(d.started, Some(at("2026-11-28T07:00:00Z")));
+        assert_eq!((d.ended, d.drained, d.note), (None, None, None));
+        let done = with_drain(
+            node("b1", false),
+            ("False", "2026-11-28T07:00:25Z"),
+            ("False", "2026-11-28T07:00:25Z", note),
+        );
+        let (name, then) = entry(&done).unwrap();
+        let kept = merge(&first, then);
+        let d = kept.agent_claims.drain.clone().unwrap();
+        assert_eq!(d.started, Some(at("2026-11-28T07:00:00Z")));
+        assert_eq!(d.ended, Some(at("2026-11-28T07:00:25Z")));
+        assert_eq!(d.drained, Some(false));
+        assert_eq!(d.note, record::DrainNote::parse(note));
+        assert_eq!(d.took(), Some(std::time::Duration::from_secs(25)));
+        let json = serde_json::to_value(&kept).unwrap();
+        assert_eq!(json["agentClaims"]["drain"]["gone"], 3, "{json}");
+        assert_eq!(
+            json["agentClaims"]["drain"]["slowest"]["pod"],
+            "default/slow-0"
+        );
+        let text = summary(&[(name.clone(), kept)], at("2026-11-27T00:00:00Z"));
+        assert!(
+            text.contains(&format!(
+                "{name}: 25.0 s, 3 pods gone, 1 left, slowest default/slow-0 20.3 s"
+            )),
+            "{text}"
+        );
+        // Conditions of an earlier episode, or cleared on the way back, are
+        // not this episode's drain.
+        for (going, done) in [
+            (
+                ("True", "2026-11-28T06:00:00Z"),
+                ("True", "2026-11-28T06:00:09Z", note),
+            ),
+            (
+                ("False", "2026-11-28T07:05:00Z"),
+                ("False", "2026-11-28T07:05:00Z", "back"),
+            ),
+        ] {
+            let (_, e) = entry(&with_drain(node("b1", false), going, done)).unwrap();
+            assert_eq!(e.agent_claims.drain, None, "{going:?} {done:?}");
         }
     }
 

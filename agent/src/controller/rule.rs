@@ -94,12 +94,17 @@ impl Verdict {
 
 /// The kubelet's Ready condition, if reported.
 pub(super) fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    condition(node, "Ready")
+}
+
+/// The Node's condition of `type_`.
+pub(super) fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
     node.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
-        .find(|c| c.type_ == "Ready")
+        .find(|c| c.type_ == type_)
 }
 
 /// While Ready is True: the API server's time of the last write of the

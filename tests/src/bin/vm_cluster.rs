@@ -30,7 +30,7 @@ use kube::{api::DynamicObject, runtime::watcher, Api, Client, ResourceExt};
 use lastgasp::{
     act::kube::{Use, CONDITION, RECORD_ANNOTATION},
     controller::{ledger_writer, Controller, ControllerConfig},
-    record::{Closing, ShutdownRecord},
+    record::{unannounced_of, Closing, ShutdownRecord},
 };
 use lastgasp_tests::{
     controlplane::{self, ControlPlane},
@@ -279,7 +279,8 @@ async fn record_ledger(client: Client, log: Arc<Mutex<fs::File>>) {
         let spec = &obj.data["spec"];
         let view = json!({"name": obj.name_any(), "node": spec["node"], "bootID": spec["bootID"],
             "episode": spec["episode"], "kind": spec["kind"], "path": spec["path"],
-            "ending": spec["ending"], "proof": spec["down"]["proof"], "fenced": !spec["fence"].is_null()});
+            "ending": spec["ending"], "proof": spec["down"]["proof"], "fenced": !spec["fence"].is_null(),
+            "drain": spec["agentClaims"]["drain"]});
         log_line(&log, "NodeShutdown", "apply", view);
     }
 }
@@ -341,6 +342,7 @@ fn node(n: &Node) -> Value {
         "conditions": conds,
         "taints": taints,
         "unschedulable": n.spec.as_ref().and_then(|s| s.unschedulable),
+        "unannounced": unannounced_of(n).map(|u| u.boot_id),
         "record": record.map(|r| json!({"kind": r.kind(), "source": r.signal.as_ref().map(|s| s.source),
             "boot_id": r.boot_id, "closed": r.closed.as_ref().map(|c| c.how),
             "episode": r.episode.as_ref().map(|e| e.id),

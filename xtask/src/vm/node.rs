@@ -27,7 +27,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use super::qemu::{Exit, Guest, Run, Spec};
+use super::qemu::{Exit, Guest, Run, Spec, POWER_CUT};
 
 mod ledger;
 
@@ -69,7 +69,15 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "apparmor-refused-poweroff-f",
         "poweroff -f refused by AppArmor at the capability check, under a flood (needs --apparmor)",
     ),
+    (
+        POWER_LOSS,
+        "the power cut (qemu quit by the host), then switched on again",
+    ),
 ];
+
+/// The scenario with no shutdown at all: no record, no fence; switched on
+/// again whatever `--one-boot` says, for the next boot's word on it.
+pub const POWER_LOSS: &str = "power-loss";
 
 /// Scenarios whose node lives on: judged by their own checks (no fence
 /// is the pass), never by CI's "fenced after the kernel's end".
@@ -156,6 +164,7 @@ pub const CI: &[&str] = &[
     "uninstall",
     "refused-poweroff-f",
     "killed-poweroff-f",
+    POWER_LOSS,
 ];
 
 /// The CI's cell with `/usr` read-only (`--ro-usr`): a shutdown through
@@ -519,6 +528,7 @@ fn run_inner(
 ) -> Result<()> {
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir)?;
+    let next_boot = next_boot || o.scenario == POWER_LOSS;
     let cluster = NodeControlPlane::start(p, dir, o.arm != "kubelet")?;
     let nic = format!(
         "user,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:socat STDIO TCP:127.0.0.1:{}",
@@ -552,7 +562,8 @@ fn run_inner(
         }
     };
     let first_end = kernel_end(&run);
-    let powered_off = first_end.is_some_and(|l| l.text.contains("reboot: Power down"));
+    let powered_off =
+        first_end.is_some_and(|l| l.text.contains("reboot: Power down")) || power_cut(&run);
     // A reboot in the same qemu comes back by itself; otherwise it is down.
     let went_down =
         powered_off || (first_end.is_some_and(|l| l.text.contains("Restarting")) && !next_boot);
@@ -572,7 +583,7 @@ fn run_inner(
         std::thread::sleep(linger);
     }
     let run2 = if next_boot && powered_off && triggered_once {
-        println!("vm-test:   the node powered off: switching it on again (same disks)");
+        println!("vm-test:   the node is off: switching it on again (same disks)");
         let spec2 = Spec {
             dir: dir.join("boot2"),
             allow_reset: false,
@@ -780,6 +791,60 @@ fn taken_back(seen: &Seen, o: &mut NodeOutcome) {
     o.fence = format!("{}; {stood}, closed failed +{to:.1} s", o.fence);
 }
 
+/// The harness cut the guest's power (`POWER_CUT`).
+fn power_cut(run: &Run) -> bool {
+    matches!(&run.exit, Exit::Killed(why) if why == POWER_CUT)
+}
+
+/// A power cut: no record on the Node (the agent saw no shutdown), no fence
+/// (no proof exists), and once back, the Node names the boot that ended
+/// unannounced (the next boot's agent, from its audit log).
+fn unannounced(seen: &Seen, fenced: Option<f64>, o: &mut NodeOutcome) {
+    let boot1 = seen.run.markers("BOOT ").first().and_then(|l| {
+        let mut w = l.text.split_whitespace().skip_while(|w| *w != "BOOT");
+        w.nth(2).map(str::to_string)
+    });
+    let node = |l: &&Value| l["kind"] == "Node" && l["obj"]["name"] == NODE && seen.rel(l) > 0.0;
+    if seen
+        .lines
+        .iter()
+        .filter(node)
+        .any(|l| !l["obj"]["record"].is_null())
+    {
+        o.problems.push(
+            "a shutdown record on the Node: the agent claimed a shutdown in a power cut".into(),
+        );
+    }
+    if let Some(f) = fenced {
+        o.problems.push(format!(
+            "FENCED ON A POWER CUT (+{f:.1} s): no proof of death exists"
+        ));
+    }
+    let said = seen
+        .lines
+        .iter()
+        .filter(node)
+        .find(|l| l["obj"]["unannounced"].as_str().is_some())
+        .map(|l| {
+            (
+                seen.rel(l),
+                l["obj"]["unannounced"].as_str().unwrap_or_default(),
+            )
+        });
+    match (said, &boot1) {
+        (Some((t, b)), Some(b1)) if b == b1 => {
+            let _ = write!(
+                o.after,
+                "; the Node: boot {} ended unannounced +{t:.1}",
+                &b[..8.min(b.len())]
+            );
+        }
+        _ => o.problems.push(format!(
+            "the Node never said the cut boot ({boot1:?}) ended unannounced: it said {said:?}"
+        )),
+    }
+}
+
 /// The Node's `ShutdownInProgress` as it went (status/reason), each
 /// change once.
 fn shutdown_condition_history(during: &[&Value]) -> Vec<String> {
@@ -966,7 +1031,10 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
         trig,
         end_s: None,
     };
-    seen.end_s = kernel_end(run).map(|l| seen.secs(at(run, l.t)));
+    seen.end_s = kernel_end(run)
+        .map(|l| at(run, l.t))
+        .or_else(|| power_cut(run).then(|| at(run, run.exit_t)))
+        .map(|t| seen.secs(t));
     o.guest = format!(
         "{}; down at {}",
         o.guest,
@@ -984,7 +1052,26 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
             .is_some_and(|a| !a.text.contains("agent=none"));
         must_win(&seen, agent_ran, fenced, o);
     }
-    o.after = match run2 {
+    o.after = after(&seen, run2, o.scenario);
+    o.events = node_events(&seen);
+    if o.scenario == "drill" {
+        drill(run, &seen.lines, trig, &pods, o);
+    } else if o.scenario == "uninstall" {
+        uninstalled(&seen, o);
+    } else if STAYS_UP.contains(&o.scenario) {
+        taken_back(&seen, o);
+    } else if o.scenario == POWER_LOSS {
+        unannounced(&seen, fenced, o);
+    }
+    o.agent_end = agent_end(&seen, o.arm != "kubelet");
+    ledger::judge(&seen, o);
+    Ok(())
+}
+
+/// The Node once the guest is switched on again (and whether the runner saw
+/// it back), or its last state.
+fn after(seen: &Seen, run2: Option<&Run>, scenario: &str) -> String {
+    match run2 {
         Some(r2) => {
             let back = r2
                 .markers("REPORTED")
@@ -997,20 +1084,9 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
                 if back { "yes" } else { "no" }
             )
         }
-        None if o.scenario == "reboot-ff" => seen.node_at(f64::MAX),
+        None if scenario == "reboot-ff" => seen.node_at(f64::MAX),
         None => "not switched on again".into(),
-    };
-    o.events = node_events(&seen);
-    if o.scenario == "drill" {
-        drill(run, &seen.lines, trig, &pods, o);
-    } else if o.scenario == "uninstall" {
-        uninstalled(&seen, o);
-    } else if STAYS_UP.contains(&o.scenario) {
-        taken_back(&seen, o);
     }
-    o.agent_end = agent_end(&seen, o.arm != "kubelet");
-    ledger::judge(&seen, o);
-    Ok(())
 }
 
 /// What CI's scenarios must show: the agent's pod ran, its record was on

@@ -211,6 +211,9 @@ const AUDIT_DISK_BYTES: u64 = 32 << 20;
 pub const ARM_TIMEOUT: Duration = Duration::from_secs(180);
 /// How a kill for a guest stuck before the trigger starts (see `Exit::Killed`).
 pub const HUNG_BEFORE_TRIGGER: &str = "the guest hung: the agent had not armed";
+/// The kill a scenario asks for with the runner's POWER-CUT marker: QMP
+/// `quit` at once, a power loss as the guest sees it (`power-loss.sh`).
+pub const POWER_CUT: &str = "the harness cut the power (the runner's POWER-CUT)";
 
 /// The kernel's command line: the console, every notice, the runner's and
 /// the agent's lines unthrottled.
@@ -239,7 +242,7 @@ fn stop_reason(
     qmp: &[QmpEvent],
     halted_at: &mut Option<Instant>,
 ) -> Option<Option<String>> {
-    let (booted, halted, armed, lockup) = {
+    let (booted, halted, armed, lockup, cut) = {
         let marker = |w: &str| {
             console
                 .iter()
@@ -253,6 +256,7 @@ fn stop_reason(
                 .any(|l| l.text.contains("reboot: System halted")),
             marker(" ARMED ").or(marker(" FAIL ")).is_some(),
             console.iter().any(|l| l.text.contains("soft lockup")),
+            marker(" POWER-CUT").is_some(),
         )
     };
     let booted_at = booted;
@@ -264,7 +268,9 @@ fn stop_reason(
         .iter()
         .find(|e| e.event == "BLOCK_IO_ERROR")
         .map(|e| e.data.clone());
-    if halted_at.is_some_and(|h| h.elapsed() > Duration::from_secs(3)) {
+    if cut {
+        Some(Some(POWER_CUT.into()))
+    } else if halted_at.is_some_and(|h| h.elapsed() > Duration::from_secs(3)) {
         Some(None)
     } else if let Some(d) = io_error {
         // qemu pauses the guest on ENOSPC (werror=enospc): it would

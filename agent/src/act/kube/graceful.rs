@@ -31,6 +31,7 @@ use crate::{
     act::metrics::Metrics,
     decide::Episode,
     grace::{bucket_index, pod_grace_seconds, Bucket},
+    record::{DrainNote, SlowPod},
 };
 
 /// How pods are removed.
@@ -144,6 +145,22 @@ impl GracefulReport {
     }
     pub fn remaining(&self) -> usize {
         self.counted().filter(|p| p.gone_ms.is_none()).count()
+    }
+    /// The drain in short, as its condition and Event say it.
+    pub fn note(&self) -> DrainNote {
+        let slowest = self
+            .counted()
+            .filter_map(|p| Some((p.gone_ms?.saturating_sub(p.requested_ms), p)))
+            .max_by_key(|(ms, _)| *ms)
+            .map(|(ms, p)| SlowPod {
+                pod: format!("{}/{}", p.namespace, p.name),
+                seconds: ms as f64 / 1000.0,
+            });
+        DrainNote {
+            gone: self.terminated() as u32,
+            left: self.remaining() as u32,
+            slowest,
+        }
     }
 }
 
@@ -268,11 +285,7 @@ async fn announce_start(
 
 /// The drain's end: the condition says drained or not, and an Event.
 async fn announce_end(nc: &NodeClient, opts: &GracefulOptions, report: &GracefulReport) {
-    let note = format!(
-        "graceful shutdown done: {} pods terminated, {} still running",
-        report.terminated(),
-        report.remaining()
-    );
+    let note = report.note().to_string();
     // Announce-only removes nothing: no drain to report.
     let (d, e) = tokio::join!(
         async {

@@ -65,13 +65,7 @@ pub(super) fn judge(seen: &Seen, o: &mut NodeOutcome) {
         .filter_map(|l| Some((seen.rel(l), &l["obj"], ending(&l["obj"])?)))
         .collect();
     let Some((_, last, want)) = states.last() else {
-        o.ledger = format!("no record on the Node; objects: {names:?}");
-        if !names.is_empty() {
-            o.problems.push(format!(
-                "ledger: objects without a record on the Node: {names:?}"
-            ));
-        }
-        return;
+        return unannounced(seen, &names, &entries, o);
     };
     let rec = &last["record"];
     let [name] = names[..] else {
@@ -103,6 +97,47 @@ pub(super) fn judge(seen: &Seen, o: &mut NodeOutcome) {
     within(seen, name, want, node_at, &mine, o);
 }
 
+/// No record on the Node: an object only for a boot the Node says ended
+/// unannounced (its next boot's agent), of that boot, path `unannounced`,
+/// within [`WITHIN_S`] of the Node saying so.
+fn unannounced(seen: &Seen, names: &[&str], entries: &[&Value], o: &mut NodeOutcome) {
+    let said = seen
+        .lines
+        .iter()
+        .filter(|l| l["kind"] == "Node" && l["obj"]["name"] == NODE && seen.rel(l) > 0.0)
+        .find_map(|l| Some((seen.rel(l), l["obj"]["unannounced"].as_str()?)));
+    let Some((node_at, boot)) = said else {
+        o.ledger = format!("no record on the Node; objects: {names:?}");
+        if !names.is_empty() {
+            o.problems.push(format!(
+                "ledger: objects without a record on the Node: {names:?}"
+            ));
+        }
+        return;
+    };
+    let [name] = names[..] else {
+        o.ledger = format!("objects: {names:?}");
+        o.problems.push(format!(
+            "ledger: {} objects for the one boot that ended unannounced: {names:?}",
+            names.len()
+        ));
+        return;
+    };
+    let mine: Vec<&Value> = entries
+        .iter()
+        .copied()
+        .filter(|l| l["obj"]["name"] == name)
+        .collect();
+    let last = &mine[mine.len() - 1]["obj"];
+    if last["bootID"] != boot || last["path"] != "unannounced" {
+        o.problems.push(format!(
+            "ledger: {name} says boot {} path {}, the Node: boot {boot} ended unannounced",
+            last["bootID"], last["path"]
+        ));
+    }
+    within(seen, name, "unannounced", Some(node_at), &mine, o);
+}
+
 /// The entry's endings in turn, and its `want` within [`WITHIN_S`] of the
 /// Node's (`node_at`).
 fn within(
@@ -128,6 +163,17 @@ fn within(
         })
         .collect();
     o.ledger = format!("{name}: {}", trail.join(", "));
+    // The drain, as the graceful path's conditions told the ledger.
+    if let Some(d) = mine
+        .last()
+        .map(|l| &l["obj"]["drain"])
+        .filter(|d| !d.is_null())
+    {
+        o.ledger.push_str(&format!(
+            "; drain {} gone, {} left, slowest {} {} s",
+            d["gone"], d["left"], d["slowest"]["pod"], d["slowest"]["seconds"]
+        ));
+    }
     match (node_at, entry_at) {
         (Some(n), Some(e)) if e - n <= WITHIN_S => {
             o.ledger
