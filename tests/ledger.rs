@@ -13,7 +13,7 @@ use kube::{
 use lastgasp::{
     act::kube::NodeClient,
     controller::{ledger, ledger_writer},
-    record::{UnannouncedEnd, UNANNOUNCED_ANNOTATION},
+    record::{DrainNote, SlowPod, UnannouncedEnd, UNANNOUNCED_ANNOTATION},
 };
 use lastgasp_tests::{
     controlplane::{self, running_pod_token},
@@ -165,10 +165,27 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             lastgasp::act::kube::Use::Requests,
         );
         let boot = sim.boot_id("ledger-a").unwrap();
+        let agent_node = NodeClient::start_with(agent.clone(), agent.clone(), "ledger-a")
+            .await
+            .unwrap();
         recovery::last_gasp(&agent, "ledger-a", &boot, kernel_poweroff())
             .await
             .unwrap();
         let gasped = Instant::now();
+        // The drain's end as the graceful path says it (the agent's
+        // conditions): through the CRD's schema, which prunes what it lacks.
+        let note = DrainNote {
+            gone: 2,
+            left: 1,
+            slowest: Some(SlowPod {
+                pod: "default/db-0".into(),
+                seconds: 3.5,
+            }),
+        };
+        agent_node
+            .set_drained(false, &note.to_string())
+            .await
+            .unwrap();
         sim.power_off("ledger-a");
         let name = ledger::name("ledger-a", &boot, 1);
         let down = entry_when(&api, &name, Duration::from_secs(10), |v| {
@@ -181,6 +198,22 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
         );
         assert_eq!(down["metadata"]["labels"]["lastgasp.dev/node"], "ledger-a");
         assert_eq!(down["spec"]["agentClaims"]["source"], "reboot-syscall");
+        let drained = entry_when(&api, &name, Duration::from_secs(10), |v| {
+            !v["spec"]["agentClaims"]["drain"].is_null()
+        })
+        .await;
+        let d = &drained["spec"]["agentClaims"]["drain"];
+        assert_eq!(
+            (&d["gone"], &d["left"], &d["drained"]),
+            (&json!(2), &json!(1), &json!(false)),
+            "{d}"
+        );
+        assert_eq!(
+            d["slowest"],
+            json!({"pod": "default/db-0", "seconds": 3.5}),
+            "{d}"
+        );
+        assert!(d["ended"].is_string(), "{d}");
         let fenced = entry_when(&api, &name, Duration::from_secs(40), |v| {
             v["spec"]["ending"] == "fenced"
         })
@@ -215,9 +248,6 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             .await
             .expect_err("only the node's agent says its boot ended unannounced");
         assert!(forged.to_string().contains("unannounced-end"), "{forged}");
-        let agent_node = NodeClient::start_with(agent.clone(), agent.clone(), "ledger-a")
-            .await
-            .unwrap();
         agent_node.set_unannounced(&said).await.unwrap();
         let unannounced = ledger::name("ledger-a", &lost_boot, 0);
         let u = entry_when(&api, &unannounced, Duration::from_secs(10), |v| {

@@ -50,15 +50,72 @@ pub enum From<'a> {
     Source,
 }
 
-/// Podman set up for this machine: vfs storage (no overlay mounts needed),
-/// runc (crun refuses this kernel's hybrid cgroups), and no default ulimits
-/// (setting RLIMIT_NOFILE/NPROC needs CAP_SYS_RESOURCE, which a sandbox may
-/// lack).
+/// Podman set up for this machine: its own storage under the target dir
+/// (`target/image/storage-DRIVER`: `rm -rf target` resets it), overlay
+/// where an overlay mount works, runc (crun refuses this kernel's hybrid
+/// cgroups), and no default ulimits (setting RLIMIT_NOFILE/NPROC needs
+/// CAP_SYS_RESOURCE, which a sandbox may lack).
 fn podman(dir: &Path) -> Command {
+    let driver = storage_driver(dir);
     let mut cmd = Command::new("podman");
     cmd.env("CONTAINERS_CONF", dir.join("containers.conf"))
-        .args(["--storage-driver", "vfs", "--runtime", "runc"]);
+        .arg("--root")
+        .arg(dir.join(format!("storage-{driver}")))
+        .arg("--runroot")
+        .arg(run_root(dir, driver))
+        .args(["--storage-driver", driver, "--runtime", "runc"]);
     cmd
+}
+
+/// overlay, or vfs where an overlay mount is refused (said once): vfs copies
+/// every layer whole, and a release's build stage then fills ~20 GB (CI's
+/// disk ran out there once) where overlay keeps ~4 GB.
+fn storage_driver(dir: &Path) -> &'static str {
+    static DRIVER: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    DRIVER.get_or_init(|| match overlay_mounts(&dir.join("overlay-probe")) {
+        Ok(()) => "overlay",
+        Err(e) => {
+            println!(
+                "image: podman's storage is vfs (every layer copied whole: ~20 GB for a \
+                 release): an overlay mount is refused here: {e:#}"
+            );
+            "vfs"
+        }
+    })
+}
+
+/// Mounts and unmounts an overlay in `probe`.
+fn overlay_mounts(probe: &Path) -> Result<()> {
+    let _ = fs::remove_dir_all(probe);
+    for d in ["lower", "upper", "work", "merged"] {
+        fs::create_dir_all(probe.join(d))?;
+    }
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        probe.join("lower").display(),
+        probe.join("upper").display(),
+        probe.join("work").display()
+    );
+    crate::cmd::output(
+        Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(probe.join("merged")),
+    )?;
+    crate::cmd::output(Command::new("umount").arg(probe.join("merged")))?;
+    fs::remove_dir_all(probe)?;
+    Ok(())
+}
+
+/// Podman's run state (mounts, locks) for the storage under `dir`: on /run,
+/// which a reboot empties, one per storage.
+fn run_root(dir: &Path, driver: &str) -> PathBuf {
+    let hash = dir
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    PathBuf::from(format!("/run/lastgasp-podman/{hash:016x}-{driver}"))
 }
 
 /// The directory podman's configuration and the images' files live in.
@@ -226,13 +283,11 @@ pub fn save_index(target: &Path, images: &[Image], to: &Path) -> Result<()> {
 /// `FROM scratch`, saved as an OCI archive. Returns (archive, tag).
 pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
     setup::ensure_debs(&[("podman", "podman"), ("runc", "runc"), ("gcc", "gcc")])?;
+    // Its context; the images' storage is the release's (`podman_dir`).
     let dir = target.join("image/sleeper");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("rootfs"))?;
-    fs::copy(
-        podman_dir(target)?.join("containers.conf"),
-        dir.join("containers.conf"),
-    )?;
+    let storage = podman_dir(target)?;
     crate::run(
         Command::new("gcc")
             .args(["-static", "-O2", "-o"])
@@ -247,15 +302,15 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
     )?;
     let tag = "localhost/lastgasp-sleeper:1".to_string();
     build_replacing(
-        &dir,
+        &storage,
         &tag,
-        podman(&dir)
+        podman(&storage)
             .args(["build", "--quiet", "-t", &tag])
             .arg(&dir),
     )
     .context("podman build (sleeper)")?;
     let archive = target.join("image/lastgasp-sleeper.oci.tar");
-    save_archive(&dir, &tag, &archive).context("podman save (sleeper)")?;
+    save_archive(&storage, &tag, &archive).context("podman save (sleeper)")?;
     Ok((archive, tag))
 }
 
