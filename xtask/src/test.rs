@@ -93,8 +93,10 @@ fn scratch(root: &Path) -> Result<PathBuf> {
 }
 
 /// A run from a clean checkout at its peak, with a margin (measured on
-/// 2026-11-26: 9.9 GB, 11.2 GB with an empty cache; 9.3 GB stays under target/).
-const RUN_NEEDS: u64 = 12 << 30;
+/// 2026-11-28, podman on overlay: 18.2 GB above the machine's packages and
+/// caches, 13 GB of it staying under target/, the images' storage 2.5 GB of
+/// that; on vfs the images' storage alone had passed 19 GB).
+const RUN_NEEDS: u64 = 20 << 30;
 
 /// Fails before building when the disk cannot hold the run: a full disk
 /// shows otherwise as a linker's crash minutes later.

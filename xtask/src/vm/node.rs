@@ -568,7 +568,8 @@ fn run_inner(
     let went_down =
         powered_off || (first_end.is_some_and(|l| l.text.contains("Restarting")) && !next_boot);
     let triggered_once = run.markers("TRIGGER ").len() == 1;
-    if went_down && triggered_once {
+    // A power cut has nothing to fence: its next boot is the watch.
+    if went_down && triggered_once && o.scenario != POWER_LOSS {
         // The final unit's word (read-only /usr) is fenced only after
         // systemd-shutdown's sweep bound (the controller's 100 s).
         let linger = if p.ro_usr {

@@ -169,10 +169,14 @@ fn within(
         .map(|l| &l["obj"]["drain"])
         .filter(|d| !d.is_null())
     {
-        o.ledger.push_str(&format!(
-            "; drain {} gone, {} left, slowest {} {} s",
-            d["gone"], d["left"], d["slowest"]["pod"], d["slowest"]["seconds"]
-        ));
+        o.ledger
+            .push_str(&format!("; drain {} gone, {} left", d["gone"], d["left"]));
+        if let (Some(pod), Some(secs)) = (
+            d["slowest"]["pod"].as_str(),
+            d["slowest"]["seconds"].as_f64(),
+        ) {
+            o.ledger.push_str(&format!(", slowest {pod} {secs:.1} s"));
+        }
     }
     match (node_at, entry_at) {
         (Some(n), Some(e)) if e - n <= WITHIN_S => {
