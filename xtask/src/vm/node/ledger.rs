@@ -68,19 +68,9 @@ pub(super) fn judge(seen: &Seen, o: &mut NodeOutcome) {
         return unannounced(seen, &names, &entries, o);
     };
     let rec = &last["record"];
-    let [name] = names[..] else {
-        o.ledger = format!("objects: {names:?}");
-        o.problems.push(format!(
-            "ledger: {} objects for the Node's one episode: {names:?}",
-            names.len()
-        ));
+    let Some((name, mine)) = only_object(&names, &entries, "the Node's one episode", o) else {
         return;
     };
-    let mine: Vec<&Value> = entries
-        .iter()
-        .copied()
-        .filter(|l| l["obj"]["name"] == name)
-        .collect();
     let last_entry = &mine[mine.len() - 1]["obj"];
     for (field, theirs, ours) in [
         ("bootID", &last_entry["bootID"], &rec["boot_id"]),
@@ -95,6 +85,30 @@ pub(super) fn judge(seen: &Seen, o: &mut NodeOutcome) {
     }
     let node_at = states.iter().find(|s| s.2 == *want).map(|s| s.0);
     within(seen, name, want, node_at, &mine, o);
+}
+
+/// The one object of `names` and its lines in turn; a problem when there
+/// are none or several `for_what` has one.
+fn only_object<'a>(
+    names: &[&'a str],
+    entries: &[&'a Value],
+    for_what: &str,
+    o: &mut NodeOutcome,
+) -> Option<(&'a str, Vec<&'a Value>)> {
+    let [name] = names[..] else {
+        o.ledger = format!("objects: {names:?}");
+        o.problems.push(format!(
+            "ledger: {} objects for {for_what}: {names:?}",
+            names.len()
+        ));
+        return None;
+    };
+    let mine = entries
+        .iter()
+        .copied()
+        .filter(|l| l["obj"]["name"] == name)
+        .collect();
+    Some((name, mine))
 }
 
 /// No record on the Node: an object only for a boot the Node says ended
@@ -115,19 +129,10 @@ fn unannounced(seen: &Seen, names: &[&str], entries: &[&Value], o: &mut NodeOutc
         }
         return;
     };
-    let [name] = names[..] else {
-        o.ledger = format!("objects: {names:?}");
-        o.problems.push(format!(
-            "ledger: {} objects for the one boot that ended unannounced: {names:?}",
-            names.len()
-        ));
+    let Some((name, mine)) = only_object(names, entries, "the one boot that ended unannounced", o)
+    else {
         return;
     };
-    let mine: Vec<&Value> = entries
-        .iter()
-        .copied()
-        .filter(|l| l["obj"]["name"] == name)
-        .collect();
     let last = &mine[mine.len() - 1]["obj"];
     if last["bootID"] != boot || last["path"] != "unannounced" {
         o.problems.push(format!(
