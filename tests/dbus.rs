@@ -10,8 +10,9 @@ use std::{
 };
 
 use lastgasp::{
+    bus::delay_lock::DelayLockHandle,
     detect::{
-        logind::{DelayError, LogindConfig, LogindDetector, LogindHandle, StartError},
+        logind::{DelayError, LogindConfig, LogindDetector, StartError},
         systemd::{SystemdConfig, SystemdDetector},
     },
     signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source},
@@ -48,7 +49,7 @@ fn cfg(bus: &TestBus) -> LogindConfig {
     }
 }
 
-async fn start_logind(cfg: LogindConfig) -> (LogindHandle, Rx) {
+async fn start_logind(cfg: LogindConfig) -> (DelayLockHandle, Rx) {
     let (det, handle) = LogindDetector::start(cfg)
         .await
         .expect("starting the logind detector");

@@ -248,6 +248,59 @@ fn no_module_reaches_back_into_itself_through_its_siblings() {
     );
 }
 
+/// The agent's pipeline stages sit side by side under its loop: a stage
+/// does not reach into another (`from` never imports `to`).
+const APART: &[(&str, &str)] = &[("act", "detect"), ("detect", "decide"), ("detect", "act")];
+
+#[test]
+fn the_agent_s_stages_do_not_import_each_other() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mods = modules(&root.join("agent/src"));
+    let edges = sibling_edges(&mods);
+    let found: Vec<String> = APART
+        .iter()
+        .filter(|(from, to)| edges.get(*from).is_some_and(|e| e.contains(*to)))
+        .map(|(from, to)| format!("{from} -> {to}"))
+        .collect();
+    assert!(
+        edges.get("act").is_some_and(|e| e.contains("decide")),
+        "the reader found no edge act -> decide: {edges:?}"
+    );
+    assert!(found.is_empty(), "stages import each other: {found:?}");
+}
+
+/// The shipped crates' files, their code before the tests (`tests.rs`
+/// files are tests), stay within this many lines.
+const MAX_LINES: usize = 600;
+const SHIPPED: &[&str] = &["agent/src", "agent-ebpf/src", "common/src"];
+
+#[test]
+fn no_shipped_file_is_over_600_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut long = Vec::new();
+    let mut seen = 0;
+    for dir in SHIPPED {
+        for (_, file) in modules(&root.join(dir)) {
+            if file.file_name().is_some_and(|n| n == "tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
+            let n = code.lines().count();
+            seen += 1;
+            if n > MAX_LINES {
+                long.push(format!("{} ({n} lines)", file.display()));
+            }
+        }
+    }
+    assert!(seen > 50, "the reader found only {seen} files");
+    assert!(
+        long.is_empty(),
+        "over {MAX_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
 #[test]
 fn the_reader_expands_use_trees_and_relative_paths() {
     let mut paths = Vec::new();

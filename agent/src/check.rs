@@ -157,7 +157,7 @@ fn host_section(r: &mut Report, args: &CheckArgs) {
     let Some(dir) = &args.shutdown_hook_dir else {
         return r.push(Status::Warn, "shutdown hook", "none (no --shutdown-hook-dir; chart agent.shutdownHook=false): a shutdown through systemd is fenced only if the agent outlives the units' stop, never under the systemd cgroup driver");
     };
-    let hook = dir.join(crate::detect::shutdown_hook::HOOK_NAME);
+    let hook = dir.join(crate::hostio::HOOK_NAME);
     let hook_writable = match writable(dir) {
         Ok(target) => {
             let state = if hook.exists() {
@@ -192,7 +192,7 @@ fn host_section(r: &mut Report, args: &CheckArgs) {
         return r.push(Status::Warn, "courier", "off (--no-courier; chart agent.courier=false): a shutdown that stops the agent before the hook is not fenced");
     }
     if hook_writable {
-        let installed = dir.join(crate::detect::shutdown_hook::COURIER).exists();
+        let installed = dir.join(crate::hostio::COURIER).exists();
         return r.push(
             Status::Ok,
             "courier",

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     act::{courier, final_unit},
-    detect::{logind::config::dropin_path, shutdown_hook},
+    detect::logind::config::dropin_path,
 };
 
 /// Where the agent writes on the host, as mounted here.
@@ -51,8 +51,8 @@ impl HostPaths {
     pub fn candidates(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
         if let Some(h) = &self.hook_dir {
-            out.push(h.join(shutdown_hook::HOOK_NAME));
-            out.push(h.join(shutdown_hook::COURIER));
+            out.push(h.join(crate::hostio::HOOK_NAME));
+            out.push(h.join(crate::hostio::COURIER));
         }
         if let Some(u) = &self.unit_dir {
             out.extend(final_unit::files(u));
@@ -106,7 +106,7 @@ impl HostPaths {
 
 /// `--no-courier`: a courier an earlier start left goes.
 pub fn remove_courier(hook_dir: &Path, run_dir: &Path) -> std::io::Result<()> {
-    for p in [hook_dir.join(shutdown_hook::COURIER), courier::dir(run_dir)] {
+    for p in [hook_dir.join(crate::hostio::COURIER), courier::dir(run_dir)] {
         if p.exists() {
             fs::remove_dir_all(&p)?;
         }
@@ -226,7 +226,7 @@ pub async fn leave_if_uninstalled(
     if episode_open || !daemonset_deleted(client, daemonset.0, daemonset.1).await? {
         return Ok(None);
     }
-    let pid = fs::read_to_string(paths.run_dir.join(shutdown_hook::PID_FILE)).unwrap_or_default();
+    let pid = fs::read_to_string(paths.run_dir.join(crate::hostio::PID_FILE)).unwrap_or_default();
     if pid
         .trim()
         .parse::<u32>()
@@ -246,7 +246,10 @@ pub async fn leave_if_uninstalled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{detect::shutdown_hook::HookPaths, node::NodePidNs};
+    use crate::{
+        detect::shutdown_hook::{self, HookPaths},
+        node::NodePidNs,
+    };
 
     /// Every file and directory under `root`, as relative paths.
     fn listing(root: &Path) -> Vec<PathBuf> {
@@ -295,7 +298,7 @@ mod tests {
         };
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
         shutdown_hook::start(&hook, &NodePidNs::initial().unwrap(), tx).unwrap();
-        courier::install(&hook_dir.join(shutdown_hook::COURIER), &paths.run_dir).unwrap();
+        courier::install(&hook_dir.join(crate::hostio::COURIER), &paths.run_dir).unwrap();
         // ... and where the hook's directory is read-only, the courier
         // under the audit directory with the final unit.
         let beside_audit = paths.audit_dir.join(courier::BESIDE_AUDIT);

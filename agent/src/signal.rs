@@ -240,6 +240,24 @@ pub struct ShutdownSignal {
     pub detail: Detail,
 }
 
+/// Asks the host whether a shutdown is under way (logind, systemd).
+pub type HostQuery = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = HostAnswer> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// What the host says when asked whether a shutdown is under way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostAnswer {
+    /// Yes, with the evidence (logind preparing, a systemd shutdown job...).
+    UnderWay(String),
+    /// Neither logind nor systemd has a shutdown under way.
+    NotUnderWay,
+    /// Nobody could be asked (no bus), with why.
+    Unknown(String),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,6 +125,7 @@ pub fn doc_files() -> Vec<PathBuf> {
     let mut files = vec![
         root.join("README.md"),
         root.join("deploy/helm/lastgasp/README.md"),
+        root.join("tests/testing-log.md"),
     ];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .unwrap()

@@ -105,7 +105,7 @@ pub struct Args {
 /// (EPERM) and a root power-off held by a block inhibitor.
 /// `poweroff-force-force` is left to the race (`vm-test race`): there the
 /// guest dies within a second of the trigger, and it sometimes dies before
-/// the patches arrive, which would make CI flaky (docs/testing-log.md).
+/// the patches arrive, which would make CI flaky (tests/testing-log.md).
 pub const CI_SUBSET: &[&str] = &[
     "poweroff",
     "poweroff-force",

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::kube::record_params;
-use crate::detect::shutdown_hook::{write_atomic as write, FINAL_STAGE_COMM};
+use crate::hostio::{write_atomic as write, FINAL_STAGE_COMM};
 
 /// Under the agent's run directory: the kit.
 pub const DIR: &str = "courier";
@@ -215,7 +215,7 @@ pub async fn deliver_final_unit(dir: &Path, verb: &str, cgroup_root: &Path) -> R
     // The agent's own pid, beside the kit (`shutdown_hook`'s pid file).
     let agent = dir
         .parent()
-        .and_then(|run| fs::read_to_string(run.join(crate::detect::shutdown_hook::PID_FILE)).ok())
+        .and_then(|run| fs::read_to_string(run.join(crate::hostio::PID_FILE)).ok())
         .and_then(|p| p.trim().parse().ok());
     // Only in systemd's shutdown for the verb, with a record to send, is
     // anything ended.
@@ -291,7 +291,7 @@ fn copy(from: &Path, to: &Path, mode: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::shutdown_hook::COURIER;
+    use crate::hostio::COURIER;
 
     #[test]
     fn pem_decodes_to_der() {

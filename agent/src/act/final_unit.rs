@@ -30,7 +30,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::detect::shutdown_hook::VERBS;
+use crate::hostio::VERBS;
 
 /// The template; its instance is the verb.
 pub const TEMPLATE: &str = "lastgasp-last-word@.service";
@@ -77,7 +77,7 @@ TimeoutStartSec=110
 
 /// Writes the template and its wants links (one per verb).
 pub fn install(unit_dir: &Path, courier_run: &Path, kit_dir: &Path) -> Result<()> {
-    use crate::detect::shutdown_hook::write_atomic;
+    use crate::hostio::write_atomic;
     fs::create_dir_all(unit_dir).with_context(|| format!("creating {}", unit_dir.display()))?;
     let template = unit_dir.join(TEMPLATE);
     write_atomic(&template, text(courier_run, kit_dir).as_bytes(), 0o644)

@@ -31,8 +31,8 @@ use super::{
     Actuator, LAST_GASP_BOUND,
 };
 use crate::{
+    clock,
     decide::Episode,
-    detect::clock,
     record::ShutdownRecord,
     signal::{Kind, ShutdownSignal, Source},
 };

@@ -17,8 +17,8 @@ use ::kube::runtime::events::EventType;
 use tokio::sync::{watch, Mutex};
 
 use crate::{
+    bus::delay_lock::DelayLockHandle,
     decide::{Action, Decision, Episode, HostAnswer, HostQuery},
-    detect::logind::LogindHandle,
     record::{Closing, EpisodeKey, ShutdownRecord},
     signal::{Detail, ShutdownSignal, Source},
 };
@@ -60,7 +60,7 @@ pub struct Cluster {
 struct Hands {
     audit: Arc<Mutex<AuditLog>>,
     metrics: Metrics,
-    logind: Option<LogindHandle>,
+    logind: Option<DelayLockHandle>,
     boot_id: String,
 }
 
@@ -119,7 +119,7 @@ impl Actuator {
     pub fn new(
         audit: Arc<Mutex<AuditLog>>,
         cluster: Option<Arc<Cluster>>,
-        logind: Option<LogindHandle>,
+        logind: Option<DelayLockHandle>,
         metrics: Metrics,
         boot_id: String,
     ) -> Self {
@@ -172,7 +172,7 @@ impl Actuator {
     }
 
     pub fn lock_held(&self) -> Option<bool> {
-        self.hands.logind.as_ref().map(LogindHandle::lock_held)
+        self.hands.logind.as_ref().map(DelayLockHandle::lock_held)
     }
 
     /// In cluster mode: a record that leaves no time is not fsync'd before

@@ -28,13 +28,14 @@ use crate::{
         metrics::Metrics,
         Actuator, AfterBoot, Cluster,
     },
+    bus::delay_lock::DelayLockHandle,
+    clock,
     decide::{self, Action, Decider, Decision, DecisionPolicy, HostAnswer, HostQuery, Tick},
     detect::{
-        actor, clock,
+        actor,
         ebpf::{Drops, EbpfDetector},
         final_sweep,
         hooks::tool_end,
-        logind::LogindHandle,
         shutdown_hook,
     },
     health::Health,
@@ -65,7 +66,7 @@ impl Agent {
     pub fn new(
         audit: AuditLog,
         cluster: Option<Arc<Cluster>>,
-        logind: Option<LogindHandle>,
+        logind: Option<DelayLockHandle>,
         metrics: Metrics,
     ) -> Self {
         let boot_id = audit.boot_id().to_string();
@@ -220,10 +221,10 @@ impl Agent {
             return self.act.drop_courier_kit();
         }
         let now = SystemTime::now();
-        let hooks: Vec<_> = shutdown_hook::VERBS
+        let hooks: Vec<_> = crate::hostio::VERBS
             .iter()
             .flat_map(|(verb, _)| {
-                let hook = shutdown_hook::signal(verb, shutdown_hook::FINAL_STAGE_COMM, now);
+                let hook = shutdown_hook::signal(verb, crate::hostio::FINAL_STAGE_COMM, now);
                 let unit = shutdown_hook::final_unit_signal(verb, now);
                 [hook, unit]
             })

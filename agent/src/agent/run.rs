@@ -426,7 +426,7 @@ fn start_shutdown_hook(
     metrics.set_last_word("shutdown-hook", installed.is_ok());
     let armed = installed.is_ok();
     let courier_dir = match &installed {
-        Ok(()) => Ok(paths.hook_dir.join(shutdown_hook::COURIER)),
+        Ok(()) => Ok(paths.hook_dir.join(crate::hostio::COURIER)),
         Err(_) => std::fs::read_to_string("/proc/1/mountinfo")
             .map_err(anyhow::Error::from)
             .and_then(|m| crate::act::courier::home(&m, &args.run_dir, audit_dir)),

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use zbus::{connection, fdo::DBusProxy, message::Type as MsgType, Connection, MatchRule};
 
+pub mod delay_lock;
 pub(crate) mod logind;
 pub(crate) mod systemd;
 

@@ -37,7 +37,7 @@ pub fn verb(s: &ShutdownSignal) -> Option<String> {
 
 /// The sweep's end as a signal: systemd-shutdown (PID 1) its actor.
 pub fn signal(verb: &str, at: SystemTime) -> ShutdownSignal {
-    use super::shutdown_hook::FINAL_STAGE_COMM;
+    use crate::hostio::FINAL_STAGE_COMM;
     let mut s = super::shutdown_hook::signal(verb, FINAL_STAGE_COMM, at);
     s.source = Source::FinalSweep;
     s
@@ -146,7 +146,7 @@ fn without_effect(verb: &str, why: String) -> ShutdownSignal {
 /// The first process that keeps the sweep from being over, if any.
 pub fn first_survivor(proc_root: &Path, me: u32) -> Result<Option<String>> {
     let comm = fs::read_to_string(proc_root.join("1/comm")).context("PID 1's comm")?;
-    if comm.trim() != super::shutdown_hook::FINAL_STAGE_COMM {
+    if comm.trim() != crate::hostio::FINAL_STAGE_COMM {
         bail!("PID 1 is {:?}, not systemd-shutdown", comm.trim());
     }
     let pod_depth = ups(&cgroup(&proc_root.join("1"))?.unwrap_or_default());

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{launch::DbusArgs, systemd::unit_kind};
 use crate::{
     bus::{self, logind::Host, systemd::start_jobs, CALL_TIMEOUT},
-    decide::{HostAnswer, HostQuery},
+    signal::{HostAnswer, HostQuery},
 };
 
 /// Asks the host whether a shutdown is under way: logind's

@@ -6,11 +6,11 @@ use anyhow::Result;
 use tokio::sync::mpsc;
 
 use super::{
-    logind::{self, LogindConfig, LogindDetector, LogindHandle, StartError},
+    logind::{self, LogindConfig, LogindDetector, StartError},
     systemd::{self, SystemdConfig, SystemdDetector},
 };
 use crate::{
-    bus::{self, logind::Host, LOGIND},
+    bus::{self, delay_lock::DelayLockHandle, logind::Host, LOGIND},
     health::Health,
     preflight::{Report, Status},
     signal::ShutdownSignal,
@@ -72,7 +72,7 @@ pub(crate) async fn spawn_detectors(
     args: &DbusArgs,
     tx: mpsc::Sender<ShutdownSignal>,
     health: Arc<Health>,
-) -> Result<Option<LogindHandle>> {
+) -> Result<Option<DelayLockHandle>> {
     if args.no_dbus {
         return Ok(None);
     }

@@ -1,6 +1,5 @@
 //! Detectors: each turns what it sees into `ShutdownSignal`s.
 pub(crate) mod actor;
-pub mod clock;
 pub mod ebpf;
 pub mod final_sweep;
 pub mod hooks;

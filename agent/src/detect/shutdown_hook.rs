@@ -23,22 +23,15 @@ use anyhow::{Context, Result};
 use tokio::sync::mpsc;
 
 use crate::{
+    hostio::{write_atomic, COURIER, FINAL_STAGE_COMM, HOOK_NAME, PID_FILE, VERBS},
     node::NodePidNs,
     signal::{Actor, Detail, Effect, Kind, Scope, ShutdownSignal, Source},
 };
 
-/// The hook's file name in systemd-shutdown's directory.
-pub const HOOK_NAME: &str = "lastgasp";
 /// In the run directory: the FIFO the hook writes its verb to.
 const FIFO: &str = "shutdown-hook";
-/// In the run directory: the agent's pid (the hook skips a dead agent).
-pub(crate) const PID_FILE: &str = "agent.pid";
 /// How long the hook waits for the agent's answer, in tenths of a second.
 const WAIT_TENTHS: u32 = 50;
-/// Beside the hook: the courier's binary (`act::courier`); systemd-shutdown
-/// runs only the files of its directory, not those of a subdirectory.
-pub const COURIER: &str = "lastgasp.courier";
-
 /// The installed script. POSIX sh and `sleep`: it runs in systemd-shutdown's
 /// degraded environment (the root file system likely read-only; /run still
 /// there).
@@ -169,17 +162,6 @@ fn pid1_comm(init_pid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// systemd-shutdown's comm (cut at 15 bytes): the node's PID 1 in its final stage.
-pub const FINAL_STAGE_COMM: &str = "systemd-shutdow";
-
-/// The verbs systemd-shutdown passes its hooks, and what each shuts down.
-pub(crate) const VERBS: [(&str, Kind); 4] = [
-    ("poweroff", Kind::Poweroff),
-    ("halt", Kind::Halt),
-    ("reboot", Kind::Reboot),
-    ("kexec", Kind::Kexec),
-];
-
 /// The hook's verb as a signal: the node's final stage only while its PID 1
 /// is systemd-shutdown; else what it is.
 pub(crate) fn signal(verb: &str, pid1: &str, at: SystemTime) -> ShutdownSignal {
@@ -214,7 +196,7 @@ pub(crate) fn signal(verb: &str, pid1: &str, at: SystemTime) -> ShutdownSignal {
         }),
         sender: None,
         at,
-        boot_ns: crate::detect::clock::boottime_ns(),
+        boot_ns: crate::clock::boottime_ns(),
         deadline: None,
         detail: Detail::Hook {
             verb: verb.to_string(),
@@ -231,25 +213,6 @@ pub(crate) fn final_unit_signal(verb: &str, at: SystemTime) -> ShutdownSignal {
         a.comm = "systemd".into();
     }
     s
-}
-
-/// Replaces `path` at once with a file of `mode` from its creation (a
-/// secret is never readable by others, even for a moment).
-pub(crate) fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(data)?;
-    drop(f);
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))?;
-    fs::rename(&tmp, path)?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use crate::{
         logind::{Host, Inhibitor, PrepareForShutdownStream},
         systemd::{start_jobs, JobNewStream, JobRemovedStream, SYSTEMD},
     },
-    detect::clock::now_pair,
+    clock::now_pair,
     health::Health,
     preflight::{Report, Status},
     signal::{BusSender, Detail, Effect, Kind, Scope, ShutdownSignal, Source},

@@ -9,11 +9,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use lastgasp::{
-    detect::{clock::boottime_ns, ebpf::EbpfDetector},
-    node::NodePidNs,
-    signal::Source,
-};
+use lastgasp::{clock::boottime_ns, detect::ebpf::EbpfDetector, node::NodePidNs, signal::Source};
 use lastgasp_tests::support::{agent_bin, trigger_bin};
 
 const LATENCY_TRIGGERS: usize = 2000;

@@ -10,10 +10,8 @@ use lastgasp_common::{self as common, RawEvent, RecordSource};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
-    detect::{
-        clock::now_pair,
-        hooks::{self, Attach, HookReport, HookState, HOOKS},
-    },
+    clock::now_pair,
+    detect::hooks::{self, Attach, HookReport, HookState, HOOKS},
     node::NodePidNs,
     signal::ShutdownSignal,
 };

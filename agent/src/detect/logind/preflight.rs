@@ -2,13 +2,10 @@
 //! the kubelet's own lock, and whether a lock can be taken.
 use std::{path::Path, time::Duration};
 
-use super::{
-    config::{self, Setting, DROPIN_NAME},
-    lock,
-};
+use super::config::{self, Setting, DROPIN_NAME};
 use crate::{
     bus::{
-        self,
+        self, delay_lock,
         logind::{Host, Inhibitor},
     },
     preflight::{Report, Status},
@@ -33,7 +30,7 @@ pub(crate) async fn preflight(r: &mut Report, host: &Host, root: &Path, want: Op
     if let Ok(list) = host.logind.list_inhibitors().await {
         held_locks(r, &list);
     }
-    match lock::take_lock(host).await {
+    match delay_lock::take_lock(host).await {
         Ok(fd) => {
             drop(fd);
             r.push(
