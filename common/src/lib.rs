@@ -1,8 +1,14 @@
-//! The record the eBPF programs write to the ring buffer, shared by both sides.
-#![no_std]
+//! The record the eBPF programs write to the ring buffer, shared by both
+//! sides; the names lastgasp writes on Nodes; and, with the `std` feature,
+//! the wire types every reader shares (`wire`).
+#![cfg_attr(not(feature = "std"), no_std)]
 // The product crates keep functions within 80 lines (clippy.toml); a
 // table may say why it does not.
 #![warn(clippy::too_many_lines)]
+
+pub mod names;
+#[cfg(feature = "std")]
+pub mod wire;
 
 pub const COMM_LEN: usize = 16;
 /// Bytes of the exec'd path kept (the tracepoint's `filename`).

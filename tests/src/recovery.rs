@@ -12,7 +12,6 @@ use kube::{api::DeleteParams, Api, Client};
 use lastgasp::{
     act::last_gasp::{self, LastGasp},
     controller::{Controller, ControllerConfig},
-    record::ShutdownRecord,
     signal::ShutdownSignal,
 };
 
@@ -92,7 +91,7 @@ pub async fn episode_record(
 ) -> Result<Duration> {
     let lg = LastGasp::start(client.clone(), client.clone(), node).await?;
     let sig = signals.last().context("a signal")?;
-    let record = ShutdownRecord::after(boot_id, signals);
+    let record = lastgasp::record::after(boot_id, signals);
     let bodies = lg.bodies("ForcedShutdown", "poweroff (test)", &record, sig.at);
     let death = std::time::Instant::now() + last_gasp::expected_life(sig);
     let sent = lg.send(&bodies, death).await?;

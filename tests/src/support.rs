@@ -253,7 +253,7 @@ pub fn agent_at(
 /// The agent's record of `sig` in `boot`, as `Agent::record` writes it (its
 /// episode, with the proof of death `sig` carries, from the decision core).
 pub fn record_of(boot: &str, sig: &ShutdownSignal) -> lastgasp::record::ShutdownRecord {
-    lastgasp::record::ShutdownRecord::after(boot, std::slice::from_ref(sig))
+    lastgasp::record::after(boot, std::slice::from_ref(sig))
 }
 
 /// A caller that can reboot: uid 0 with CAP_SYS_BOOT, in the node's PID

@@ -37,39 +37,15 @@ use crate::{
     http::{self, Listen},
 };
 
-pub const OUT_OF_SERVICE_KEY: &str = "node.kubernetes.io/out-of-service";
-pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
-/// Marks a taint as ours, so that only ours is ever removed.
-pub const TAINTED_BY_ANNOTATION: &str = "lastgasp.dev/out-of-service-by";
-/// The boot id the node was fenced in: the taint goes only on another boot.
-pub const FENCED_BOOT_ANNOTATION: &str = "lastgasp.dev/out-of-service-boot";
-/// The field manager of the controller's Node writes: its `managedFields`
-/// time is the API server's time of the fence.
-pub const FENCE_MANAGER: &str = "lastgasp-controller";
+pub use lastgasp_common::names::{
+    FENCED_BOOT_ANNOTATION, FENCED_CONDITION, FENCE_MANAGER, OPT_OUT_LABEL, OPT_OUT_VALUE,
+    OUT_OF_SERVICE_KEY, OUT_OF_SERVICE_VALUE, PAUSED_BY_ANNOTATION, PAUSE_ANNOTATION,
+    TAINTED_BY_ANNOTATION, UNINSTALL_MANAGER,
+};
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
-/// The Node condition remediators match by type and status
-/// (NodeHealthCheck, MachineHealthCheck): True only while this
-/// controller's fence stands on proof that the node's kernel went down,
-/// `lastTransitionTime` the API server's time of that proof; False once
-/// the node is back (or the fence lifted). Never written by the agent.
-pub const FENCED_CONDITION: &str = "PoweredOffAndFenced";
 /// The Event (and condition reason) of a node Ready again on the boot it
 /// was fenced in: it never went down, the taint stays for a human.
 pub const KEPT_SAME_BOOT: &str = "OutOfServiceKept";
-/// A Node labelled `lastgasp.dev/fencing=disabled` is never fenced (the
-/// controller says when it would have been).
-pub const OPT_OUT_LABEL: &str = "lastgasp.dev/fencing";
-pub const OPT_OUT_VALUE: &str = "disabled";
-/// The pause switch: `lastgasp.dev/paused: "true"` on the controller's own
-/// Lease stops every fence and pod delete until it is removed; the
-/// controller says what it holds back.
-pub const PAUSE_ANNOTATION: &str = "lastgasp.dev/paused";
-/// Who paused: `uninstall` when the uninstall's lift did (written under
-/// the field manager [`UNINSTALL_MANAGER`], whose server stamp says when).
-/// A controller whose own Deployment was created after that stamp is a
-/// reinstall, and lifts that pause; an operator's pause stays.
-pub const PAUSED_BY_ANNOTATION: &str = "lastgasp.dev/paused-by";
-pub const UNINSTALL_MANAGER: &str = "lastgasp-uninstall";
 
 /// Which shutdowns are fenced.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -542,7 +542,7 @@ mod tests {
 
     /// The record the agent writes for these signals, in boot b1.
     fn record(signals: &[ShutdownSignal]) -> ShutdownRecord {
-        ShutdownRecord::after("b1", signals)
+        crate::record::after("b1", signals)
     }
 
     /// A Node of boot b1, its Ready `ready` last written by its kubelet at

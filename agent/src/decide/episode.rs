@@ -1,109 +1,10 @@
-//! The episode and what the decider answers: the types every audit line
-//! and the Node's record carry.
+//! The decider's knobs and what `tick` asks; the episode's types are the
+//! contract in `lastgasp_common::wire::episode`.
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
-
-use super::Death;
-use crate::signal::{Kind, Source};
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum ShutdownPath {
-    /// A request waits for the host to confirm it: nothing done yet.
-    Pending,
-    /// A shutdown is announced for later: warn, nothing to stop yet.
-    Scheduled,
-    Graceful,
-    Immediate,
-    Cancelled,
-    /// The expected end passed and no shutdown came: marks undone.
-    Abandoned,
-    /// A pending request was never confirmed.
-    Expired,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case", tag = "action")]
-pub enum Action {
-    /// Record it; the node is not affected.
-    AuditOnly { why: String },
-    /// A request that may not happen: wait for the host to confirm it.
-    Pending {
-        #[serde(with = "humantime_serde")]
-        expires: SystemTime,
-    },
-    /// A shutdown is due at `due`: tell the cluster early.
-    Warn {
-        #[serde(with = "humantime_serde")]
-        due: Option<SystemTime>,
-    },
-    /// Start (or, from a warning, begin) the graceful path.
-    Graceful {
-        #[serde(with = "humantime_serde")]
-        deadline: Option<SystemTime>,
-        /// A logind delay lock holds the shutdown for us.
-        protected: bool,
-    },
-    /// No time: send the last gasp now. `escalated` when a graceful episode
-    /// was under way.
-    Immediate { escalated: bool },
-    /// The kernel itself is going down in an episode that already told the
-    /// cluster: the record goes out once more, with the proof of death
-    /// ([`Episode::death`]), as the agent's last word.
-    LastWord,
-    /// The shutdown was called off: undo what the episode did.
-    Cancel,
-    /// The episode's proof of death was wrong (its reboot(2) returned, its
-    /// tool ended or outlived [`DecisionPolicy::direct_tool_within`]
-    /// without one) and nothing else confirms the shutdown: every mark
-    /// undone, the record closed as failed.
-    Fail { why: String },
-    /// The episode's proof of death was wrong, but logind, systemd or PID 1
-    /// confirmed the shutdown: it goes on, and its record goes out again
-    /// without the proof.
-    Withdraw { why: String },
-    /// The shutdown did not come: undo every mark the episode made.
-    Abandon { why: String },
-    /// A pending request ran out unconfirmed: nothing was done.
-    Expire { why: String },
-    /// Part of the episode under way; nothing new to do.
-    Join,
-}
-
-/// As the audit writes it: `{"action":"audit-only","why":"..."}`.
-impl std::fmt::Display for Action {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let json = serde_json::to_string(self).map_err(|_| std::fmt::Error)?;
-        f.write_str(&json)
-    }
-}
-
-/// How strong a claim's source is: who could have caused it. A cancel needs
-/// at least the strength that opened (or last confirmed) the episode.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[serde(rename_all = "kebab-case")]
-pub enum Authority {
-    /// Anyone can ask (an unprivileged request).
-    Request,
-    /// A caller that can reboot (CAP_SYS_BOOT, or a signal the kernel let
-    /// reach PID 1).
-    Privileged,
-    /// logind or systemd themselves (the owners of their bus names).
-    Host,
-    /// The kernel is shutting down: reboot(2), its power-off functions, PID 1
-    /// running systemd-shutdown.
-    Kernel,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct TimelineEntry {
-    #[serde(with = "humantime_serde")]
-    pub at: SystemTime,
-    pub source: Source,
-    pub kind: Kind,
-    pub summary: String,
-}
+pub use lastgasp_common::wire::episode::{
+    Action, Authority, Decision, Episode, ShutdownPath, TimelineEntry, MAX_TIMELINE,
+};
 
 /// `t + d`, or the latest time a log can write when that is past it
 /// (`timespan::latest`): a deadline from outside (a bus signal, a tool's
@@ -113,64 +14,6 @@ pub fn plus(t: SystemTime, d: Duration) -> SystemTime {
     t.checked_add(d)
         .map_or(latest, |x| x.min(latest))
         .max(t.min(latest))
-}
-
-/// An episode's timeline keeps its first entry and the newest, this many
-/// in all: the episode (in every audit line and in the Node's record) stays
-/// a few kilobytes however many requests join it.
-pub const MAX_TIMELINE: usize = 32;
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Episode {
-    /// 1, 2, ... within this boot.
-    pub id: u32,
-    pub kind: Kind,
-    pub path: ShutdownPath,
-    /// Every signal that joined, in order: the first, then the newest
-    /// (`MAX_TIMELINE` in all; a flood of joining requests cannot grow it).
-    pub timeline: Vec<TimelineEntry>,
-    /// Entries left out of `timeline` (after its first).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub timeline_omitted: u32,
-    #[serde(with = "humantime_serde")]
-    pub deadline: Option<SystemTime>,
-    pub protected: bool,
-    pub forced: bool,
-    /// The strongest source that confirmed it.
-    #[serde(default = "Authority::request")]
-    pub authority: Authority,
-    /// logind, systemd or PID 1 confirmed it (not only the caller's own
-    /// request and reboot(2) call).
-    #[serde(default)]
-    pub host_confirmed: bool,
-    /// The cluster was told (warn, graceful or immediate): undo on an end
-    /// other than the shutdown itself.
-    #[serde(default)]
-    pub marked: bool,
-    /// When the node should be gone (or the request confirmed) by.
-    #[serde(default, with = "humantime_serde")]
-    pub expected_end: Option<SystemTime>,
-    /// What shows that the node's kernel is going down now, the strongest
-    /// seen: the controller fences only on it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub death: Option<Death>,
-}
-
-impl Authority {
-    fn request() -> Self {
-        Authority::Request
-    }
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Decision {
-    pub action: Action,
-    /// The episode after this signal (none for audit-only outside one).
-    pub episode: Option<Episode>,
 }
 
 /// The decider's knobs (the config's `trust` section).

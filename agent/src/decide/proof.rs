@@ -1,50 +1,12 @@
-//! The proof of death: what shows that the node's kernel goes down now.
-use std::time::SystemTime;
-
-use serde::{Deserialize, Serialize};
-
+//! The proof of death: what shows that the node's kernel goes down now
+//! (its types are the contract in `lastgasp_common::wire::episode`).
 use super::{
     claims::{can_reboot, summary},
     Episode,
 };
+pub use lastgasp_common::wire::episode::{Death, Proof};
+
 use crate::signal::{Effect, Kind, Scope, ShutdownSignal, Source};
-
-/// How sure the agent is that the node's kernel goes down now, weakest
-/// first.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[serde(rename_all = "kebab-case")]
-pub enum Proof {
-    /// A caller that can reboot ran a tool that calls reboot(2) itself at
-    /// once: nothing is stopped first, the kubelet lives until the kernel
-    /// goes down, so its silence is the kernel's end.
-    DirectTool,
-    /// systemd's final stage: systemd-shutdown ran its own hooks (every
-    /// service stopped, every other process killed, the file systems
-    /// unmounted; only the final sync and reboot(2) left, and they wait for
-    /// the agent's word), or lastgasp's final unit ran, right before
-    /// systemd-{verb}.service: every unit stopped (every pod's scope, the
-    /// kubelet, the runtime), every mount unit unmounted.
-    FinalStage,
-    /// The kernel's own power-off: a reboot(2) from a caller that can reboot,
-    /// in the node's PID namespace (PID 1's last step after every process
-    /// was stopped, or a direct caller), or the kernel's power-off functions.
-    Kernel,
-}
-
-/// The proof of death an episode carries into the record.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct Death {
-    pub proof: Proof,
-    /// When the signal that proves it was seen (the node's clock).
-    #[serde(with = "humantime_serde")]
-    pub at: SystemTime,
-    /// What was seen, and by whom.
-    pub by: String,
-    /// The process (global pid) whose exec or reboot(2) proves it: its end
-    /// without the kernel going down withdraws the proof.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-}
 
 /// The proof of death `s` carries, if any (its caller's power is judged
 /// here: a claim that cannot cause the end proves nothing).

@@ -82,7 +82,15 @@ fn failed() -> Effect {
     }
 }
 
-impl ShutdownSignal {
+/// The table's own tweaks of a fixture's signal.
+trait Tweak {
+    fn with_effect(self, e: Effect) -> Self;
+    fn unprivileged(self) -> Self;
+    fn forged(self) -> Self;
+    fn in_container(self) -> Self;
+}
+
+impl Tweak for ShutdownSignal {
     fn with_effect(mut self, e: Effect) -> Self {
         self.effect = e;
         self

@@ -33,23 +33,11 @@ use crate::record::{
     UNANNOUNCED_ANNOTATION,
 };
 
-/// The node condition the agent owns (the kubelet owns Ready).
-pub const CONDITION: &str = "ShutdownInProgress";
-/// Upstream's drain conditions (KEP-5683's reserved names), reason
-/// `NodeShutdown` while and after the graceful path drains the node.
-/// Never `GracefulNodeShutdownInProgress`: that one is the kubelet's own.
-pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
-pub const DRAINED: &str = "Drained";
-/// The agent's own health on its Node: True while part of the graceful path
-/// is lost (problem polarity, as node-problem-detector's conditions).
-pub const DEGRADED: &str = "LastgaspDegraded";
-pub const DRAIN_REASON: &str = "NodeShutdown";
+pub use lastgasp_common::names::{
+    CONDITION, DEGRADED, DRAINED, DRAIN_IN_PROGRESS, DRAIN_REASON, EVENT_REASON, TAINT_KEY,
+};
 /// The `ShutdownInProgress` reason of the graceful path's start.
 const GRACEFUL_REASON: &str = "GracefulShutdown";
-/// The agent's own NoSchedule taint while a shutdown is under way.
-pub const TAINT_KEY: &str = "lastgasp.dev/shutting-down";
-/// Event reason, as the kubelet's shutdown manager uses.
-pub const EVENT_REASON: &str = "NodeShutdown";
 pub use crate::record::RECORD_ANNOTATION;
 
 /// By (type, action): the last note and the Recorder that published it.
