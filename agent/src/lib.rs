@@ -14,6 +14,8 @@ pub mod decide;
 pub mod detect;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+#[cfg(test)]
+mod golden;
 pub mod grace;
 pub(crate) mod health;
 pub mod host_files;

@@ -9,6 +9,7 @@
 //! (`LAST_GASP_BOUND`), and Events, cancels, warnings, unwinding and the
 //! host check run as tasks beside the loop.
 use std::{
+    borrow::Cow,
     collections::VecDeque,
     path::PathBuf,
     sync::Arc,
@@ -16,7 +17,7 @@ use std::{
 };
 
 use anyhow::Result;
-use serde_json::json;
+use lastgasp_common::wire::audit::StdoutLine;
 use tokio::{
     signal::unix::{signal, SignalKind},
     sync::{mpsc, watch, Mutex},
@@ -183,9 +184,11 @@ impl Agent {
         let sync = self.audit(&s, &d).await;
         let audited = t.elapsed();
         if self.print {
-            let mut v = serde_json::to_value(&s)?;
-            v["decision"] = json!(d.action);
-            println!("{v}");
+            let line = StdoutLine {
+                signal: Cow::Borrowed(&s),
+                decision: Cow::Borrowed(&d.action),
+            };
+            println!("{}", serde_json::to_string(&line)?);
         }
         let printed = t.elapsed();
         // Where the time from the kernel's record to stdout goes (the bench

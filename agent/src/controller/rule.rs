@@ -722,6 +722,37 @@ mod tests {
         }
     }
 
+    /// The golden records (`common/golden/`), as an agent of each format
+    /// version wrote them, on a Node of their boot: both carry the
+    /// kernel's proof (version 1's from its source), and fence after the
+    /// quiet time.
+    #[test]
+    fn the_golden_records_fence_as_their_versions_say() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../common/golden");
+        for (file, written) in [("record-v1.json", 500), ("record-v2.json", 1000)] {
+            let raw = std::fs::read_to_string(dir.join(file)).unwrap();
+            let rec = ShutdownRecord::parse(raw.trim()).unwrap();
+            assert_eq!(
+                rec.at.map(|a| a.duration_since(t(written)).is_ok()),
+                Some(true)
+            );
+            let mut n = node(Some(&rec), written, "Unknown", 10);
+            let ann = n.metadata.annotations.get_or_insert_with(Default::default);
+            ann.insert(RECORD_ANNOTATION.into(), raw.trim().into());
+            if let Some(s) = n.status.as_mut().and_then(|s| s.node_info.as_mut()) {
+                s.boot_id.clone_from(&rec.boot_id);
+            }
+            let l = lease(written - 5);
+            assert_eq!(
+                short(&judge(&n, Some(&l), t(written + 1), &cfg())),
+                "wait",
+                "{file}"
+            );
+            let v = judge(&n, Some(&l), t(written + 3), &cfg());
+            assert_eq!(short(&v), "fence", "{file}: {v:?}");
+        }
+    }
+
     /// The controller's cache keeps no image list and no field sets but
     /// the Ready condition's owner: every verdict reads the same.
     #[test]

@@ -1,11 +1,14 @@
 //! The audit log's lines (JSON lines under `/var/lib/lastgasp`): written by
 //! the agent, read back by the next boot's agent (maybe a newer one), by
 //! `lastgasp history` and by the VM harness.
-use std::time::SystemTime;
+use std::{borrow::Cow, time::SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{episode::Decision, signal::ShutdownSignal};
+use super::{
+    episode::{Action, Decision},
+    signal::ShutdownSignal,
+};
 
 pub const FILE_NAME: &str = "audit.jsonl";
 /// Containers' records (a child PID namespace's reboot(2) or tool exec,
@@ -85,6 +88,24 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// The name serde writes (`"outcome": "graceful-done"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::GracefulDone { .. } => "graceful-done",
+            Outcome::LastGaspDelivered { .. } => "last-gasp-delivered",
+            Outcome::LastGaspFailed { .. } => "last-gasp-failed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Abandoned { .. } => "abandoned",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Withdrawn { .. } => "withdrawn",
+            Outcome::Expired { .. } => "expired",
+            Outcome::DeliveredLate { .. } => "delivered-late",
+            Outcome::FoundOnNode { .. } => "found-on-node",
+        }
+    }
+}
+
 impl AuditRecord {
     pub fn signal(&self) -> Option<&ShutdownSignal> {
         match &self.entry {
@@ -92,4 +113,14 @@ impl AuditRecord {
             Entry::Outcome { .. } | Entry::AgentStart { .. } => None,
         }
     }
+}
+
+/// What the agent prints on stdout per detection (`--print`): the signal,
+/// and the action decided (the audit line carries the episode too).
+/// Borrowed when written (the hot path copies nothing), owned when read.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct StdoutLine<'a> {
+    #[serde(flatten)]
+    pub signal: Cow<'a, ShutdownSignal>,
+    pub decision: Cow<'a, Action>,
 }

@@ -71,6 +71,38 @@ pub enum Action {
     Join,
 }
 
+impl Action {
+    /// The name serde writes (`"action": "audit-only"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::AuditOnly { .. } => "audit-only",
+            Action::Pending { .. } => "pending",
+            Action::Warn { .. } => "warn",
+            Action::Graceful { .. } => "graceful",
+            Action::Immediate { .. } => "immediate",
+            Action::LastWord => "last-word",
+            Action::Cancel => "cancel",
+            Action::Fail { .. } => "fail",
+            Action::Withdraw { .. } => "withdraw",
+            Action::Abandon { .. } => "abandon",
+            Action::Expire { .. } => "expire",
+            Action::Join => "join",
+        }
+    }
+
+    /// The reason an action carries, when it carries one.
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            Action::AuditOnly { why }
+            | Action::Fail { why }
+            | Action::Withdraw { why }
+            | Action::Abandon { why }
+            | Action::Expire { why } => Some(why),
+            _ => None,
+        }
+    }
+}
+
 /// As the audit writes it: `{"action":"audit-only","why":"..."}`.
 impl std::fmt::Display for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -198,4 +230,36 @@ pub struct Death {
     /// without the kernel going down withdraws the proof.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_s_name_is_the_one_serde_writes() {
+        let t = SystemTime::UNIX_EPOCH;
+        let why = || "x".to_string();
+        for a in [
+            Action::AuditOnly { why: why() },
+            Action::Pending { expires: t },
+            Action::Warn { due: None },
+            Action::Graceful {
+                deadline: None,
+                protected: true,
+            },
+            Action::Immediate { escalated: false },
+            Action::LastWord,
+            Action::Cancel,
+            Action::Fail { why: why() },
+            Action::Withdraw { why: why() },
+            Action::Abandon { why: why() },
+            Action::Expire { why: why() },
+            Action::Join,
+        ] {
+            let v = serde_json::to_value(&a).unwrap();
+            assert_eq!(v["action"], a.name(), "{a}");
+            assert_eq!(v.get("why").and_then(|w| w.as_str()), a.why(), "{a}");
+        }
+    }
 }

@@ -7,3 +7,6 @@ pub mod audit;
 pub mod episode;
 pub mod record;
 pub mod signal;
+
+#[cfg(test)]
+mod golden;

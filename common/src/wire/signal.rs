@@ -99,6 +99,19 @@ pub enum Effect {
     Failed { why: String },
 }
 
+impl Effect {
+    /// The name serde writes (`"effect": "now"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Effect::Now => "now",
+            Effect::Scheduled { .. } => "scheduled",
+            Effect::Cancel => "cancel",
+            Effect::None { .. } => "none",
+            Effect::Failed { .. } => "failed",
+        }
+    }
+}
+
 /// Who asked.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Actor {
@@ -251,5 +264,17 @@ mod tests {
         assert_eq!(Source::SignalPid1.to_string(), "signal-pid1");
         assert_eq!(Kind::SoftReboot.to_string(), "soft-reboot");
         assert_eq!(Scope::Container.to_string(), "container");
+        for e in [
+            Effect::Now,
+            Effect::Scheduled {
+                at: None,
+                spec: "+5".into(),
+            },
+            Effect::Cancel,
+            Effect::None { why: "x".into() },
+            Effect::Failed { why: "x".into() },
+        ] {
+            assert_eq!(serde_json::to_value(&e).unwrap()["effect"], e.name());
+        }
     }
 }

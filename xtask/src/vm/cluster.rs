@@ -37,6 +37,9 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use lastgasp_common::names::{
+    CONDITION, DEGRADED, RECORD_ANNOTATION as RECORD, TAINT_KEY as TAINT,
+};
 use serde_json::Value;
 
 use super::{evidence::parse_rfc3339_ns, qemu::Run, qemu::Spec};
@@ -46,8 +49,6 @@ use crate::setup;
 pub const GUEST_ADDR: &str = "10.0.2.100:8099";
 /// The guest's Node in the double (also `nodeName` in lastgasp.yaml).
 pub const NODE: &str = "lastgasp-guest";
-const TAINT: &str = "lastgasp.dev/shutting-down";
-const RECORD: &str = "lastgasp.dev/last-shutdown";
 /// `Got::after_label` for a reboot or kexec.
 pub const AFTER_END: &str = "after the boot ended";
 
@@ -356,12 +357,12 @@ impl What {
         // The agent's own health (`LastgaspDegraded`, written once 10 s after
         // it starts whatever happens) says nothing of a shutdown.
         if path == format!("{node}/status")
-            && conditions.is_some_and(|cs| cs.iter().all(|c| c["type"] == "LastgaspDegraded"))
+            && conditions.is_some_and(|cs| cs.iter().all(|c| c["type"] == DEGRADED))
         {
             return None;
         }
         Some(if path == format!("{node}/status") {
-            let c = conditions.and_then(|cs| cs.iter().find(|c| c["type"] == "ShutdownInProgress"));
+            let c = conditions.and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION));
             match c {
                 Some(c) => What::Condition(format!(
                     "{} {}",

@@ -8,7 +8,11 @@
 use std::{fs, path::Path, process::Command, time::Duration};
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use lastgasp_common::wire::{
+    audit::{AuditRecord, Entry, StdoutLine},
+    episode::Action,
+    signal::{Detail, ShutdownSignal},
+};
 
 use super::qemu::Run;
 use crate::cmd::output;
@@ -70,10 +74,10 @@ impl Timeline {
 }
 
 pub struct AuditDisk {
-    /// Detections (`type: signal`, or the older records without a type).
-    pub records: Vec<Value>,
+    /// Detections (`type: signal`).
+    pub records: Vec<AuditRecord>,
     /// Everything else the agent wrote (`agent-start`, `outcome`...).
-    pub others: Vec<Value>,
+    pub others: Vec<AuditRecord>,
     pub unreadable: usize,
     /// The file system was not cleanly unmounted: its journal had to be replayed.
     pub needed_recovery: bool,
@@ -127,32 +131,36 @@ pub fn read_audit(img: &Path) -> Result<AuditDisk> {
         )?);
     }
     let _ = fs::remove_file(&copy);
-    let mut records = Vec::new();
-    let mut others = Vec::new();
-    let mut unreadable = 0;
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        match serde_json::from_str::<Value>(line) {
-            Ok(v) if v.get("signal").is_some() => records.push(v),
-            Ok(v) if v.get("type").is_some() => others.push(v),
-            _ => unreadable += 1,
+    fs::write(img.with_extension("audit.jsonl"), &text)?;
+    Ok(AuditDisk {
+        needed_recovery,
+        ..AuditDisk::parse(&text)
+    })
+}
+
+impl AuditDisk {
+    /// The audit's lines, read as the agent writes them (`wire::audit`): a
+    /// line that is not one (torn, or of another format) is counted.
+    pub fn parse(text: &str) -> AuditDisk {
+        let (mut records, mut others) = (Vec::new(), Vec::new());
+        let mut unreadable = 0;
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            match serde_json::from_str::<AuditRecord>(line) {
+                Ok(r) if r.signal().is_some() => records.push(r),
+                Ok(r) => others.push(r),
+                Err(_) => unreadable += 1,
+            }
+        }
+        // In the order written, across the two logs.
+        records.sort_by_key(|r| r.written_at);
+        others.sort_by_key(|r| r.written_at);
+        AuditDisk {
+            records,
+            others,
+            unreadable,
+            needed_recovery: false,
         }
     }
-    fs::write(img.with_extension("audit.jsonl"), &text)?;
-    // In the order written, across the two logs.
-    let written = |v: &Value| {
-        v.get("written_at")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
-    records.sort_by_key(written);
-    others.sort_by_key(written);
-    Ok(AuditDisk {
-        records,
-        others,
-        unreadable,
-        needed_recovery,
-    })
 }
 
 /// One detection, merged from the audit on disk and the agent's stdout.
@@ -183,12 +191,7 @@ pub struct Det {
 }
 
 /// An exec's argv, its program's base name first, cut at 48 characters.
-fn argv_text(detail: &Value) -> String {
-    let argv: Vec<&str> = detail
-        .get("argv")
-        .and_then(|a| a.as_array())
-        .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
-        .unwrap_or_default();
+fn argv_text(argv: &[String]) -> String {
     let mut s = argv
         .iter()
         .enumerate()
@@ -209,68 +212,36 @@ fn argv_text(detail: &Value) -> String {
 }
 
 impl Det {
-    fn from_signal(s: &Value) -> Option<Det> {
-        let str_of = |k: &str| s.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
-        let actor = s.get("actor");
-        let comm = actor
-            .and_then(|a| a.get("comm"))
-            .and_then(|c| c.as_str())
-            .unwrap_or("")
-            .to_string();
-        let pid = actor
-            .and_then(|a| a.get("pid"))
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0);
-        let detail = s.get("detail").cloned().unwrap_or_default();
-        let source = str_of("source");
-        let what = match source.as_str() {
-            "exec" => format!("exec `{}`", argv_text(&detail)),
-            "reboot-syscall" => {
-                let cmd = detail
-                    .get("cmd")
-                    .and_then(serde_json::Value::as_u64)
-                    .unwrap_or(0);
-                format!("reboot(2) {} by {comm}", reboot_cmd(cmd))
+    fn from_signal(s: &ShutdownSignal) -> Det {
+        let (comm, pid) = s
+            .actor
+            .as_ref()
+            .map_or((String::new(), 0), |a| (a.comm.clone(), u64::from(a.pid)));
+        let what = match &s.detail {
+            Detail::Exec { argv, .. } => format!("exec `{}`", argv_text(argv)),
+            Detail::Reboot { cmd, .. } => {
+                format!("reboot(2) {} by {comm}", reboot_cmd(u64::from(*cmd)))
             }
-            "signal-pid1" => format!(
-                "{} to PID 1 by {comm}",
-                detail.get("name").and_then(|n| n.as_str()).unwrap_or("?")
+            Detail::Signal { name, .. } => format!("{name} to PID 1 by {comm}"),
+            Detail::Kernel { function, via } => format!("{function} ({via})"),
+            Detail::Dbus { member, unit } => format!(
+                "{} {member}{}",
+                s.source,
+                unit.as_ref().map(|u| format!(" {u}")).unwrap_or_default()
             ),
-            "kernel-hook" => format!(
-                "{} ({})",
-                detail
-                    .get("function")
-                    .and_then(|n| n.as_str())
-                    .unwrap_or("?"),
-                detail.get("via").and_then(|n| n.as_str()).unwrap_or("?")
-            ),
-            _ if detail.get("hook").and_then(|h| h.as_str()) == Some("dbus") => format!(
-                "{source} {}{}",
-                detail.get("member").and_then(|m| m.as_str()).unwrap_or("?"),
-                detail
-                    .get("unit")
-                    .and_then(|u| u.as_str())
-                    .map(|u| format!(" {u}"))
-                    .unwrap_or_default()
-            ),
-            other => format!("{other} {comm}"),
+            _ => format!("{} {comm}", s.source),
         };
-        Some(Det {
-            kind: str_of("kind"),
-            forced: s
-                .get("forced")
-                .and_then(serde_json::Value::as_bool)
-                .unwrap_or(false),
-            scope: str_of("scope"),
-            effect: str_of("effect"),
+        Det {
+            source: s.source.to_string(),
+            kind: s.kind.to_string(),
+            forced: s.forced,
+            scope: s.scope.to_string(),
+            effect: s.effect.name().to_string(),
             comm,
             pid,
             what,
-            boot_ns: s.get("boot_ns")?.as_u64()?,
-            at_ns: s
-                .get("at")
-                .and_then(|a| a.as_str())
-                .and_then(parse_rfc3339_ns),
+            boot_ns: s.boot_ns,
+            at_ns: system_ns(s.at),
             written_ns: None,
             on_disk: false,
             on_stdout: false,
@@ -278,8 +249,7 @@ impl Det {
             at_ms: None,
             written_ms: None,
             decision: None,
-            source,
-        })
+        }
     }
 
     /// For the matrix: label, ms after the trigger, where it was found.
@@ -312,35 +282,29 @@ impl Det {
     }
 }
 
-/// `{"action":{"action":"graceful","protected":true,..},"episode":{..}}` as
-/// "graceful (protected)".
-fn decision_label(d: &Value) -> String {
-    // The audit nests the action ({"action":{..},"episode":{..}}); stdout
-    // carries the action itself ({"action":"graceful",..}).
-    let a = match d.get("action") {
-        Some(Value::Object(_)) => d.get("action").cloned().unwrap_or_default(),
-        _ => d.clone(),
-    };
-    let name = a
-        .get("action")
-        .and_then(|x| x.as_str())
-        .unwrap_or("?")
-        .to_string();
+/// An action as "graceful (protected)", "audit-only (why)".
+fn decision_label(a: &Action) -> String {
     let mut extra = Vec::new();
-    if a.get("protected").and_then(serde_json::Value::as_bool) == Some(true) {
-        extra.push("protected".to_string());
+    match a {
+        Action::Graceful {
+            protected: true, ..
+        } => extra.push("protected"),
+        Action::Immediate { escalated: true } => extra.push("escalated"),
+        _ => {}
     }
-    if a.get("escalated").and_then(serde_json::Value::as_bool) == Some(true) {
-        extra.push("escalated".to_string());
-    }
-    if let Some(why) = a.get("why").and_then(|x| x.as_str()) {
-        extra.push(why.to_string());
-    }
+    extra.extend(a.why());
     if extra.is_empty() {
-        name
+        a.name().to_string()
     } else {
-        format!("{name} ({})", extra.join(", "))
+        format!("{} ({})", a.name(), extra.join(", "))
     }
+}
+
+/// Nanoseconds since the epoch (the timeline's clock).
+fn system_ns(t: std::time::SystemTime) -> Option<i128> {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_nanos() as i128)
 }
 
 /// The decisions of a scenario's detections, in order, without the joins,
@@ -361,17 +325,9 @@ pub fn decisions(dets: &[Det], audit: &AuditDisk, boot1: &str, trig_ns: i128) ->
         }
     }
     for o in &audit.others {
-        let in_window = o.get("boot_id").and_then(|b| b.as_str()) == Some(boot1)
-            && o.get("written_at")
-                .and_then(|w| w.as_str())
-                .and_then(parse_rfc3339_ns)
-                .is_some_and(|w| w >= trig_ns);
-        if in_window && o.get("type").and_then(|t| t.as_str()) == Some("outcome") {
-            let oc = o.get("outcome").cloned().unwrap_or_default();
-            out.push(format!(
-                "outcome {}",
-                oc.get("outcome").and_then(|x| x.as_str()).unwrap_or("?")
-            ));
+        let in_window = o.boot_id == boot1 && system_ns(o.written_at).is_some_and(|w| w >= trig_ns);
+        if let (true, Entry::Outcome { outcome, .. }) = (in_window, &o.entry) {
+            out.push(format!("outcome {}", outcome.name()));
         }
     }
     Some(out.join(" → "))
@@ -402,17 +358,12 @@ pub fn merge(
     until_ns: Option<i128>,
 ) -> Vec<Det> {
     let mut dets: Vec<Det> = Vec::new();
-    for r in &audit.records {
-        if r.get("boot_id").and_then(|b| b.as_str()) != Some(boot1) {
-            continue;
-        }
-        if let Some(mut d) = r.get("signal").and_then(Det::from_signal) {
+    for r in audit.records.iter().filter(|r| r.boot_id == boot1) {
+        if let Entry::Signal { signal, decision } = &r.entry {
+            let mut d = Det::from_signal(signal);
             d.on_disk = true;
-            d.decision = r.get("decision").map(decision_label);
-            d.written_ns = r
-                .get("written_at")
-                .and_then(|w| w.as_str())
-                .and_then(parse_rfc3339_ns);
+            d.decision = decision.as_ref().map(|x| decision_label(&x.action));
+            d.written_ns = system_ns(r.written_at);
             dets.push(d);
         }
     }
@@ -420,12 +371,10 @@ pub fn merge(
         if boot2_t.is_some_and(|b| line.t >= b) {
             break;
         }
-        let Ok(v) = serde_json::from_str::<Value>(line.text.trim()) else {
+        let Ok(v) = serde_json::from_str::<StdoutLine>(line.text.trim()) else {
             continue;
         };
-        let Some(d) = Det::from_signal(&v) else {
-            continue;
-        };
+        let d = Det::from_signal(&v.signal);
         match dets
             .iter_mut()
             .find(|x| x.source == d.source && x.boot_ns == d.boot_ns)
@@ -437,7 +386,7 @@ pub fn merge(
             None => dets.push(Det {
                 on_stdout: true,
                 stdout_t: Some(line.t),
-                decision: v.get("decision").map(decision_label),
+                decision: Some(decision_label(&v.decision)),
                 ..d
             }),
         }
@@ -458,7 +407,7 @@ pub fn merge(
 /// records of the first boot, and a summary.
 pub fn next_boot_report(out: &Path, boot1: &str, dets: &[Det]) -> (usize, String) {
     let text = fs::read_to_string(out.join("history-boot2.jsonl")).unwrap_or_default();
-    let recs: Vec<Value> = text
+    let recs: Vec<AuditRecord> = text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
@@ -478,16 +427,14 @@ pub fn next_boot_report(out: &Path, boot1: &str, dets: &[Det]) -> (usize, String
     }
     let of_boot1 = recs
         .iter()
-        .filter(|r| r.get("boot_id").and_then(|b| b.as_str()) == Some(boot1))
-        .filter(|r| r.get("signal").is_some())
+        .filter(|r| r.boot_id == boot1 && r.signal().is_some())
         .count();
     let on_disk = dets.iter().filter(|d| d.on_disk).count();
     let last = recs
         .iter()
         .rev()
-        .find_map(|r| r.get("signal"))
-        .and_then(Det::from_signal)
-        .map(|d| d.what)
+        .find_map(AuditRecord::signal)
+        .map(|s| Det::from_signal(s).what)
         .unwrap_or_else(|| "-".into());
     (
         of_boot1,
@@ -717,5 +664,60 @@ mod tests {
             cap_names("000000c000080000"),
             "CAP_SYS_PTRACE CAP_PERFMON CAP_BPF"
         );
+    }
+
+    fn golden(name: &str) -> String {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../common/golden");
+        fs::read_to_string(dir.join(name)).unwrap()
+    }
+
+    /// The harness reads the agent's audit and stdout through the same
+    /// types the agent writes them with (`common/golden/`).
+    #[test]
+    fn the_harness_reads_the_golden_audit_and_stdout() {
+        let audit = AuditDisk::parse(&golden("audit-v2.jsonl"));
+        assert_eq!(audit.unreadable, 0);
+        assert_eq!((audit.records.len(), audit.others.len()), (2, 2));
+        let boot = audit.records[0].boot_id.clone();
+        let Entry::Signal { signal, decision } = &audit.records[0].entry else {
+            panic!("not a detection: {:?}", audit.records[0]);
+        };
+        let d = Det::from_signal(signal);
+        assert_eq!(d.what, "exec `poweroff -ff`");
+        assert_eq!((d.source.as_str(), d.effect.as_str()), ("exec", "now"));
+        assert_eq!(
+            decision
+                .as_ref()
+                .map(|x| decision_label(&x.action))
+                .as_deref(),
+            Some("immediate")
+        );
+        let stdout = golden("stdout-v2.json");
+        let run = Run {
+            out: "out".into(),
+            audit_img: "audit.img".into(),
+            console: Vec::new(),
+            agent: vec![super::super::qemu::Line {
+                t: Duration::from_secs(1),
+                text: stdout.clone(),
+            }],
+            qmp: Vec::new(),
+            exit: super::super::qemu::Exit::Halted,
+            exit_t: Duration::ZERO,
+            stderr: String::new(),
+            start_wall: std::time::SystemTime::UNIX_EPOCH,
+        };
+        let dets = merge(&audit, &boot, &run, None, 0, None);
+        assert_eq!(dets.len(), 2, "{dets:?}");
+        // The stdout line is the reboot(2) the disk also has.
+        assert!(dets[1].on_disk && dets[1].on_stdout, "{dets:?}");
+        assert_eq!(
+            decisions(&dets, &audit, &boot, 0).as_deref(),
+            Some("immediate → last-word → outcome last-gasp-delivered")
+        );
+        let line: StdoutLine = serde_json::from_str(stdout.trim()).unwrap();
+        let d = Det::from_signal(&line.signal);
+        assert_eq!(d.what, "reboot(2) POWER_OFF by poweroff");
+        assert_eq!(decision_label(&line.decision), "last-word");
     }
 }

@@ -858,7 +858,7 @@ fn shutdown_condition_history(during: &[&Value]) -> Vec<String> {
                 .cloned()
                 .unwrap_or_default()
         })
-        .filter(|c| c["type"] == "ShutdownInProgress")
+        .filter(|c| c["type"] == lastgasp_common::names::CONDITION)
         .map(|c| {
             format!(
                 "{}/{}",
@@ -1274,8 +1274,9 @@ fn fence(seen: &Seen, o: &mut NodeOutcome) -> Option<f64> {
                 && seen.rel(l) > 0.0
                 && l["obj"]["taints"].as_array().is_some_and(|t| {
                     t.iter().any(|t| {
-                        t.as_str()
-                            .is_some_and(|t| t.starts_with("node.kubernetes.io/out-of-service"))
+                        t.as_str().is_some_and(|t| {
+                            t.starts_with(lastgasp_common::names::OUT_OF_SERVICE_KEY)
+                        })
                     })
                 })
         })

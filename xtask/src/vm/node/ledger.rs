@@ -28,7 +28,7 @@ fn ending(node: &Value) -> Option<String> {
     let tainted = node["taints"].as_array().is_some_and(|t| {
         t.iter().any(|t| {
             t.as_str()
-                .is_some_and(|t| t.starts_with("node.kubernetes.io/out-of-service"))
+                .is_some_and(|t| t.starts_with(lastgasp_common::names::OUT_OF_SERVICE_KEY))
         })
     });
     Some(
