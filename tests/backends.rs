@@ -29,11 +29,12 @@ use lastgasp::{
         audit::{self, Entry, Outcome},
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            NodeClient, Use, CONDITION, TAINT_KEY,
+            NodeClient, CONDITION, TAINT_KEY,
         },
         last_gasp::LastGasp,
         metrics::Metrics,
     },
+    apiserver::Use,
     decide::{Action, Decider, Episode},
     grace::Bucket,
     record::{Closing, ShutdownRecord},

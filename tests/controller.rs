@@ -485,7 +485,7 @@ async fn no_write_without_a_recent_lease() {
     assert!(c
         .metrics
         .encode()
-        .contains("lastgasp_controller_pass_errors_total 1"));
+        .contains("lastgasp_controller_pass_errors_total{stage=\"action\"} 1"));
     double.remove_fault(slow);
     c.tick().await.unwrap();
     assert!(fenced(&double, "n1"));

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, ResourceExt};
 use lastgasp::{
-    act::kube::{NodeClient, Use},
+    act::kube::NodeClient,
+    apiserver::Use,
     controller::{
         ControllerConfig, FENCED_BOOT_ANNOTATION, OUT_OF_SERVICE_KEY, TAINTED_BY_ANNOTATION,
     },

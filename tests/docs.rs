@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 
 use lastgasp::{
-    act::metrics::{ControllerMetrics, Metrics},
+    act::metrics::Metrics,
+    controller::{metrics::EntryLabels, ControllerMetrics, Stage},
     detect::ebpf::Drops,
 };
 
@@ -50,7 +51,13 @@ fn every_metric_the_docs_name_exists() {
     let c = ControllerMetrics::default();
     c.count_action("taint-added");
     c.count_ledger_write("applied", 1);
-    c.ledger_entries.get_or_create(&vec![]).set(1);
+    c.set_ledger_entries(std::iter::once(EntryLabels {
+        kind: "poweroff".into(),
+        path: "immediate".into(),
+        ending: "fenced".into(),
+        graceful: "false".into(),
+    }));
+    c.count_error(Stage::pass);
     let served = format!("{}\n{}", m.encode(), c.encode());
     let families: BTreeSet<String> = served
         .lines()

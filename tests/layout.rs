@@ -301,6 +301,143 @@ fn no_shipped_file_is_over_600_lines() {
     );
 }
 
+/// The walk of a `reboot -ff` from the kernel's record to the cluster's
+/// write, each file in the order the code first enters it: (the file, a
+/// function defined there, the file whose code calls it). A hook's decoder
+/// is called through the `HOOKS` table (`(h.decode)(`, `decode: record`).
+/// docs/development.md lists the same files in the same order.
+const WALK: &[(&str, &str, &str)] = &[
+    ("agent/src/agent/mod.rs", "turn", "agent/src/agent/mod.rs"),
+    (
+        "agent/src/detect/ebpf/mod.rs",
+        "next_batch",
+        "agent/src/agent/mod.rs",
+    ),
+    (
+        "agent/src/detect/hooks/mod.rs",
+        "decode",
+        "agent/src/detect/ebpf/mod.rs",
+    ),
+    (
+        "agent/src/detect/hooks/exec/mod.rs",
+        "record",
+        "agent/src/detect/hooks/mod.rs",
+    ),
+    (
+        "agent/src/detect/hooks/exec/tools/sysv.rs",
+        "halt",
+        "agent/src/detect/hooks/exec/mod.rs",
+    ),
+    (
+        "agent/src/detect/hooks/exec/getopt.rs",
+        "tokenize",
+        "agent/src/detect/hooks/exec/tools/sysv.rs",
+    ),
+    (
+        "agent/src/detect/actor.rs",
+        "enrich_with",
+        "agent/src/agent/mod.rs",
+    ),
+    (
+        "agent/src/decide/mod.rs",
+        "decide",
+        "agent/src/agent/mod.rs",
+    ),
+    (
+        "agent/src/decide/claims.rs",
+        "authority",
+        "agent/src/decide/mod.rs",
+    ),
+    (
+        "agent/src/decide/proof.rs",
+        "prove",
+        "agent/src/decide/mod.rs",
+    ),
+    (
+        "agent/src/act/audit.rs",
+        "append_as",
+        "agent/src/agent/mod.rs",
+    ),
+    ("agent/src/act/mod.rs", "act", "agent/src/agent/mod.rs"),
+    (
+        "agent/src/act/last_gasp.rs",
+        "last_gasp",
+        "agent/src/act/mod.rs",
+    ),
+    (
+        "common/src/wire/record.rs",
+        "new",
+        "agent/src/act/last_gasp.rs",
+    ),
+];
+
+#[test]
+fn the_documented_walk_is_the_call_path() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read =
+        |f: &str| std::fs::read_to_string(root.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    // The code before an inline test module (`mod tests;` lines stay).
+    let code = |f: &str| {
+        let text = read(f);
+        text.split("#[cfg(test)]\nmod tests {")
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut wrong = Vec::new();
+    for (i, (file, func, caller)) in WALK.iter().enumerate() {
+        let text = code(file);
+        if !["(", "<"]
+            .iter()
+            .any(|p| text.contains(&format!("fn {func}{p}")))
+        {
+            wrong.push(format!("{file} defines no `fn {func}`"));
+        }
+        if !WALK[..=i].iter().any(|(f, _, _)| f == caller) {
+            wrong.push(format!(
+                "{file}: its caller {caller} is not earlier in the walk"
+            ));
+        }
+        let calls = code(caller);
+        let called = if *func == "record" {
+            calls.contains("(h.decode)(") && read(file).contains("decode: record")
+        } else {
+            [
+                format!("{func}("),
+                format!(".{func}("),
+                format!("::{func}("),
+            ]
+            .iter()
+            .any(|c| calls.contains(c.as_str()))
+        };
+        if !called {
+            wrong.push(format!("{caller} does not call `{func}` ({file})"));
+        }
+    }
+    let files: BTreeSet<&str> = WALK.iter().map(|(f, _, _)| *f).collect();
+    assert_eq!(files.len(), WALK.len(), "a file twice in the walk");
+    // The docs' list, in order.
+    let doc = read("docs/development.md");
+    let para = doc
+        .split("\n\n")
+        .find(|p| p.starts_with("Following one `reboot -ff`"))
+        .expect("docs/development.md: the walk's paragraph");
+    let named: Vec<&str> = para
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| t.ends_with(".rs") && !t.starts_with("tests/") && !t.starts_with("agent-ebpf/"))
+        .collect();
+    let walk: Vec<&str> = WALK
+        .iter()
+        .map(|(f, _, _)| f.trim_start_matches("agent/src/"))
+        .collect();
+    if named != walk {
+        wrong.push(format!("the docs list {named:?}, the walk is {walk:?}"));
+    }
+    assert!(wrong.is_empty(), "the walk:\n{}", wrong.join("\n"));
+}
+
 #[test]
 fn the_reader_expands_use_trees_and_relative_paths() {
     let mut paths = Vec::new();

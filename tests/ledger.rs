@@ -124,7 +124,7 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
             .await
             .unwrap();
         let ctl_token = running_pod_token(&admin, NS, "controller", "ledger-ctl").await;
-        let ctl = cp.agent_client(&ctl_token, lastgasp::act::kube::Use::Watch);
+        let ctl = cp.agent_client(&ctl_token, lastgasp::apiserver::Use::Watch);
         let api: Api<DynamicObject> = Api::all_with(admin.clone(), &ledger_writer::resource());
         // An entry past the retention's age, which the controller's first
         // round prunes (planted with the controller's own token: nobody else
@@ -162,7 +162,7 @@ fn every_episode_leaves_one_entry_that_keeps_its_fence() {
         let _ctl = recovery::spawn_controller(ctl, cfg).await.unwrap();
         let agent = cp.agent_client(
             &running_pod_token(&admin, NS, "agent", "ledger-a").await,
-            lastgasp::act::kube::Use::Requests,
+            lastgasp::apiserver::Use::Requests,
         );
         let boot = sim.boot_id("ledger-a").unwrap();
         let agent_node = NodeClient::start_with(agent.clone(), agent.clone(), "ledger-a")

@@ -7,7 +7,7 @@
 //! prints SKIPPED.
 use std::{collections::BTreeSet, path::PathBuf, process::Command};
 
-use lastgasp::act::metrics::{ControllerMetrics, Metrics};
+use lastgasp::{act::metrics::Metrics, controller::ControllerMetrics};
 use lastgasp_tests::render::{chart_dir, helm, kustomize, render_helm, render_kustomize_dir, repo};
 use serde_json::Value;
 
@@ -56,9 +56,17 @@ fn exported() -> String {
         f.get_or_create(&one()).set(1);
     }
     let c = ControllerMetrics::default();
-    c.actions.get_or_create(&one()).inc();
-    c.ledger_writes.get_or_create(&one()).inc();
-    c.ledger_entries.get_or_create(&one()).set(1);
+    c.count_action("taint-added");
+    c.count_ledger_write("applied", 1);
+    c.count_error(lastgasp::controller::Stage::action);
+    c.set_ledger_entries(std::iter::once(
+        lastgasp::controller::metrics::EntryLabels {
+            kind: "poweroff".into(),
+            path: "immediate".into(),
+            ending: "fenced".into(),
+            graceful: "false".into(),
+        },
+    ));
     format!("{}{}", m.encode(), c.encode())
 }
 

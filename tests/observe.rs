@@ -1057,7 +1057,10 @@ async fn controller_counts_its_lease_and_actions() {
     double.inject(Fault::status(500).path_prefix("/apis/coordination.k8s.io/"));
     assert!(a.tick().await.is_err());
     assert_eq!(
-        sample(&a.metrics.encode(), "lastgasp_controller_pass_errors_total"),
+        sample(
+            &a.metrics.encode(),
+            "lastgasp_controller_pass_errors_total{stage=\"pass\"}"
+        ),
         Some(1.0)
     );
 }

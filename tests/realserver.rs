@@ -22,10 +22,11 @@ use lastgasp::{
     act::{
         kube::{
             graceful::{self, GracefulOptions, Removal},
-            NodeClient, Use, RECORD_ANNOTATION, TAINT_KEY,
+            NodeClient, RECORD_ANNOTATION, TAINT_KEY,
         },
         metrics::Metrics,
     },
+    apiserver::Use,
     controller::{
         rule::has_out_of_service, FENCED_BOOT_ANNOTATION, FENCED_CONDITION, OUT_OF_SERVICE_KEY,
         TAINTED_BY_ANNOTATION,

@@ -262,6 +262,24 @@ where
     Ok(Some((local, serve(listener, metrics, health))))
 }
 
+/// `lastgasp_build_info{version, component}` = 1 in `r`.
+pub(crate) fn register_build_info(r: &mut prometheus_client::registry::Registry, component: &str) {
+    let info = prometheus_client::metrics::family::Family::<
+        Vec<(String, String)>,
+        prometheus_client::metrics::gauge::Gauge,
+    >::default();
+    info.get_or_create(&vec![
+        ("version".into(), env!("CARGO_PKG_VERSION").into()),
+        ("component".into(), component.into()),
+    ])
+    .set(1);
+    r.register(
+        "lastgasp_build_info",
+        "The running binary's version and component (agent or controller), always 1",
+        info,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 #![warn(clippy::too_many_lines)]
 pub mod act;
 pub mod agent;
+pub mod apiserver;
 pub mod bus;
 pub mod check;
 pub mod clock;

@@ -494,10 +494,10 @@ impl ControlPlane {
     }
 
     /// A client for `token` with the agent's own settings
-    /// (`lastgasp::act::kube::tune`: no retries inside kube, its timeouts).
-    pub fn agent_client(&self, token: &str, usage: lastgasp::act::kube::Use) -> kube::Client {
+    /// (`lastgasp::apiserver::tune`: no retries inside kube, its timeouts).
+    pub fn agent_client(&self, token: &str, usage: lastgasp::apiserver::Use) -> kube::Client {
         let mut c = self.config(token);
-        lastgasp::act::kube::tune(&mut c, usage);
+        lastgasp::apiserver::tune(&mut c, usage);
         kube::Client::try_from(c).expect("kube client for the control plane")
     }
 

@@ -26,9 +26,10 @@ use kube::{
 };
 use lastgasp::{
     act::{
-        kube::{record_params, Use},
+        kube::record_params,
         last_gasp::{LastGasp, NotDelivered, Refusal},
     },
+    apiserver::Use,
     controller::{Controller, ControllerConfig, OUT_OF_SERVICE_KEY},
     record::ShutdownRecord,
     signal::ShutdownSignal,

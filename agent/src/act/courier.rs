@@ -253,7 +253,7 @@ pub async fn send(kit: &Kit, key: &str) -> Result<String> {
     let mut config = kube::Config::new(kit.server.parse().context("the kit's server")?);
     config.root_cert = Some(kit.root_certs.clone());
     config.auth_info.token = Some(kit.token.clone().into());
-    super::kube::tune(&mut config, super::kube::Use::Requests);
+    crate::apiserver::tune(&mut config, crate::apiserver::Use::Requests);
     let client = kube::Client::try_from(config)?;
     let nodes: Api<Node> = Api::all(client);
     let t = std::time::Instant::now();

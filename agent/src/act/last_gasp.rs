@@ -54,7 +54,7 @@ impl Actuator {
         };
         // Sent now: nothing is left for the join.
         self.link.unsent = None;
-        let record = self.hands.record(s, ep);
+        let record = ShutdownRecord::new(&self.hands.boot_id, s, ep);
         let (reason, message) = message(s, ep.kind, escalated);
         let bodies = c
             .lastgasp
@@ -258,7 +258,8 @@ impl LastGasp {
     /// Warms the connections and starts the node watch.
     pub async fn start(watch_client: Client, patch_client: Client, node: &str) -> Result<Self> {
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        let store = super::kube::warm_store(Api::all(watch_client), config, "node", |_| {}).await?;
+        let store =
+            crate::apiserver::warm_store(Api::all(watch_client), config, "node", |_| {}).await?;
         let lg = LastGasp {
             node: node.to_string(),
             nodes: Api::all(patch_client.clone()),

@@ -2,10 +2,7 @@
 //! `/metrics`. Names are `lastgasp_*` with their unit; counters get
 //! `_total` from the encoder. The kubelet-compatible
 //! `graceful_shutdown_{start,end}_time_seconds` keep the kubelet's names.
-use std::{
-    collections::BTreeMap,
-    sync::{atomic::AtomicU64, Arc},
-};
+use std::sync::{atomic::AtomicU64, Arc};
 
 use prometheus_client::{
     encoding::text::encode,
@@ -45,21 +42,6 @@ pub struct Metrics {
     pub graceful_path_armed: Gauge,
     /// The shutdown hook and the courier, 1 installed, 0 not.
     pub last_word_armed: Family<Labels, Gauge>,
-}
-
-/// `lastgasp_build_info{version, component}` = 1 in `r`.
-fn register_build_info(r: &mut Registry, component: &str) {
-    let info = Family::<Labels, Gauge>::default();
-    info.get_or_create(&vec![
-        ("version".into(), env!("CARGO_PKG_VERSION").into()),
-        ("component".into(), component.into()),
-    ])
-    .set(1);
-    r.register(
-        "lastgasp_build_info",
-        "The running binary's version and component (agent or controller), always 1",
-        info,
-    );
 }
 
 fn label(v: impl serde::Serialize) -> String {
@@ -165,7 +147,7 @@ impl Default for Metrics {
             "1 while the part of the last word is installed (shutdown-hook: systemd-shutdown's hook; final-unit: lastgasp's unit systemd runs right before its final service, where the hook cannot be installed; courier: the binary either runs without the agent); 0 when it could not be: the last word then races the kernel's power-off",
             last_word_armed.clone(),
         );
-        register_build_info(&mut r, "agent");
+        crate::http::register_build_info(&mut r, "agent");
         Metrics {
             registry: Arc::new(r),
             graceful_path_armed,
@@ -277,128 +259,6 @@ impl Metrics {
     }
 }
 
-/// The controller's metrics (`lastgasp controller`, its own endpoint).
-#[derive(Clone)]
-pub struct ControllerMetrics {
-    registry: Arc<Registry>,
-    pub lease_held: Gauge,
-    pub actions: Family<Labels, Counter>,
-    pub pass_errors: Counter,
-    pub nodes: Gauge,
-    pub fenced: Gauge,
-    pub pods_deleted: Counter,
-    pub paused: Gauge,
-    pub ledger_entries: Family<Labels, Gauge>,
-    pub ledger_writes: Family<Labels, Counter>,
-}
-
-impl Default for ControllerMetrics {
-    fn default() -> Self {
-        let mut r = Registry::default();
-        let lease_held = Gauge::default();
-        r.register(
-            "lastgasp_controller_lease_held",
-            "1 while this replica holds the Lease (the active one), else 0",
-            lease_held.clone(),
-        );
-        let actions = Family::<Labels, Counter>::default();
-        r.register(
-            "lastgasp_controller_actions",
-            "What the controller did or held back: taint-added, taint-removed, kept-same-boot, condition-cleared, contradicted, would-fence (policy observe), held-opted-out, held-paused, held-ceiling, refused-rate-limit",
-            actions.clone(),
-        );
-        let pass_errors = Counter::default();
-        r.register(
-            "lastgasp_controller_pass_errors",
-            "Controller passes that ended in an error (the Lease or a patch failed)",
-            pass_errors.clone(),
-        );
-        let nodes = Gauge::default();
-        r.register(
-            "lastgasp_controller_nodes",
-            "Nodes in the controller's watch at its last pass",
-            nodes.clone(),
-        );
-        let fenced = Gauge::default();
-        r.register(
-            "lastgasp_controller_fenced_nodes",
-            "Nodes that carry this controller's out-of-service taint (a node that never returns stays here)",
-            fenced.clone(),
-        );
-        let pods_deleted = Counter::default();
-        r.register(
-            "lastgasp_controller_pods_deleted",
-            "Pods of fenced nodes deleted with grace 0",
-            pods_deleted.clone(),
-        );
-        let paused = Gauge::default();
-        r.register(
-            "lastgasp_controller_paused",
-            "1 while fencing is paused (lastgasp.dev/paused on the controller's Lease), as the leader last read it",
-            paused.clone(),
-        );
-        let ledger_entries = Family::<Labels, Gauge>::default();
-        r.register(
-            "lastgasp_controller_ledger_entries",
-            "NodeShutdowns in the ledger by kind, path, ending and graceful, as the leader holds them (read back from the cluster at start: a dead node's shutdown is counted here)",
-            ledger_entries.clone(),
-        );
-        let ledger_writes = Family::<Labels, Counter>::default();
-        r.register(
-            "lastgasp_controller_ledger_writes",
-            "The ledger's writes by result: applied, failed, pruned (the retention's deletes)",
-            ledger_writes.clone(),
-        );
-        register_build_info(&mut r, "controller");
-        ControllerMetrics {
-            registry: Arc::new(r),
-            lease_held,
-            actions,
-            pass_errors,
-            nodes,
-            fenced,
-            pods_deleted,
-            paused,
-            ledger_entries,
-            ledger_writes,
-        }
-    }
-}
-
-impl ControllerMetrics {
-    pub fn count_ledger_write(&self, result: &str, n: u64) {
-        self.ledger_writes
-            .get_or_create(&vec![("result".into(), result.to_string())])
-            .inc_by(n);
-    }
-
-    /// The ledger's counts, replaced whole: an entry the retention dropped
-    /// leaves no series behind.
-    pub fn set_ledger_entries<'a>(&self, specs: impl Iterator<Item = [(&'a str, String); 4]>) {
-        let mut counts: BTreeMap<Labels, i64> = BTreeMap::new();
-        for labels in specs {
-            let l = labels.map(|(k, v)| (k.to_string(), v)).to_vec();
-            *counts.entry(l).or_default() += 1;
-        }
-        self.ledger_entries.clear();
-        for (l, n) in counts {
-            self.ledger_entries.get_or_create(&l).set(n);
-        }
-    }
-
-    pub fn count_action(&self, action: &str) {
-        self.actions
-            .get_or_create(&vec![("action".into(), action.to_string())])
-            .inc();
-    }
-
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        encode(&mut out, &self.registry).expect("encoding metrics into a String");
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,35 +291,5 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");
         }
-        let c = ControllerMetrics::default().encode();
-        for want in [
-            "component=\"controller\"} 1",
-            "lastgasp_controller_lease_held 0",
-        ] {
-            assert!(c.contains(want), "{want} missing:\n{c}");
-        }
-        // The ledger's counts are replaced whole: a pruned entry's series goes.
-        let c = ControllerMetrics::default();
-        let entry = |ending: &str| {
-            [
-                ("kind", "poweroff".to_string()),
-                ("path", "immediate".into()),
-                ("ending", ending.into()),
-                ("graceful", "false".into()),
-            ]
-        };
-        c.set_ledger_entries([entry("fenced"), entry("fenced"), entry("back")].into_iter());
-        c.count_ledger_write("applied", 3);
-        let text = c.encode();
-        for want in [
-            "lastgasp_controller_ledger_entries{kind=\"poweroff\",path=\"immediate\",ending=\"fenced\",graceful=\"false\"} 2",
-            "lastgasp_controller_ledger_entries{kind=\"poweroff\",path=\"immediate\",ending=\"back\",graceful=\"false\"} 1",
-            "lastgasp_controller_ledger_writes_total{result=\"applied\"} 3",
-        ] {
-            assert!(text.contains(want), "{want} missing:\n{text}");
-        }
-        c.set_ledger_entries([entry("back")].into_iter());
-        let text = c.encode();
-        assert!(!text.contains("ending=\"fenced\""), "{text}");
     }
 }

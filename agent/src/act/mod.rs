@@ -65,10 +65,6 @@ struct Hands {
 }
 
 impl Hands {
-    fn record(&self, s: &ShutdownSignal, ep: &Episode) -> ShutdownRecord {
-        ShutdownRecord::new(&self.boot_id, s, ep)
-    }
-
     async fn outcome(&self, episode: u32, outcome: Outcome) {
         if let Err(e) = self.audit.lock().await.outcome(episode, outcome) {
             self.metrics.audit_failures.inc();
@@ -169,10 +165,6 @@ impl Actuator {
         if self.link.cluster.is_none() {
             self.link.coming = Some(coming);
         }
-    }
-
-    pub fn lock_held(&self) -> Option<bool> {
-        self.hands.logind.as_ref().map(DelayLockHandle::lock_held)
     }
 
     /// In cluster mode: a record that leaves no time is not fsync'd before
@@ -284,7 +276,7 @@ impl Actuator {
         }
         match (&d.action, s) {
             (Action::Graceful { .. }, Some(s)) => {
-                let record = self.hands.record(s, &ep);
+                let record = ShutdownRecord::new(&self.hands.boot_id, s, &ep);
                 let cluster = self.link.cluster.clone();
                 self.graceful.start(&self.hands, cluster, ep, record);
             }
@@ -380,7 +372,7 @@ impl Actuator {
                 Source::FinalUnit => final_unit::key(verb),
                 _ => verb.clone(),
             };
-            let record = self.hands.record(hook, ep);
+            let record = ShutdownRecord::new(&self.hands.boot_id, hook, ep);
             let (reason, message) = last_gasp::message(hook, ep.kind, false);
             let body = c
                 .lastgasp

@@ -68,7 +68,7 @@ impl Actuator {
     pub(super) fn withdraw(&self, s: Option<&ShutdownSignal>, ep: Episode, why: String) {
         let (cluster, hands) = (self.link.cluster.clone(), self.hands.clone());
         let record = match s {
-            Some(s) => hands.record(s, &ep),
+            Some(s) => ShutdownRecord::new(&hands.boot_id, s, &ep),
             None => ShutdownRecord::of_episode(&hands.boot_id, &ep, std::time::SystemTime::now()),
         };
         tokio::spawn(async move {

@@ -53,6 +53,8 @@ pub type Answer = (u32, HostAnswer);
 pub struct Agent {
     decider: Decider,
     act: Actuator,
+    /// logind's delay lock, as its owner says it is.
+    lock: Option<DelayLockHandle>,
     audit: Arc<Mutex<AuditLog>>,
     metrics: Metrics,
     /// Print each signal as a JSON line (standalone mode).
@@ -72,10 +74,17 @@ impl Agent {
     ) -> Self {
         let boot_id = audit.boot_id().to_string();
         let audit = Arc::new(Mutex::new(audit));
-        let act = Actuator::new(audit.clone(), cluster, logind, metrics.clone(), boot_id);
+        let act = Actuator::new(
+            audit.clone(),
+            cluster,
+            logind.clone(),
+            metrics.clone(),
+            boot_id,
+        );
         Agent {
             decider: Decider::new(),
             act,
+            lock: logind,
             audit,
             metrics,
             print: false,
@@ -168,13 +177,13 @@ impl Agent {
         // Before the decision, while the actor may still run. Walking the
         // cgroup tree for a process already gone is slow on a big node: not
         // for records that leave no time.
-        let hurry = decide::leaves_no_time(&s);
+        let hurry = s.leaves_no_time();
         if let Some(a) = s.actor.as_mut() {
             actor::enrich_with(a, !hurry);
         }
         let enriched = t.elapsed();
-        if let Some(held) = self.act.lock_held() {
-            self.decider.set_lock_held(held);
+        if let Some(l) = &self.lock {
+            self.decider.set_lock_held(l.lock_held());
         }
         self.decider.set_host_reachable((self.host_reachable)());
         let d = self.decider.decide(&s);
@@ -378,7 +387,7 @@ async fn turn(
                 let mut queue: VecDeque<ShutdownSignal> = batch?.into();
                 while let Some(s) = queue.pop_front() {
                     let exec = (s.source == Source::Exec).then(|| (s.actor.as_ref().map(|a| a.pid), s.at));
-                    let final_stage = decide::is_pid1_shutdown(&s).then(|| final_sweep::verb(&s)).flatten();
+                    let final_stage = s.is_pid1_shutdown().then(|| final_sweep::verb(&s)).flatten();
                     let d = agent.handle(s).await?;
                     if let Some((Some(pid), at)) = exec {
                         watch_tool(&mut det, pid, at, &d, &mut queue);

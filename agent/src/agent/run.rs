@@ -11,10 +11,11 @@ use crate::act::Cluster;
 use crate::{
     act::{
         audit::AuditLog,
-        kube::{self, graceful::GracefulOptions, NodeClient, Use},
+        kube::{graceful::GracefulOptions, NodeClient},
         last_gasp::LastGasp,
         metrics::Metrics,
     },
+    apiserver::{self, Use},
     config::Config,
     detect::{
         ebpf::EbpfDetector,
@@ -532,9 +533,9 @@ impl Clients {
             );
         }
         Ok(Clients {
-            watch: kube::client(Use::Watch, server.as_deref()).await?,
-            requests: kube::client(Use::Requests, server.as_deref()).await?,
-            patch: kube::client(Use::Requests, server.as_deref()).await?,
+            watch: apiserver::client(Use::Watch, server.as_deref()).await?,
+            requests: apiserver::client(Use::Requests, server.as_deref()).await?,
+            patch: apiserver::client(Use::Requests, server.as_deref()).await?,
         })
     }
 }

@@ -23,7 +23,7 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::act::metrics::ControllerMetrics;
+use super::metrics::{ControllerMetrics, EntryLabels};
 
 use super::ledger::{self, merge, Spec, GROUP, KIND, PLURAL, VERSION};
 
@@ -160,7 +160,15 @@ impl Writer {
                     Err(e) => tracing::warn!(error = format!("{e:#}"), "ledger retention"),
                 }
             }
-            metrics.set_ledger_entries(self.held.values().map(Spec::facets));
+            metrics.set_ledger_entries(self.held.values().map(|s| {
+                let [kind, path, ending, graceful] = s.facets().map(|(_, v)| v);
+                EntryLabels {
+                    kind,
+                    path,
+                    ending,
+                    graceful,
+                }
+            }));
         }
     }
 
@@ -274,7 +282,7 @@ pub fn expired(held: &BTreeMap<String, Spec>, r: Retention, now: SystemTime) -> 
 
 /// `lastgasp history --cluster`: the ledger's summary of the last `since`.
 pub async fn print_history(since: Duration) -> Result<()> {
-    let client = crate::act::kube::client(crate::act::kube::Use::Requests, None).await?;
+    let client = crate::apiserver::client(crate::apiserver::Use::Requests, None).await?;
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
     let list = api
         .list(&ListParams::default())

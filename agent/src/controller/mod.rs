@@ -18,6 +18,7 @@ mod lead;
 pub mod ledger;
 pub mod ledger_writer;
 pub mod lift;
+pub mod metrics;
 mod pass;
 pub mod rule;
 mod write;
@@ -27,12 +28,13 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-pub use self::{lead::LeaseSeen, pass::Controller};
+pub use self::{
+    lead::LeaseSeen,
+    metrics::{ControllerMetrics, Stage},
+    pass::Controller,
+};
 use crate::{
-    act::{
-        kube::{client, Use},
-        metrics::ControllerMetrics,
-    },
+    apiserver::{client, Use},
     health::Health,
     http::{self, Listen},
 };

@@ -18,6 +18,7 @@ use kube::{
     Api, Client, ResourceExt,
 };
 
+use super::metrics::{ControllerMetrics, Stage};
 use super::{
     lead::Leadership,
     rule::{self, boot_id, fenced_by_us, judge, Verdict},
@@ -25,7 +26,6 @@ use super::{
     ControllerConfig, FencePolicy, FENCED_BOOT_ANNOTATION, FENCED_CONDITION, KEPT_SAME_BOOT,
     NODE_LEASE_NAMESPACE, OPT_OUT_LABEL, OPT_OUT_VALUE,
 };
-use crate::act::metrics::ControllerMetrics;
 
 /// How many of its last actions a controller keeps (tests and debugging).
 const ACTIONS_KEPT: usize = 256;
@@ -86,7 +86,7 @@ impl Controller {
     /// `watch` serves the node watch (long reads), `client` every other
     /// request (short, bounded reads).
     pub async fn start(watch: Client, client: Client, cfg: ControllerConfig) -> Result<Self> {
-        let store = crate::act::kube::warm_store(
+        let store = crate::apiserver::warm_store(
             Api::<Node>::all(watch),
             watcher::Config::default(),
             "node",
@@ -147,7 +147,7 @@ impl Controller {
         }
         let r = self.pass().await;
         if r.is_err() {
-            self.metrics.pass_errors.inc();
+            self.metrics.count_error(Stage::pass);
         }
         r
     }
@@ -217,7 +217,7 @@ impl Controller {
         match self.leases_now().await {
             Ok(l) => l,
             Err(e) => {
-                self.metrics.pass_errors.inc();
+                self.metrics.count_error(Stage::leases);
                 tracing::warn!(
                     error = format!("{e:#}"),
                     "node Leases not read: no fence this pass"
@@ -412,7 +412,7 @@ impl Controller {
             }
             (_, Ok(_)) => {}
             (w, Err(e)) => {
-                self.metrics.pass_errors.inc();
+                self.metrics.count_error(Stage::action);
                 if let Work::Fence { .. } = w {
                     // Not fenced: it counts against nobody's limit.
                     self.fences.pop_back();

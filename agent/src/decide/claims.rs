@@ -13,24 +13,8 @@ pub(super) fn confirms_as_host(s: &ShutdownSignal) -> bool {
             | Source::ShutdownHook
             | Source::FinalUnit
             | Source::FinalSweep
-    ) || is_pid1_shutdown(s)
+    ) || s.is_pid1_shutdown()
         || (s.source == Source::RebootSyscall && s.actor.as_ref().is_some_and(|a| a.ns_pid == 1))
-}
-
-/// The kernel is already shutting down, or a caller that can do it skips
-/// the service stop jobs: no time. (The hooks say what the caller asked,
-/// `forced`; this is the one place that says what it leaves.)
-pub fn leaves_no_time(s: &ShutdownSignal) -> bool {
-    s.forced
-        || matches!(
-            s.source,
-            Source::RebootSyscall
-                | Source::KernelHook
-                | Source::ShutdownHook
-                | Source::FinalUnit
-                | Source::FinalSweep
-        )
-        || is_pid1_shutdown(s)
 }
 
 /// Why a signal cannot end in a shutdown: a signal PID 1 never got, or a
@@ -56,15 +40,6 @@ pub(super) fn cannot_happen(s: &ShutdownSignal) -> Option<String> {
         });
     }
     None
-}
-
-/// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown, services
-/// already stopped.
-pub fn is_pid1_shutdown(s: &ShutdownSignal) -> bool {
-    let Detail::Exec { path, .. } = &s.detail else {
-        return false;
-    };
-    s.actor.as_ref().is_some_and(|a| a.ns_pid == 1) && path.ends_with("/systemd-shutdown")
 }
 
 /// Whether the caller can reboot the node: CAP_SYS_BOOT in the initial user
@@ -93,7 +68,7 @@ pub(super) fn authority(s: &ShutdownSignal) -> Authority {
         | Source::FinalSweep => Authority::Kernel,
         // The kernel checked the sender's right to signal PID 1.
         Source::SignalPid1 => Authority::Privileged,
-        Source::Exec if is_pid1_shutdown(s) => Authority::Kernel,
+        Source::Exec if s.is_pid1_shutdown() => Authority::Kernel,
         Source::Exec if can_reboot(s) == Some(true) => Authority::Privileged,
         Source::Exec | Source::ToolEnd => Authority::Request,
     }

@@ -31,7 +31,6 @@ use std::time::{Duration, SystemTime};
 use claims::{
     authority, authority_name, can_reboot, cannot_happen, confirms_as_host, summary, who,
 };
-pub use claims::{is_pid1_shutdown, leaves_no_time};
 pub use episode::{
     plus, Action, Authority, Decision, DecisionPolicy, Episode, ShutdownPath, Tick, TimelineEntry,
     MAX_TIMELINE,
@@ -288,13 +287,13 @@ impl Decider {
         let authority = authority(s);
         // PID 1 running systemd-shutdown ends an orderly shutdown: it confirms
         // a graceful one, and means no time is left where none was seen.
-        if is_pid1_shutdown(s)
+        if s.is_pid1_shutdown()
             && matches!(path, Some(ShutdownPath::Graceful | ShutdownPath::Scheduled))
         {
             confirm(self.current.as_mut().unwrap(), s, authority);
             return Action::Join;
         }
-        if leaves_no_time(s) {
+        if s.leaves_no_time() {
             return self.no_time_left(s, path, authority);
         }
         // A request is not a shutdown: it waits for the host (logind or

@@ -27,7 +27,7 @@ const POLL: Duration = Duration::from_millis(50);
 const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// The verb of an exec of systemd-shutdown (its argv[1]); the caller has
-/// checked that the node's PID 1 made it (`decide::is_pid1_shutdown`).
+/// checked that the node's PID 1 made it (`ShutdownSignal::is_pid1_shutdown`).
 pub fn verb(s: &ShutdownSignal) -> Option<String> {
     match &s.detail {
         Detail::Exec { argv, .. } => Some(argv.get(1).cloned().unwrap_or_default()),

@@ -254,6 +254,33 @@ pub struct ShutdownSignal {
     pub detail: Detail,
 }
 
+impl ShutdownSignal {
+    /// The kernel is already shutting down, or a caller that can do it
+    /// skips the service stop jobs: no time. (The hooks say what the caller
+    /// asked, `forced`; this is the one place that says what it leaves.)
+    pub fn leaves_no_time(&self) -> bool {
+        self.forced
+            || matches!(
+                self.source,
+                Source::RebootSyscall
+                    | Source::KernelHook
+                    | Source::ShutdownHook
+                    | Source::FinalUnit
+                    | Source::FinalSweep
+            )
+            || self.is_pid1_shutdown()
+    }
+
+    /// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown,
+    /// services already stopped.
+    pub fn is_pid1_shutdown(&self) -> bool {
+        let Detail::Exec { path, .. } = &self.detail else {
+            return false;
+        };
+        self.actor.as_ref().is_some_and(|a| a.ns_pid == 1) && path.ends_with("/systemd-shutdown")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

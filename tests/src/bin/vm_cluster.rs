@@ -28,7 +28,8 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::{api::DynamicObject, runtime::watcher, Api, Client, ResourceExt};
 use lastgasp::{
-    act::kube::{Use, CONDITION, RECORD_ANNOTATION},
+    act::kube::{CONDITION, RECORD_ANNOTATION},
+    apiserver::Use,
     controller::{ledger_writer, Controller, ControllerConfig},
     record::{unannounced_of, Closing, ShutdownRecord},
 };

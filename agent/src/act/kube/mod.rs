@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use k8s_openapi::{
     api::core::v1::{Node, NodeCondition, ObjectReference, Pod, Taint},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -20,8 +20,8 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{self, Store},
-        watcher, WatchStreamExt,
+        reflector::Store,
+        watcher,
     },
     Api, Client,
 };
@@ -66,7 +66,7 @@ impl NodeClient {
     /// on `client` (short timeouts).
     pub async fn start_with(watch: Client, client: Client, node: &str) -> Result<Self> {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let pods = warm_store(Api::all(watch), config, "pod", |_| {}).await?;
+        let pods = crate::apiserver::warm_store(Api::all(watch), config, "pod", |_| {}).await?;
         let reporter = Reporter {
             controller: "lastgasp".into(),
             instance: Some(node.to_string()),
@@ -429,43 +429,6 @@ fn readable(r: Option<Result<ShutdownRecord, String>>) -> Option<ShutdownRecord>
     }
 }
 
-/// A reflector store kept up to date by a watch in the background (with
-/// backoff on errors); returns once the first list is in.
-pub async fn warm_store<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    what: &'static str,
-    trim: fn(&mut K),
-) -> Result<Store<K>>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).modify(trim))
-        .default_backoff()
-        .touched_objects();
-    tokio::spawn(async move {
-        use futures::StreamExt;
-        let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            if let Err(e) = item {
-                tracing::warn!(error = %e, "{what} watch");
-            }
-        }
-    });
-    store
-        .wait_until_ready()
-        .await
-        .with_context(|| format!("the {what} watch ended before its first list"))?;
-    Ok(store)
-}
-
 pub fn shutdown_taint(at: SystemTime) -> Taint {
     Taint {
         key: TAINT_KEY.into(),
@@ -473,40 +436,6 @@ pub fn shutdown_taint(at: SystemTime) -> Taint {
         effect: "NoSchedule".into(),
         time_added: Timestamp::try_from(at).ok().map(Time),
     }
-}
-
-/// How long a client may wait on the API server: watches hold their
-/// requests open for minutes; every other request is short, and bounded.
-#[derive(Clone, Copy)]
-pub enum Use {
-    Watch,
-    Requests,
-}
-
-pub async fn client(usage: Use, server: Option<&str>) -> anyhow::Result<kube::Client> {
-    let mut config = kube::Config::infer()
-        .await
-        .context("no Kubernetes configuration (in-cluster or $KUBECONFIG)")?;
-    if let Some(url) = server {
-        // Only the address changes: the credentials stay the agent's own.
-        config.cluster_url = url.parse().with_context(|| format!("apiServer: {url}"))?;
-    }
-    tune(&mut config, usage);
-    Ok(kube::Client::try_from(config)?)
-}
-
-/// The agent's client settings on any configuration (tests use them with
-/// their own credentials): no retries inside kube (a 429 from a budget must
-/// come back to the graceful path at once; `retry` decides), short timeouts.
-pub fn tune(config: &mut kube::Config, usage: Use) {
-    config.default_retry = false;
-    config.connect_timeout = Some(Duration::from_secs(3));
-    config.write_timeout = Some(Duration::from_secs(5));
-    config.read_timeout = Some(match usage {
-        // The watcher asks for 290 s windows; kube's own default is 295 s.
-        Use::Watch => Duration::from_secs(295),
-        Use::Requests => Duration::from_secs(10),
-    });
 }
 
 /// The agent's `ShutdownInProgress` condition, the one builder of it.
