@@ -13,9 +13,7 @@ use aya_ebpf::{
     maps::{PerCpuArray, RingBuf},
 };
 use lastgasp_common::{
-    RawEvent, RecordSource, CAP_SYS_BOOT, DROP_CAPABLE_FULL, DROP_CONTAINER_FULL,
-    DROP_CONTAINER_RATE, DROP_NODE_FULL, DROP_NODE_RATE, DROP_SLOTS, ERROR_SLOTS, FLAG_BORROWED,
-    FLAG_CAP_SYS_BOOT, FLAG_CREDS, FLAG_NODE_PIDNS,
+    DropCause, Flag, RawEvent, RecordSource, CAP_SYS_BOOT, DROP_SLOTS, ERROR_SLOTS,
 };
 
 /// The node's PID namespace (st_dev/st_ino of its `ns/pid` file) and the
@@ -70,7 +68,7 @@ static EVENTS_NODE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 static EVENTS_CONTAINER: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// Records lost, by `DROP_*` slot; userspace sums the CPUs.
+/// Records lost, by `DropCause` slot; userspace sums the CPUs.
 #[map]
 static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_SLOTS, 0);
 
@@ -174,7 +172,7 @@ pub fn fill_actor(ev: &mut RawEvent, source: RecordSource) {
         )
     };
     if rc == 0 {
-        ev.flags = FLAG_NODE_PIDNS;
+        ev.flags = Flag::NodePidns.bit();
         ev.ns_pid = ns.pid;
         ev.ns_tgid = ns.tgid;
     } else {
@@ -188,8 +186,8 @@ pub fn fill_actor(ev: &mut RawEvent, source: RecordSource) {
     }
 }
 
-/// The current task's effective uid, and `FLAG_CREDS` plus
-/// `FLAG_CAP_SYS_BOOT` when it holds CAP_SYS_BOOT in its effective set in
+/// The current task's effective uid, and `Flag::Creds` plus
+/// `Flag::CapSysBoot` when it holds CAP_SYS_BOOT in its effective set in
 /// the initial user namespace (level 0). `None` without BTF offsets.
 #[inline(always)]
 fn read_creds() -> Option<(u32, u32)> {
@@ -212,9 +210,9 @@ fn read_creds() -> Option<(u32, u32)> {
         let level =
             bpf_probe_read_kernel(user_ns.add(global(&USER_NS_LEVEL_OFF) as usize) as *const u32)
                 .ok()?;
-        let mut flags = FLAG_CREDS;
+        let mut flags = Flag::Creds.bit();
         if level == 0 && caps & (1 << CAP_SYS_BOOT) != 0 {
-            flags |= FLAG_CAP_SYS_BOOT;
+            flags |= Flag::CapSysBoot.bit();
         }
         Some((euid, flags))
     }
@@ -241,8 +239,8 @@ fn token(bucket: u32, now: u64, per_sec: u64, burst: u64) -> bool {
 }
 
 #[inline(always)]
-fn count_drop(slot: u32) {
-    if let Some(n) = DROPS.get_ptr_mut(slot) {
+fn count_drop(cause: DropCause) {
+    if let Some(n) = DROPS.get_ptr_mut(cause as u32) {
         unsafe { *n += 1 };
     }
 }
@@ -252,7 +250,7 @@ fn count_drop(slot: u32) {
 /// permission before the tracepoint); the end of a tool the agent asked to
 /// watch; in the node's PID namespace, its PID 1 or a task holding
 /// CAP_SYS_BOOT in the initial user namespace (root when the credentials
-/// could not be read), unless an exec just lent it (`FLAG_BORROWED`). A
+/// could not be read), unless an exec just lent it (`Flag::Borrowed`). A
 /// container's reboot(2) ends only its own PID namespace, capable or not.
 #[inline(always)]
 pub fn capable(ev: &RawEvent) -> bool {
@@ -262,11 +260,11 @@ pub fn capable(ev: &RawEvent) -> bool {
     {
         return true;
     }
-    ev.flags & FLAG_NODE_PIDNS != 0
-        && ev.flags & FLAG_BORROWED == 0
+    ev.flags & Flag::NodePidns.bit() != 0
+        && ev.flags & Flag::Borrowed.bit() == 0
         && (ev.ns_tgid == 1
-            || ev.flags & FLAG_CAP_SYS_BOOT != 0
-            || (ev.flags & FLAG_CREDS == 0 && ev.uid == 0))
+            || ev.flags & Flag::CapSysBoot.bit() != 0
+            || (ev.flags & Flag::Creds.bit() == 0 && ev.uid == 0))
 }
 
 /// Sends the record to its ring: a capable caller's always; the node's
@@ -275,18 +273,18 @@ pub fn capable(ev: &RawEvent) -> bool {
 pub fn emit(ev: &RawEvent) {
     if capable(ev) {
         if EVENTS_CAPABLE.output::<RawEvent>(ev, 0).is_err() {
-            count_drop(DROP_CAPABLE_FULL);
+            count_drop(DropCause::CapableFull);
         }
-    } else if ev.flags & FLAG_NODE_PIDNS != 0 {
+    } else if ev.flags & Flag::NodePidns.bit() != 0 {
         if !token(
             BUCKET_NODE,
             ev.boot_ns,
             global(&NODE_PER_SEC),
             global(&NODE_BURST),
         ) {
-            count_drop(DROP_NODE_RATE);
+            count_drop(DropCause::NodeRate);
         } else if EVENTS_NODE.output::<RawEvent>(ev, 0).is_err() {
-            count_drop(DROP_NODE_FULL);
+            count_drop(DropCause::NodeFull);
         }
     } else if !token(
         BUCKET_CONTAINER,
@@ -294,8 +292,8 @@ pub fn emit(ev: &RawEvent) {
         global(&CONTAINER_PER_SEC),
         global(&CONTAINER_BURST),
     ) {
-        count_drop(DROP_CONTAINER_RATE);
+        count_drop(DropCause::ContainerRate);
     } else if EVENTS_CONTAINER.output::<RawEvent>(ev, 0).is_err() {
-        count_drop(DROP_CONTAINER_FULL);
+        count_drop(DropCause::ContainerFull);
     }
 }

@@ -17,9 +17,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use lastgasp_common::{
-    tp::EXEC_FILENAME_LOC, RecordSource, ToolEnded, ToolExec, ARGS_LEN, EXE_NAME_LEN,
-    FLAG_ARGS_MISSING, FLAG_ARGS_TRUNCATED, FLAG_BORROWED, FLAG_EXEC_READ, FLAG_PATH_TRUNCATED,
-    PATH_LEN, TOOL_BUSYBOX, TOOL_NAME_LEN,
+    tp::EXEC_FILENAME_LOC, Flag, RecordSource, ToolEnded, ToolExec, ToolId, ARGS_LEN, EXE_NAME_LEN,
+    PATH_LEN, TOOL_NAME_LEN,
 };
 
 use crate::{
@@ -74,18 +73,17 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     let Some(&tool) = (unsafe { TOOLS.get(comm) }) else {
         return Ok(()); // not a shutdown tool
     };
-    let mut tool = tool;
 
     let ev = scratch().ok_or(-1)?;
     let mm = current_mm()?;
     let (args_len, args_flags) = read_args(ev, mm)?;
-    if tool == TOOL_BUSYBOX {
+    if tool == ToolId::Busybox as u32 {
         // `busybox reboot -f`: the applet is argv[1].
         let Some(key) = argv1_key(&ev.args, args_len as usize)? else {
             return Ok(()); // no applet to read
         };
         match unsafe { TOOLS.get(key) } {
-            Some(&t) if t != TOOL_BUSYBOX => tool = t,
+            Some(&t) if t != ToolId::Busybox as u32 => {}
             _ => return Ok(()), // not a shutdown applet
         }
     }
@@ -98,7 +96,7 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     let mut flags = args_flags;
     if len > PATH_LEN {
         off += len - PATH_LEN;
-        flags |= FLAG_PATH_TRUNCATED;
+        flags |= Flag::PathTruncated.bit();
     }
     let src = unsafe { (ctx.as_ptr() as *const u8).add(off) };
     unsafe { bpf_probe_read_kernel_buf(src, &mut ev.path)? };
@@ -109,13 +107,13 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     ev.args_len = args_len;
     let mut exe = [0u8; EXE_NAME_LEN];
     if let Some(secure) = read_exe(mm, &mut exe) {
-        ev.flags |= FLAG_EXEC_READ;
+        ev.flags |= Flag::ExecRead.bit();
         // Root had it all before; anyone else was lent it by this exec.
         if secure && ev.uid != 0 {
-            ev.flags |= FLAG_BORROWED;
+            ev.flags |= Flag::Borrowed.bit();
         }
     }
-    ev.set(&ToolExec { tool, exe });
+    ev.set(&ToolExec { exe });
     if capable(ev) {
         tool_end::watch(tgid);
     }
@@ -200,10 +198,10 @@ fn argv1_key(args: &[u8; ARGS_LEN], len: usize) -> Result<Option<[u8; TOOL_NAME_
 }
 
 /// Reads the new image's argv (NUL-separated) from `mm` into `ev.args`;
-/// returns its length and the `FLAG_ARGS_*` that apply.
+/// returns its length and the `Flag::Args*` that apply.
 fn read_args(ev: &mut lastgasp_common::RawEvent, mm: u64) -> Result<(u32, u32), i64> {
     if mm == 0 {
-        return Ok((0, FLAG_ARGS_MISSING));
+        return Ok((0, Flag::ArgsMissing.bit()));
     }
     let start: u64 =
         unsafe { bpf_probe_read_kernel((mm + global(&MM_ARG_START_OFF)) as *const u64)? };
@@ -212,7 +210,7 @@ fn read_args(ev: &mut lastgasp_common::RawEvent, mm: u64) -> Result<(u32, u32), 
     let mut flags = 0;
     if len > ARGS_LEN as u64 {
         len = ARGS_LEN as u64;
-        flags = FLAG_ARGS_TRUNCATED;
+        flags = Flag::ArgsTruncated.bit();
     }
     let rc = unsafe {
         generated::bpf_probe_read_user(
@@ -222,7 +220,7 @@ fn read_args(ev: &mut lastgasp_common::RawEvent, mm: u64) -> Result<(u32, u32), 
         )
     };
     if rc != 0 {
-        return Ok((0, FLAG_ARGS_MISSING));
+        return Ok((0, Flag::ArgsMissing.bit()));
     }
     Ok((len as u32, flags))
 }

@@ -6,9 +6,9 @@ use aya_ebpf::{
     programs::{FEntryContext, ProbeContext},
 };
 use lastgasp_common::{
-    KernelCall,
+    Flag, KernelCall,
     KernelFunction::{self, EmergencyRestart, Halt, PowerOff, Restart},
-    RecordSource, FLAG_FENTRY,
+    RecordSource,
 };
 
 use crate::event::{done, emit, new_event};
@@ -27,22 +27,22 @@ fn kernel_hook(function: KernelFunction, flags: u32) -> u32 {
 
 #[fentry(function = "kernel_power_off")]
 pub fn fentry_kernel_power_off(_ctx: FEntryContext) -> u32 {
-    kernel_hook(PowerOff, FLAG_FENTRY)
+    kernel_hook(PowerOff, Flag::Fentry.bit())
 }
 
 #[fentry(function = "kernel_restart")]
 pub fn fentry_kernel_restart(_ctx: FEntryContext) -> u32 {
-    kernel_hook(Restart, FLAG_FENTRY)
+    kernel_hook(Restart, Flag::Fentry.bit())
 }
 
 #[fentry(function = "kernel_halt")]
 pub fn fentry_kernel_halt(_ctx: FEntryContext) -> u32 {
-    kernel_hook(Halt, FLAG_FENTRY)
+    kernel_hook(Halt, Flag::Fentry.bit())
 }
 
 #[fentry(function = "emergency_restart")]
 pub fn fentry_emergency_restart(_ctx: FEntryContext) -> u32 {
-    kernel_hook(EmergencyRestart, FLAG_FENTRY)
+    kernel_hook(EmergencyRestart, Flag::Fentry.bit())
 }
 
 #[kprobe]

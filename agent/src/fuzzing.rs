@@ -36,10 +36,10 @@ pub fn exec_record(data: &[u8]) {
         return;
     };
     let mut raw = RawEvent::ZERO;
-    let (name, tool) = common::TOOLS[usize::from(*tool) % common::TOOLS.len()];
+    let (name, _) = common::TOOLS[usize::from(*tool) % common::TOOLS.len()];
     let mut exe = [0; common::EXE_NAME_LEN];
     exe[..name.len()].copy_from_slice(name.as_bytes());
-    raw.set(&common::ToolExec { tool, exe });
+    raw.set(&common::ToolExec { exe });
     raw.flags = u32::from(*flags);
     let (path, args) = rest.split_at(usize::from(*split).min(rest.len()));
     let path = &path[..path.len().min(common::PATH_LEN)];

@@ -123,12 +123,12 @@ pub struct KernelCall {
     pub function: Option<KernelFunction>,
 }
 
-/// `exec.rs`: the `TOOLS` id of the exec'd basename, and the file name of
-/// the binary really executed (`mm->exe_file`: behind every symlink; for a
-/// `#!` script, its interpreter), NUL-padded (all zero: not read).
+/// `exec.rs`: the file name of the binary really executed (`mm->exe_file`:
+/// behind every symlink; for a `#!` script, its interpreter), NUL-padded
+/// (all zero: not read). The tool is read from it, or from the exec'd path
+/// (the kernel's `TOOLS` lookup only chose to send the record).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ToolExec {
-    pub tool: u32,
     pub exe: [u8; EXE_NAME_LEN],
 }
 
@@ -148,69 +148,95 @@ pub struct ToolEnd {
     pub how: Option<ToolEnded>,
 }
 
-/// `RawEvent::flags`.
-/// The acting task is in the node's PID namespace (else: a child namespace).
-pub const FLAG_NODE_PIDNS: u32 = 1;
-/// argv was longer than `ARGS_LEN` and was cut.
-pub const FLAG_ARGS_TRUNCATED: u32 = 2;
-/// argv could not be read (no BTF offsets, or the read faulted).
-pub const FLAG_ARGS_MISSING: u32 = 4;
-/// The kernel hook fired from an fentry program (else a kprobe).
-pub const FLAG_FENTRY: u32 = 8;
-/// The exec'd path was longer than `PATH_LEN`: `path` holds its tail.
-pub const FLAG_PATH_TRUNCATED: u32 = 16;
-/// The task's credentials were read (`euid`, `FLAG_CAP_SYS_BOOT`).
-pub const FLAG_CREDS: u32 = 32;
-/// The task holds CAP_SYS_BOOT in its effective set, in the initial user
-/// namespace: its reboot(2) can work.
-pub const FLAG_CAP_SYS_BOOT: u32 = 64;
-/// An exec: the binary really executed and the kernel's AT_SECURE were read
-/// (without it, whose privilege the exec carries is unknown).
-pub const FLAG_EXEC_READ: u32 = 128;
-/// An exec that gave its caller privilege it did not have: AT_SECURE (a
-/// setuid or setgid binary, file capabilities, an LSM's transition) for a
-/// caller whose real uid is not root. Its credentials are borrowed.
-pub const FLAG_BORROWED: u32 = 256;
+/// `RawEvent::flags`: one bit each.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flag {
+    /// The acting task is in the node's PID namespace (else: a child namespace).
+    NodePidns = 1,
+    /// argv was longer than `ARGS_LEN` and was cut.
+    ArgsTruncated = 2,
+    /// argv could not be read (no BTF offsets, or the read faulted).
+    ArgsMissing = 4,
+    /// The kernel hook fired from an fentry program (else a kprobe).
+    Fentry = 8,
+    /// The exec'd path was longer than `PATH_LEN`: `path` holds its tail.
+    PathTruncated = 16,
+    /// The task's credentials were read (`euid`, `CapSysBoot`).
+    Creds = 32,
+    /// The task holds CAP_SYS_BOOT in its effective set, in the initial
+    /// user namespace: its reboot(2) can work.
+    CapSysBoot = 64,
+    /// An exec: the binary really executed and the kernel's AT_SECURE were
+    /// read (without it, whose privilege the exec carries is unknown).
+    ExecRead = 128,
+    /// An exec that gave its caller privilege it did not have: AT_SECURE
+    /// (a setuid or setgid binary, file capabilities, an LSM's transition)
+    /// for a caller whose real uid is not root. Its credentials are
+    /// borrowed.
+    Borrowed = 256,
+}
+
+impl Flag {
+    pub const fn bit(self) -> u32 {
+        self as u32
+    }
+
+    /// Whether `flags` has this one.
+    pub const fn is_in(self, flags: u32) -> bool {
+        flags & self as u32 != 0
+    }
+}
 
 /// `DROPS` map slots: records lost, by scope and why. "Capable": the node's
 /// records from callers that can shut it down (see `emit`); "node": the
 /// node's others; "container": a child PID namespace's.
-pub const DROP_NODE_FULL: u32 = 0;
-pub const DROP_CONTAINER_FULL: u32 = 1;
-pub const DROP_CONTAINER_RATE: u32 = 2;
-pub const DROP_NODE_RATE: u32 = 3;
-pub const DROP_CAPABLE_FULL: u32 = 4;
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropCause {
+    NodeFull = 0,
+    ContainerFull = 1,
+    ContainerRate = 2,
+    NodeRate = 3,
+    CapableFull = 4,
+}
+
+/// How many `DropCause`s there are (the `DROPS` map's size).
 pub const DROP_SLOTS: u32 = 5;
 
 /// CAP_SYS_BOOT's bit in a capability set.
 pub const CAP_SYS_BOOT: u64 = 22;
 
 /// `TOOLS` map values: which shutdown tool a basename names.
-pub const TOOL_SYSTEMCTL: u32 = 1;
-pub const TOOL_SHUTDOWN: u32 = 2;
-pub const TOOL_REBOOT: u32 = 3;
-pub const TOOL_POWEROFF: u32 = 4;
-pub const TOOL_HALT: u32 = 5;
-pub const TOOL_INIT: u32 = 6;
-pub const TOOL_TELINIT: u32 = 7;
-pub const TOOL_KEXEC: u32 = 8;
-pub const TOOL_SYSTEMD_SHUTDOWN: u32 = 9;
-/// busybox: the applet is argv[1] (or argv[0] through a symlink).
-pub const TOOL_BUSYBOX: u32 = 100;
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolId {
+    Systemctl = 1,
+    Shutdown = 2,
+    Reboot = 3,
+    Poweroff = 4,
+    Halt = 5,
+    Init = 6,
+    Telinit = 7,
+    Kexec = 8,
+    SystemdShutdown = 9,
+    /// busybox: the applet is argv[1] (or argv[0] through a symlink).
+    Busybox = 100,
+}
 
 /// The basenames the exec hook matches, and their ids: the one list that
 /// fills the kernel's `TOOLS` map and that the decoder reads.
-pub const TOOLS: &[(&str, u32)] = &[
-    ("systemctl", TOOL_SYSTEMCTL),
-    ("shutdown", TOOL_SHUTDOWN),
-    ("reboot", TOOL_REBOOT),
-    ("poweroff", TOOL_POWEROFF),
-    ("halt", TOOL_HALT),
-    ("init", TOOL_INIT),
-    ("telinit", TOOL_TELINIT),
-    ("kexec", TOOL_KEXEC),
-    ("systemd-shutdown", TOOL_SYSTEMD_SHUTDOWN),
-    ("busybox", TOOL_BUSYBOX),
+pub const TOOLS: &[(&str, ToolId)] = &[
+    ("systemctl", ToolId::Systemctl),
+    ("shutdown", ToolId::Shutdown),
+    ("reboot", ToolId::Reboot),
+    ("poweroff", ToolId::Poweroff),
+    ("halt", ToolId::Halt),
+    ("init", ToolId::Init),
+    ("telinit", ToolId::Telinit),
+    ("kexec", ToolId::Kexec),
+    ("systemd-shutdown", ToolId::SystemdShutdown),
+    ("busybox", ToolId::Busybox),
 ];
 
 /// Kernel signal numbers (SIGRTMIN is 32 in the kernel; glibc's SIGRTMIN, which
@@ -420,17 +446,14 @@ impl Payload for ToolExec {
             w.copy_from_slice(&self.exe[i * 8..i * 8 + 8]);
             u64::from_le_bytes(w)
         };
-        [self.tool as u64, word(0), word(1), word(2)]
+        [word(0), word(1), word(2), 0]
     }
     fn unpack(p: &[u64; 4]) -> Self {
         let mut exe = [0u8; EXE_NAME_LEN];
         for i in 0..3 {
-            exe[i * 8..i * 8 + 8].copy_from_slice(&p[i + 1].to_le_bytes());
+            exe[i * 8..i * 8 + 8].copy_from_slice(&p[i].to_le_bytes());
         }
-        ToolExec {
-            tool: p[0] as u32,
-            exe,
-        }
+        ToolExec { exe }
     }
 }
 

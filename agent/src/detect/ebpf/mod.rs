@@ -172,7 +172,7 @@ impl EbpfDetector {
         let mut tools: HashMap<_, [u8; common::TOOL_NAME_LEN], u32> =
             HashMap::try_from(bpf.map_mut("TOOLS").context("no TOOLS map")?)?;
         for (name, id) in common::TOOLS {
-            tools.insert(common::tool_key(name.as_bytes()), id, 0)?;
+            tools.insert(common::tool_key(name.as_bytes()), *id as u32, 0)?;
         }
         attach_hooks(
             &mut bpf,
@@ -228,11 +228,11 @@ impl EbpfDetector {
     pub fn drops_by_cause(&self) -> Drops {
         let slot = |i: u32| -> u64 { self.drops.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0) };
         Drops {
-            capable_full: slot(common::DROP_CAPABLE_FULL),
-            node_full: slot(common::DROP_NODE_FULL),
-            node_rate_limited: slot(common::DROP_NODE_RATE),
-            container_full: slot(common::DROP_CONTAINER_FULL),
-            container_rate_limited: slot(common::DROP_CONTAINER_RATE),
+            capable_full: slot(common::DropCause::CapableFull as u32),
+            node_full: slot(common::DropCause::NodeFull as u32),
+            node_rate_limited: slot(common::DropCause::NodeRate as u32),
+            container_full: slot(common::DropCause::ContainerFull as u32),
+            container_rate_limited: slot(common::DropCause::ContainerRate as u32),
             hook_errors: RecordSource::ALL.map(|s| {
                 self.errors
                     .get(&(s as u32), 0)

@@ -32,7 +32,7 @@ fn record(r: &KernelRecord) -> Decoded {
         Some(KernelFunction::EmergencyRestart) => ("emergency_restart", Kind::Reboot),
         None => ("unknown", Kind::Unknown),
     };
-    let via = if r.raw.flags & common::FLAG_FENTRY != 0 {
+    let via = if r.raw.flags & common::Flag::Fentry.bit() != 0 {
         "fentry"
     } else {
         "kprobe"
@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn kernel_hook_records_are_forced_node_shutdowns() {
-        let mut r = raw(RecordSource::Kernel as u32, common::FLAG_FENTRY);
+        let mut r = raw(RecordSource::Kernel as u32, common::Flag::Fentry.bit());
         r.set(&KernelCall {
             function: Some(KernelFunction::PowerOff),
         });

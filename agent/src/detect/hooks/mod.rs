@@ -197,8 +197,8 @@ impl Intent {
 /// Turns one kernel record into a signal. Pure: `now` is (wall, boottime ns).
 pub fn decode(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
     let at = now.0 - Duration::from_nanos(now.1.saturating_sub(raw.boot_ns));
-    let in_node = raw.flags & common::FLAG_NODE_PIDNS != 0;
-    let creds = raw.flags & common::FLAG_CREDS != 0;
+    let in_node = raw.flags & common::Flag::NodePidns.bit() != 0;
+    let creds = raw.flags & common::Flag::Creds.bit() != 0;
     let exec = raw.source == RecordSource::Exec as u32;
     let actor = Actor {
         pid: raw.tgid,
@@ -206,9 +206,9 @@ pub fn decode(raw: &RawEvent, now: (SystemTime, u64)) -> ShutdownSignal {
         comm: cstr(&raw.comm),
         uid: raw.uid,
         euid: creds.then_some(raw.euid),
-        cap_sys_boot: creds.then_some(raw.flags & common::FLAG_CAP_SYS_BOOT != 0),
-        borrowed: (exec && raw.flags & common::FLAG_EXEC_READ != 0)
-            .then_some(raw.flags & common::FLAG_BORROWED != 0),
+        cap_sys_boot: creds.then_some(raw.flags & common::Flag::CapSysBoot.bit() != 0),
+        borrowed: (exec && raw.flags & common::Flag::ExecRead.bit() != 0)
+            .then_some(raw.flags & common::Flag::Borrowed.bit() != 0),
         cgroup_id: raw.cgroup_id,
         parents: if raw.ppid != 0 {
             vec![Parent {

@@ -88,7 +88,7 @@ pub(super) mod tests {
         super::{decode, expect::*},
         *,
     };
-    use lastgasp_common::FLAG_NODE_PIDNS;
+    use lastgasp_common::Flag;
 
     use crate::signal::Scope;
 
@@ -155,7 +155,7 @@ pub(super) mod tests {
 
     #[test]
     fn init_of_the_node_finishing_a_shutdown_is_not_forced() {
-        let mut r = raw(RecordSource::Reboot as u32, FLAG_NODE_PIDNS);
+        let mut r = raw(RecordSource::Reboot as u32, Flag::NodePidns.bit());
         r.ns_tgid = 1;
         r.set(&POWEROFF);
         let s = decode(&r, now());

@@ -54,7 +54,7 @@ fn errno_text(ret: i64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use lastgasp_common::{RebootCall, FLAG_NODE_PIDNS};
+    use lastgasp_common::{Flag, RebootCall};
 
     use super::{
         super::{decode, expect::*, reboot::tests::POWEROFF},
@@ -64,7 +64,7 @@ mod tests {
 
     #[test]
     fn a_shutdown_call_that_returned_has_failed() {
-        let mut r = raw(RecordSource::RebootExit as u32, FLAG_NODE_PIDNS);
+        let mut r = raw(RecordSource::RebootExit as u32, Flag::NodePidns.bit());
         r.set(&RebootReturn(RebootCall {
             ret: -1,
             ..POWEROFF

@@ -77,7 +77,7 @@ fn how_name(how: Option<ToolEnded>) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use lastgasp_common::FLAG_NODE_PIDNS;
+    use lastgasp_common::Flag;
 
     use super::{
         super::{decode, expect::*},
@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn a_watched_tool_that_ends_has_failed() {
-        let mut r = raw(RecordSource::ToolEnd as u32, FLAG_NODE_PIDNS);
+        let mut r = raw(RecordSource::ToolEnd as u32, Flag::NodePidns.bit());
         r.set(&ToolEnd {
             how: Some(ToolEnded::Exited),
         });

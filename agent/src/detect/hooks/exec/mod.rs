@@ -35,13 +35,13 @@ fn record(r: &KernelRecord) -> Decoded {
     let path = &raw.path[..path_len];
     let path = &path[..path.iter().position(|&b| b == 0).unwrap_or(path.len())];
     let args = &raw.args[..(raw.args_len as usize).min(common::ARGS_LEN)];
-    let truncated = raw.flags & common::FLAG_ARGS_TRUNCATED != 0;
+    let truncated = raw.flags & common::Flag::ArgsTruncated.bit() != 0;
     let argv = split_argv(args);
     let common::ToolExec { exe, .. } = raw.payload().unwrap_or_default();
-    let binary = (raw.flags & common::FLAG_EXEC_READ != 0)
+    let binary = (raw.flags & common::Flag::ExecRead.bit() != 0)
         .then(|| &exe[..exe.iter().position(|&b| b == 0).unwrap_or(exe.len())]);
     let mut intent = decode_exec(path, binary, &argv, truncated, r.at);
-    if raw.flags & common::FLAG_ARGS_MISSING != 0
+    if raw.flags & common::Flag::ArgsMissing.bit() != 0
         && tool_named(binary.unwrap_or(basename(path))).is_some()
     {
         // The tool is known, its arguments not: assume the worst.
@@ -52,7 +52,7 @@ fn record(r: &KernelRecord) -> Decoded {
         };
     }
     let mut path_s = String::from_utf8_lossy(path).into_owned();
-    if raw.flags & common::FLAG_PATH_TRUNCATED != 0 {
+    if raw.flags & common::Flag::PathTruncated.bit() != 0 {
         path_s.insert_str(0, "...");
     }
     Decoded {

@@ -821,7 +821,7 @@ fn exec_without_argv_is_unknown_but_kept() {
     use crate::signal::{Detail, Scope};
     let mut r = expect::raw(
         common::RecordSource::Exec as u32,
-        common::FLAG_NODE_PIDNS | common::FLAG_ARGS_MISSING,
+        common::Flag::NodePidns.bit() | common::Flag::ArgsMissing.bit(),
     );
     r.path[..13].copy_from_slice(b"/sbin/reboot\0");
     r.path_len = 13;

@@ -3,7 +3,7 @@
 //! too. systemctl's here; the System V style tools' in `sysv`.
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use lastgasp_common as common;
+use lastgasp_common::{self as common, ToolId};
 
 use super::{
     getopt::{tokenize, Spec, Tok, Val},
@@ -31,17 +31,16 @@ pub(super) enum Tool {
 
 pub(super) fn tool_named(name: &[u8]) -> Option<Tool> {
     let (_, id) = common::TOOLS.iter().find(|(n, _)| n.as_bytes() == name)?;
-    Some(match *id {
-        common::TOOL_SYSTEMCTL => Tool::Systemctl,
-        common::TOOL_SHUTDOWN => Tool::Shutdown,
-        common::TOOL_REBOOT => Tool::Halt(Kind::Reboot),
-        common::TOOL_POWEROFF => Tool::Halt(Kind::Poweroff),
-        common::TOOL_HALT => Tool::Halt(Kind::Halt),
-        common::TOOL_BUSYBOX => Tool::Busybox,
-        common::TOOL_INIT | common::TOOL_TELINIT => Tool::Telinit,
-        common::TOOL_KEXEC => Tool::Kexec,
-        common::TOOL_SYSTEMD_SHUTDOWN => Tool::SystemdShutdown,
-        _ => return None,
+    Some(match id {
+        ToolId::Systemctl => Tool::Systemctl,
+        ToolId::Shutdown => Tool::Shutdown,
+        ToolId::Reboot => Tool::Halt(Kind::Reboot),
+        ToolId::Poweroff => Tool::Halt(Kind::Poweroff),
+        ToolId::Halt => Tool::Halt(Kind::Halt),
+        ToolId::Busybox => Tool::Busybox,
+        ToolId::Init | ToolId::Telinit => Tool::Telinit,
+        ToolId::Kexec => Tool::Kexec,
+        ToolId::SystemdShutdown => Tool::SystemdShutdown,
     })
 }
 
