@@ -18,7 +18,7 @@ use tokio::sync::{watch, Mutex};
 
 use crate::{
     bus::delay_lock::DelayLockHandle,
-    decide::{Action, Decision, Episode, HostAnswer, HostQuery},
+    decide::{Action, BeforeCluster, Decision, Episode, HostAnswer, HostQuery},
     record::{Closing, EpisodeKey, ShutdownRecord},
     signal::{Detail, ShutdownSignal, Source},
 };
@@ -241,8 +241,8 @@ impl Actuator {
         if self.link.coming.is_none() {
             return false;
         }
-        match (&d.action, s) {
-            (Action::Graceful { .. } | Action::Warn { .. }, Some(s)) => {
+        match (d.action.before_cluster(), s) {
+            (BeforeCluster::Held, Some(s)) => {
                 // Held until the cluster joins (logind's delay lock stays
                 // taken, up to its own limit).
                 tracing::warn!(episode = id, action = %d.action, "the API server has not answered yet: the action waits for it");
@@ -250,18 +250,10 @@ impl Actuator {
                 return true;
             }
             // The last gasp waits for it within its own bound.
-            (Action::Immediate { .. } | Action::LastWord, Some(s)) => {
+            (BeforeCluster::Bounded, Some(s)) => {
                 self.link.unsent = Some((s.clone(), d.action.clone(), id));
             }
-            (
-                Action::Cancel
-                | Action::Abandon { .. }
-                | Action::Expire { .. }
-                | Action::Fail { .. },
-                _,
-            ) => {
-                self.link.unsent = None;
-            }
+            (BeforeCluster::Clears, _) => self.link.unsent = None,
             _ => {}
         }
         false

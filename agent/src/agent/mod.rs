@@ -259,9 +259,8 @@ impl Agent {
         s: &ShutdownSignal,
         d: &Decision,
     ) -> Option<tokio::task::JoinHandle<Result<()>>> {
-        let beside = matches!(d.action, Action::Immediate { .. } | Action::LastWord)
-            && self.act.in_cluster();
-        let durability = if acts(&d.action) && !beside {
+        let beside = d.action.leaves_no_time() && self.act.in_cluster();
+        let durability = if d.action.moves() && !beside {
             Durability::Now
         } else {
             Durability::Batched
@@ -513,13 +512,4 @@ fn report_drops(det: &EbpfDetector, before: Drops, metrics: &Metrics) -> Drops {
         metrics.set_ringbuf_drops(&now.by_label());
     }
     now
-}
-
-/// PID 1 has become systemd-shutdown: the signal its hook will send.
-/// Whether a decision moves anything (its record must be durable first).
-fn acts(a: &Action) -> bool {
-    !matches!(
-        a,
-        Action::AuditOnly { .. } | Action::Pending { .. } | Action::Join
-    )
 }

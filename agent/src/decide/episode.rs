@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 pub use lastgasp_common::wire::episode::{
-    Action, Authority, Decision, Episode, ShutdownPath, TimelineEntry, MAX_TIMELINE,
+    Action, Authority, BeforeCluster, Decision, Episode, ShutdownPath, TimelineEntry, MAX_TIMELINE,
 };
 
 /// `t + d`, or the latest time a log can write when that is past it

@@ -32,8 +32,8 @@ use claims::{
     authority, authority_name, can_reboot, cannot_happen, confirms_as_host, summary, who,
 };
 pub use episode::{
-    plus, Action, Authority, Decision, DecisionPolicy, Episode, ShutdownPath, Tick, TimelineEntry,
-    MAX_TIMELINE,
+    plus, Action, Authority, BeforeCluster, Decision, DecisionPolicy, Episode, ShutdownPath, Tick,
+    TimelineEntry, MAX_TIMELINE,
 };
 use proof::prove;
 pub use proof::{proof_of, Death, Proof};

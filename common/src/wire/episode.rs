@@ -103,6 +103,60 @@ impl Action {
     }
 }
 
+/// What an action does while the cluster has not joined yet (the agent
+/// started without the API server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeforeCluster {
+    /// Waits for it whole (logind's delay lock holds the shutdown).
+    Held,
+    /// Waits for it within the last gasp's own bound.
+    Bounded,
+    /// Ends the episode: nothing held is sent any more.
+    Clears,
+    /// Needs nothing of it now.
+    Nothing,
+}
+
+impl Action {
+    /// Whether it moves anything (the node, the cluster, the lock): its
+    /// audit line is durable before it acts.
+    pub fn moves(&self) -> bool {
+        match self {
+            Action::AuditOnly { .. } | Action::Pending { .. } | Action::Join => false,
+            Action::Warn { .. }
+            | Action::Graceful { .. }
+            | Action::Immediate { .. }
+            | Action::LastWord
+            | Action::Cancel
+            | Action::Fail { .. }
+            | Action::Withdraw { .. }
+            | Action::Abandon { .. }
+            | Action::Expire { .. } => true,
+        }
+    }
+
+    /// The last gasp: no time to wait for the disk, its patches leave while
+    /// its audit line syncs (with a cluster to send them to).
+    pub fn leaves_no_time(&self) -> bool {
+        matches!(self, Action::Immediate { .. } | Action::LastWord)
+    }
+
+    pub fn before_cluster(&self) -> BeforeCluster {
+        match self {
+            Action::Graceful { .. } | Action::Warn { .. } => BeforeCluster::Held,
+            Action::Immediate { .. } | Action::LastWord => BeforeCluster::Bounded,
+            Action::Cancel
+            | Action::Abandon { .. }
+            | Action::Expire { .. }
+            | Action::Fail { .. } => BeforeCluster::Clears,
+            Action::AuditOnly { .. }
+            | Action::Pending { .. }
+            | Action::Withdraw { .. }
+            | Action::Join => BeforeCluster::Nothing,
+        }
+    }
+}
+
 /// As the audit writes it: `{"action":"audit-only","why":"..."}`.
 impl std::fmt::Display for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -260,6 +314,19 @@ mod tests {
             let v = serde_json::to_value(&a).unwrap();
             assert_eq!(v["action"], a.name(), "{a}");
             assert_eq!(v.get("why").and_then(|w| w.as_str()), a.why(), "{a}");
+            // Only what moves nothing waits for the disk's batch; only the
+            // last gasp leaves beside its sync; what is held before the
+            // cluster joins is what moves the Node.
+            let quiet = matches!(a.name(), "audit-only" | "pending" | "join");
+            assert_eq!(a.moves(), !quiet, "{a}");
+            assert_eq!(
+                a.leaves_no_time(),
+                matches!(a.name(), "immediate" | "last-word"),
+                "{a}"
+            );
+            if a.before_cluster() != BeforeCluster::Nothing {
+                assert!(a.moves(), "{a}");
+            }
         }
     }
 }
