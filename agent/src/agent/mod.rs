@@ -178,7 +178,10 @@ impl Agent {
         // cgroup tree for a process already gone is slow on a big node: not
         // for records that leave no time.
         let hurry = s.leaves_no_time();
-        if let Some(a) = s.actor.as_mut() {
+        // A call's return: its entry line has the caller's /proc already,
+        // and the next record should not queue behind a second read.
+        let returned = s.is_return();
+        if let Some(a) = s.actor.as_mut().filter(|_| !returned) {
             actor::enrich_with(a, !hurry);
         }
         let enriched = t.elapsed();

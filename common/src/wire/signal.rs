@@ -271,6 +271,12 @@ impl ShutdownSignal {
             || self.is_pid1_shutdown()
     }
 
+    /// A reboot(2) that returned: its entry record already said who called
+    /// (the enrichment from /proc is not read again for it).
+    pub fn is_return(&self) -> bool {
+        matches!(self.detail, Detail::Reboot { ret: Some(_), .. })
+    }
+
     /// PID 1 exec'ing systemd-shutdown: the end of an orderly shutdown,
     /// services already stopped.
     pub fn is_pid1_shutdown(&self) -> bool {
@@ -303,5 +309,21 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(&e).unwrap()["effect"], e.name());
         }
+    }
+
+    #[test]
+    fn only_a_reboot_that_returned_is_a_return() {
+        let call = |ret| Detail::Reboot {
+            magic1: 0xfee1_dead,
+            magic2: 672_274_793,
+            cmd: 0x4321_fedc,
+            valid_magic: true,
+            ret,
+        };
+        let mut s = ShutdownSignal::of(Source::RebootSyscall, Kind::Poweroff);
+        s.detail = call(None);
+        assert!(!s.is_return());
+        s.detail = call(Some(-1));
+        assert!(s.is_return());
     }
 }
