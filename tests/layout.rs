@@ -34,10 +34,29 @@ fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
     out
 }
 
-/// The text before the first `#[cfg(test)]` (test modules come last).
+/// The code before the file's test module: the first `#[cfg(test)]` that
+/// opens a `mod NAME {` (test modules come last). A `#[cfg(test)] mod
+/// tests;` line or a test-only helper above it is read as code.
+fn before_tests(text: &str) -> &str {
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let rest = &text[at + line.len()..];
+        let next = rest.lines().next().unwrap_or("").trim_start();
+        let opens = next
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ");
+        if line.trim() == "#[cfg(test)]" && opens.starts_with("mod ") && opens.ends_with('{') {
+            return &text[..at];
+        }
+        at += line.len();
+    }
+    text
+}
+
+/// The code before the test module, comments dropped.
 fn non_test(text: &str) -> String {
-    let text = text.split("#[cfg(test)]").next().unwrap_or(text);
-    text.lines()
+    before_tests(text)
+        .lines()
         .map(|l| l.split("//").next().unwrap_or(""))
         .collect::<Vec<_>>()
         .join("\n")
@@ -285,8 +304,7 @@ fn no_shipped_file_is_over_600_lines() {
                 continue;
             }
             let text = std::fs::read_to_string(&file).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or(&text);
-            let n = code.lines().count();
+            let n = before_tests(&text).lines().count();
             seen += 1;
             if n > MAX_LINES {
                 long.push(format!("{} ({n} lines)", file.display()));
@@ -376,14 +394,7 @@ fn the_documented_walk_is_the_call_path() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let read =
         |f: &str| std::fs::read_to_string(root.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
-    // The code before an inline test module (`mod tests;` lines stay).
-    let code = |f: &str| {
-        let text = read(f);
-        text.split("#[cfg(test)]\nmod tests {")
-            .next()
-            .unwrap_or("")
-            .to_string()
-    };
+    let code = |f: &str| before_tests(&read(f)).to_string();
     let mut wrong = Vec::new();
     for (i, (file, func, caller)) in WALK.iter().enumerate() {
         let text = code(file);
@@ -458,4 +469,9 @@ fn the_reader_expands_use_trees_and_relative_paths() {
             .map(|(from, to)| (from.to_string(), BTreeSet::from([to.to_string()])))
             .collect();
     assert_eq!(cycles(&edges), ["a -> b -> c -> a"]);
+    let text = "use a;\n#[cfg(test)]\nmod tests;\nfn f() {}\n#[cfg(test)]\nmod tests {\n}\n";
+    assert_eq!(
+        before_tests(text),
+        "use a;\n#[cfg(test)]\nmod tests;\nfn f() {}\n"
+    );
 }
