@@ -89,8 +89,7 @@ fn written() -> Vec<(String, String)> {
             outcome: Outcome::LastGaspDelivered { ms: 41.5 },
         },
     ));
-    let json = |v: &dyn erased::Ser| v.json();
-    let audit: Vec<String> = audit.iter().map(|r| json(r)).collect();
+    let audit: Vec<String> = audit.iter().map(json).collect();
     let stdout = StdoutLine {
         signal: std::borrow::Cow::Borrowed(&signals[1]),
         decision: std::borrow::Cow::Borrowed(&decisions[1].action),
@@ -111,16 +110,8 @@ fn written() -> Vec<(String, String)> {
     ]
 }
 
-/// One JSON text for each writer's type.
-mod erased {
-    pub(super) trait Ser {
-        fn json(&self) -> String;
-    }
-    impl<T: serde::Serialize> Ser for T {
-        fn json(&self) -> String {
-            serde_json::to_string(self).expect("plain data")
-        }
-    }
+fn json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).expect("plain data")
 }
 
 #[test]

@@ -212,7 +212,7 @@ impl DelayLock {
 
     /// Takes a new lock, then drops the old one (never a moment without).
     pub async fn take(&mut self, host: &impl Inhibitor) {
-        match host.inhibit_shutdown(WHO, WHY).await {
+        match take_lock(host).await {
             Ok(fd) => self.taken(fd),
             Err(e) => {
                 tracing::error!(error = %e, "logind: cannot take a delay lock");
