@@ -10,11 +10,11 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::ResourceExt;
+use lastgasp_common::names::{DRAINED, DRAIN_IN_PROGRESS};
 use serde::{Deserialize, Serialize};
 
-use super::{rule, FENCED_BOOT_ANNOTATION};
+use super::{metrics::EntryLabels, rule, FENCED_BOOT_ANNOTATION};
 use crate::{
-    act::kube::{DRAINED, DRAIN_IN_PROGRESS},
     decide::{Proof, ShutdownPath, TimelineEntry},
     record::{self, ActorSummary, Closed, Closing, DrainNote, ShutdownRecord},
     signal::Kind,
@@ -49,13 +49,24 @@ pub enum Ending {
 impl Spec {
     /// What an entry is counted by (labels, metrics, the summary): kind,
     /// path, ending and graceful, as the object spells them.
-    pub fn facets(&self) -> [(&'static str, String); 4] {
+    pub fn labels(&self) -> EntryLabels {
         let word = |v: serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        EntryLabels {
+            kind: word(serde_json::json!(self.kind)),
+            path: word(serde_json::json!(self.path)),
+            ending: word(serde_json::json!(self.ending)),
+            graceful: self.graceful.to_string(),
+        }
+    }
+
+    /// The same, as (name, value) pairs in that order.
+    pub fn facets(&self) -> [(&'static str, String); 4] {
+        let l = self.labels();
         [
-            ("kind", word(serde_json::json!(self.kind))),
-            ("path", word(serde_json::json!(self.path))),
-            ("ending", word(serde_json::json!(self.ending))),
-            ("graceful", self.graceful.to_string()),
+            ("kind", l.kind),
+            ("path", l.path),
+            ("ending", l.ending),
+            ("graceful", l.graceful),
         ]
     }
 }

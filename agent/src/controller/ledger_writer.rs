@@ -23,7 +23,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::metrics::{ControllerMetrics, EntryLabels};
+use super::metrics::ControllerMetrics;
 
 use super::ledger::{self, merge, Spec, GROUP, KIND, PLURAL, VERSION};
 
@@ -160,15 +160,7 @@ impl Writer {
                     Err(e) => tracing::warn!(error = format!("{e:#}"), "ledger retention"),
                 }
             }
-            metrics.set_ledger_entries(self.held.values().map(|s| {
-                let [kind, path, ending, graceful] = s.facets().map(|(_, v)| v);
-                EntryLabels {
-                    kind,
-                    path,
-                    ending,
-                    graceful,
-                }
-            }));
+            metrics.set_ledger_entries(self.held.values().map(Spec::labels));
         }
     }
 
