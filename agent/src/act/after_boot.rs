@@ -11,10 +11,10 @@ use tokio::task::JoinHandle;
 use super::{
     audit::{self, AuditRecord, Entry, Outcome},
     report::{self, BootEnd, BootReport},
-    unwind, Actuator, Cluster,
+    unwind, Cluster, Hands,
 };
 use crate::{
-    decide::Episode,
+    decide::{Episode, HostQuery},
     record::{ShutdownRecord, UnannouncedEnd},
 };
 
@@ -38,145 +38,134 @@ pub(super) struct PreviousBoot {
     pstore: Vec<(String, String)>,
 }
 
-impl Actuator {
-    /// Reported as an Event (and a log line), with whatever did not reach
-    /// the cluster then; then the agent's own taint and condition are
-    /// cleared once the node is Ready.
-    pub async fn after_boot(&mut self, boot_id: &str) -> Result<Option<AfterBoot>> {
-        let contents = {
-            let mut audit = self.hands.audit.lock().await;
-            let path = audit.path().to_path_buf();
-            audit.agent_start()?;
-            audit::read(&path)?
+/// The previous boot as the audit log tells it (logged, and its end counted
+/// unless the cluster half will settle it): `None` when there is none.
+pub(super) async fn previous_boot(
+    hands: &Hands,
+    boot_id: &str,
+    cluster_mode: bool,
+) -> Result<Option<PreviousBoot>> {
+    let contents = {
+        let mut audit = hands.audit.lock().await;
+        let path = audit.path().to_path_buf();
+        audit.agent_start()?;
+        audit::read(&path)?
+    };
+    let prev = report::previous_boot(&contents.records, boot_id).map(str::to_string);
+    let ends: BTreeSet<&str> = contents
+        .records
+        .iter()
+        .map(|r| r.boot_id.as_str())
+        .collect();
+    for end in ends {
+        // The previous boot is counted once the Node has been read.
+        let later = cluster_mode && Some(end) == prev.as_deref();
+        if end != boot_id && !later {
+            let r = report::classify(&contents.records, end);
+            hands.metrics.count_boot_end(r.end.as_str());
+        }
+    }
+    let Some(prev) = prev else {
+        return Ok(None);
+    };
+    let r = report::classify(&contents.records, &prev);
+    let pstore = report::pstore(Path::new("/sys/fs/pstore"), 3);
+    let note = previous_boot_note(&r, &pstore);
+    tracing::info!(
+        boot = prev,
+        end = r.end.as_str(),
+        undelivered = r.undelivered,
+        "{note}"
+    );
+    Ok(Some(PreviousBoot {
+        prev,
+        current: boot_id.to_string(),
+        report: r,
+        records: contents.records,
+        pstore,
+    }))
+}
+
+impl PreviousBoot {
+    pub(super) fn report(&self) -> &BootReport {
+        &self.report
+    }
+}
+
+/// No earlier boot in the audit (the agent's first on this node, its log
+/// lost): a record of this boot that an earlier start of the agent left open
+/// is still closed, beside the loop.
+pub(super) fn close_own_orphan(c: Arc<Cluster>, hands: &Hands, host: &HostQuery) {
+    let (host, boot_id) = (host.clone(), hands.boot_id.clone());
+    tokio::spawn(async move {
+        match c.node.record().await {
+            Ok(Some(rec)) if rec.boot_id == boot_id && rec.closed.is_none() => {
+                unwind::close_orphan(&c, &host, rec).await;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = format!("{e:#}"),
+                "reading the Node's shutdown record"
+            ),
+        }
+    });
+}
+
+/// The cluster half of the previous boot's report, beside the loop: with the
+/// API server slow its retries (seconds) must not delay the audit of the
+/// next shutdown.
+pub(super) fn deliver(
+    c: Arc<Cluster>,
+    hands: &Hands,
+    host: &HostQuery,
+    mut p: PreviousBoot,
+) -> JoinHandle<BootReport> {
+    let (hands, host) = (hands.clone(), host.clone());
+    tokio::spawn(async move {
+        let (report, found) = settle_with_node(&c, &hands, &host, &mut p).await;
+        hands.metrics.count_boot_end(report.end.as_str());
+        let mut note = previous_boot_note(&report, &p.pstore);
+        if found {
+            note.push_str(
+                "; the audit log lacked it: found on the Node (the cluster had it before the boot ended)",
+            );
+        }
+        // The pod's log says it too (`kubectl logs`, and the VM runner).
+        tracing::info!(boot = p.prev, end = report.end.as_str(), "{note}");
+        let type_ = if report.end == BootEnd::Graceful {
+            EventType::Normal
+        } else {
+            EventType::Warning
         };
-        let prev = report::previous_boot(&contents.records, boot_id).map(str::to_string);
-        let cluster_mode = self.link.cluster.is_some() || self.link.coming.is_some();
-        let ends: BTreeSet<&str> = contents
-            .records
-            .iter()
-            .map(|r| r.boot_id.as_str())
-            .collect();
-        for end in ends {
-            // The previous boot is counted once the Node has been read.
-            let later = cluster_mode && Some(end) == prev.as_deref();
-            if end != boot_id && !later {
-                let r = report::classify(&contents.records, end);
-                self.hands.metrics.count_boot_end(r.end.as_str());
+        if let Err(e) = c.node.event(type_, "PreviousBoot", note).await {
+            tracing::warn!(error = format!("{e:#}"), "previous-boot event");
+        }
+        if let (true, Some(ep)) = (report.undelivered, &report.episode) {
+            deliver_late(&c, &hands, &p, ep).await;
+        }
+        if report.end == BootEnd::Unannounced {
+            let end = UnannouncedEnd {
+                boot_id: p.prev.clone(),
+                last_seen: p
+                    .records
+                    .iter()
+                    .filter(|r| r.boot_id == p.prev)
+                    .map(|r| r.written_at)
+                    .max(),
+                reported_at: SystemTime::now(),
+            };
+            if let Err(e) = c.node.set_unannounced(&end).await {
+                tracing::warn!(error = format!("{e:#}"), "reporting the unannounced end");
             }
         }
-        let Some(prev) = prev else {
-            self.close_own_orphan();
-            return Ok(None);
-        };
-        let r = report::classify(&contents.records, &prev);
-        let pstore = report::pstore(Path::new("/sys/fs/pstore"), 3);
-        let note = previous_boot_note(&r, &pstore);
-        tracing::info!(
-            boot = prev,
-            end = r.end.as_str(),
-            undelivered = r.undelivered,
-            "{note}"
-        );
-        let previous = PreviousBoot {
-            prev,
-            current: boot_id.to_string(),
-            report: r.clone(),
-            records: contents.records,
-            pstore,
-        };
-        let delivery = match self.link.cluster.clone() {
-            Some(c) => Some(self.deliver_previous_boot(c, previous)),
-            None => {
-                if self.link.coming.is_some() {
-                    self.link.previous_boot = Some(previous);
-                }
-                None
-            }
-        };
-        Ok(Some(AfterBoot {
-            report: r,
-            delivery,
-        }))
-    }
-
-    /// No earlier boot in the audit (the agent's first on this node, its
-    /// log lost): a record of this boot that an earlier start of the agent
-    /// left open is still closed, beside the loop, once the cluster is here.
-    pub(super) fn close_own_orphan(&mut self) {
-        let Some(c) = self.link.cluster.clone() else {
-            self.link.orphan_pending = self.link.coming.is_some();
-            return;
-        };
-        let (host, boot_id) = (self.host.clone(), self.hands.boot_id.clone());
+        let clear = p.current.clone();
         tokio::spawn(async move {
-            match c.node.record().await {
-                Ok(Some(rec)) if rec.boot_id == boot_id && rec.closed.is_none() => {
-                    unwind::close_orphan(&c, &host, rec).await;
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    error = format!("{e:#}"),
-                    "reading the Node's shutdown record"
-                ),
+            if let Err(e) = c.node.clear_when_ready(&clear).await {
+                tracing::warn!(error = format!("{e:#}"), "clearing the shutdown marks");
             }
         });
-    }
-
-    /// The cluster half of the previous boot's report, beside the loop: with
-    /// the API server slow its retries (seconds) must not delay the audit of
-    /// the next shutdown.
-    pub(super) fn deliver_previous_boot(
-        &self,
-        c: Arc<Cluster>,
-        mut p: PreviousBoot,
-    ) -> JoinHandle<BootReport> {
-        let (hands, host) = (self.hands.clone(), self.host.clone());
-        tokio::spawn(async move {
-            let (report, found) = settle_with_node(&c, &hands, &host, &mut p).await;
-            hands.metrics.count_boot_end(report.end.as_str());
-            let mut note = previous_boot_note(&report, &p.pstore);
-            if found {
-                note.push_str(
-                    "; the audit log lacked it: found on the Node (the cluster had it before the boot ended)",
-                );
-            }
-            // The pod's log says it too (`kubectl logs`, and the VM runner).
-            tracing::info!(boot = p.prev, end = report.end.as_str(), "{note}");
-            let type_ = if report.end == BootEnd::Graceful {
-                EventType::Normal
-            } else {
-                EventType::Warning
-            };
-            if let Err(e) = c.node.event(type_, "PreviousBoot", note).await {
-                tracing::warn!(error = format!("{e:#}"), "previous-boot event");
-            }
-            if let (true, Some(ep)) = (report.undelivered, &report.episode) {
-                deliver_late(&c, &hands, &p, ep).await;
-            }
-            if report.end == BootEnd::Unannounced {
-                let end = UnannouncedEnd {
-                    boot_id: p.prev.clone(),
-                    last_seen: p
-                        .records
-                        .iter()
-                        .filter(|r| r.boot_id == p.prev)
-                        .map(|r| r.written_at)
-                        .max(),
-                    reported_at: SystemTime::now(),
-                };
-                if let Err(e) = c.node.set_unannounced(&end).await {
-                    tracing::warn!(error = format!("{e:#}"), "reporting the unannounced end");
-                }
-            }
-            let clear = p.current.clone();
-            tokio::spawn(async move {
-                if let Err(e) = c.node.clear_when_ready(&clear).await {
-                    tracing::warn!(error = format!("{e:#}"), "clearing the shutdown marks");
-                }
-            });
-            report
-        })
-    }
+        report
+    })
 }
 
 /// The report as the Node settles it: a last gasp the cluster acknowledged
@@ -184,8 +173,8 @@ impl Actuator {
 /// Node (`true`: found there); a record of this boot left open is closed.
 async fn settle_with_node(
     c: &Cluster,
-    hands: &super::Hands,
-    host: &crate::decide::HostQuery,
+    hands: &Hands,
+    host: &HostQuery,
     p: &mut PreviousBoot,
 ) -> (BootReport, bool) {
     let on_node = match c.node.record().await {
@@ -230,7 +219,7 @@ async fn settle_with_node(
 
 /// The previous boot's record, which never reached the cluster, set on the
 /// Node now (unless it already carries this boot's).
-async fn deliver_late(c: &Cluster, hands: &super::Hands, p: &PreviousBoot, ep: &Episode) {
+async fn deliver_late(c: &Cluster, hands: &Hands, p: &PreviousBoot, ep: &Episode) {
     let record = ShutdownRecord::late(&p.prev, ep, SystemTime::now());
     match c.node.set_earlier_record(&record, &p.current).await {
         Ok(true) => {

@@ -2,12 +2,10 @@
 //! order (`kube::graceful`), the outcome is audited, and logind's delay lock
 //! is released when the run ends (a panic included); a cancel or an
 //! escalation stops it, and they release.
-use std::sync::Arc;
-
 use tokio::task::{AbortHandle, JoinHandle};
 
-use super::{audit::Outcome, kube::graceful, Cluster, Hands};
-use crate::{decide::Episode, record::ShutdownRecord};
+use super::{audit::Outcome, kube::graceful, Ctx};
+use crate::record::ShutdownRecord;
 
 /// The run under way, if any, and the task that joins it.
 #[derive(Default)]
@@ -22,14 +20,9 @@ impl GracefulRun {
     /// Starts the run for `ep` (a run under way is stopped first).
     /// Standalone (no cluster) there is nothing to stop but the record,
     /// already written.
-    pub(super) fn start(
-        &mut self,
-        hands: &Hands,
-        cluster: Option<Arc<Cluster>>,
-        ep: Episode,
-        record: ShutdownRecord,
-    ) {
+    pub(super) fn start(&mut self, cx: Ctx, record: ShutdownRecord) {
         self.stop();
+        let Ctx { hands, cluster, ep } = cx;
         let id = ep.id;
         let h = hands.clone();
         let run = tokio::spawn(async move {
@@ -50,7 +43,7 @@ impl GracefulRun {
             };
             h.outcome(ep.id, outcome).await;
         });
-        let h = hands.clone();
+        let h = hands;
         let abort = run.abort_handle();
         let joiner = tokio::spawn(async move {
             if let Err(e) = run.await {

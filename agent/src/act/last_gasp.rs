@@ -13,7 +13,10 @@
 //! only once the evidence is answered and only while the node is expected
 //! to be alive. When a whole zone goes dark at once every write counts at
 //! the API server: nothing may stand in line before another node's evidence.
-use std::time::{Duration, Instant, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
 
 use anyhow::Result;
 use http_body_util::BodyExt;
@@ -28,7 +31,7 @@ use serde_json::{json, Value};
 use super::{
     audit::Outcome,
     kube::{condition, record_params, shutdown_taint, TAINT_KEY},
-    Actuator, LAST_GASP_BOUND,
+    Cluster, Ctx, Hands, LAST_GASP_BOUND,
 };
 use crate::{
     clock,
@@ -37,93 +40,111 @@ use crate::{
     signal::{Kind, ShutdownSignal, Source},
 };
 
-impl Actuator {
-    pub(super) async fn last_gasp(&mut self, s: &ShutdownSignal, ep: &Episode, escalated: bool) {
-        let started = Instant::now();
-        let coming = self.link.coming.is_some();
-        let Some(c) = self.cluster_within(LAST_GASP_BOUND).await else {
-            if coming {
-                let error = format!(
-                    "the API server has not answered since the agent started (waited {:?})",
-                    started.elapsed()
-                );
-                self.failed(ep, error).await;
-            }
-            self.hands.release_lock();
-            return;
-        };
-        // Sent now: nothing is left for the join.
-        self.link.unsent = None;
-        let record = ShutdownRecord::new(&self.hands.boot_id, s, ep);
-        let (reason, message) = message(s, ep.kind, escalated);
-        let bodies = c
-            .lastgasp
-            .bodies(reason, &message, &record, SystemTime::now());
-        // The node's expected end, counted from the detection (its monotonic
-        // time is not kept: from now, which is later by the handling).
-        let death = Instant::now() + expected_life(s);
-        let budget = LAST_GASP_BOUND.saturating_sub(started.elapsed());
-        match tokio::time::timeout(budget, c.lastgasp.send(&bodies, death)).await {
-            Ok(Ok(sent)) => {
-                // Delivered: the evidence was accepted (the condition may follow).
-                let accepted =
-                    SystemTime::now() - sent.started.elapsed().saturating_sub(sent.evidence_done);
-                let ms = accepted
-                    .duration_since(s.at)
-                    .map(|d| d.as_secs_f64() * 1e3)
-                    .unwrap_or(0.0);
-                let metrics = &self.hands.metrics;
-                metrics.last_gasp_latency.observe(since_detection(s, ms));
-                let rest: Vec<String> = [&sent.condition, &sent.taint]
-                    .into_iter()
-                    .filter_map(|r| r.as_ref().err().cloned())
-                    .collect();
-                if rest.is_empty() {
-                    tracing::info!(
-                        ms = format!("{ms:.2}"),
-                        tries = sent.tries,
-                        "last gasp delivered"
-                    );
-                } else {
-                    tracing::info!(
-                        ms = format!("{ms:.2}"),
-                        tries = sent.tries,
-                        "last gasp delivered (the evidence; {})",
-                        rest.join("; ")
-                    );
-                }
-                let outcome = Outcome::LastGaspDelivered { ms };
-                self.last_delivery = Some(outcome.clone());
-                self.hands.outcome(ep.id, outcome).await;
-            }
-            Ok(Err(e)) => self.failed(ep, e.to_string()).await,
-            Err(_) => {
-                let error = format!("no answer within {}s", LAST_GASP_BOUND.as_secs_f64());
-                self.failed(ep, error).await;
-            }
-        }
-        self.hands.release_lock();
-        // The Event, like the condition, only while the node is expected to
-        // live: past that, in a zone that went dark at once, it would only
-        // stand in line before another node's evidence (the next boot's
-        // PreviousBoot Event tells the story).
-        if Instant::now() < death {
-            tokio::spawn(async move {
-                if let Err(e) = c.node.event(EventType::Warning, "Shutdown", message).await {
-                    tracing::warn!(error = format!("{e:#}"), "last gasp event");
-                }
-            });
-        }
-    }
+/// Where the cluster stood when the last gasp was due.
+pub(super) enum Reach {
+    Here(Arc<Cluster>),
+    /// Cluster mode, and the API server has not answered since the start.
+    NotYet(Duration),
+    Standalone,
+}
 
-    /// Counted, logged, audited: the next boot delivers it.
-    async fn failed(&mut self, ep: &Episode, error: String) {
-        self.hands.metrics.last_gasp_failures.inc();
-        tracing::error!(%error, "last gasp failed: it will be delivered after the next boot");
-        let outcome = Outcome::LastGaspFailed { error };
-        self.last_delivery = Some(outcome.clone());
-        self.hands.outcome(ep.id, outcome).await;
+/// The last gasp of `cx`'s episode: sent, audited, and logind's delay lock
+/// released. Its outcome, in cluster mode.
+pub(super) async fn last_gasp(
+    cx: &Ctx,
+    reach: Reach,
+    s: &ShutdownSignal,
+    escalated: bool,
+    started: Instant,
+) -> Option<Outcome> {
+    let (hands, ep) = (&cx.hands, &cx.ep);
+    let c = match reach {
+        Reach::Here(c) => c,
+        Reach::NotYet(waited) => {
+            let error = format!(
+                "the API server has not answered since the agent started (waited {waited:?})"
+            );
+            let outcome = failed(hands, ep, error).await;
+            hands.release_lock();
+            return Some(outcome);
+        }
+        Reach::Standalone => {
+            hands.release_lock();
+            return None;
+        }
+    };
+    let record = ShutdownRecord::new(&hands.boot_id, s, ep);
+    let (reason, message) = message(s, ep.kind, escalated);
+    let bodies = c
+        .lastgasp
+        .bodies(reason, &message, &record, SystemTime::now());
+    // The node's expected end, counted from the detection (its monotonic
+    // time is not kept: from now, which is later by the handling).
+    let death = Instant::now() + expected_life(s);
+    let budget = LAST_GASP_BOUND.saturating_sub(started.elapsed());
+    let outcome = match tokio::time::timeout(budget, c.lastgasp.send(&bodies, death)).await {
+        Ok(Ok(sent)) => {
+            // Delivered: the evidence was accepted (the condition may follow).
+            let accepted =
+                SystemTime::now() - sent.started.elapsed().saturating_sub(sent.evidence_done);
+            let ms = accepted
+                .duration_since(s.at)
+                .map(|d| d.as_secs_f64() * 1e3)
+                .unwrap_or(0.0);
+            hands
+                .metrics
+                .last_gasp_latency
+                .observe(since_detection(s, ms));
+            let rest: Vec<String> = [&sent.condition, &sent.taint]
+                .into_iter()
+                .filter_map(|r| r.as_ref().err().cloned())
+                .collect();
+            if rest.is_empty() {
+                tracing::info!(
+                    ms = format!("{ms:.2}"),
+                    tries = sent.tries,
+                    "last gasp delivered"
+                );
+            } else {
+                tracing::info!(
+                    ms = format!("{ms:.2}"),
+                    tries = sent.tries,
+                    "last gasp delivered (the evidence; {})",
+                    rest.join("; ")
+                );
+            }
+            let outcome = Outcome::LastGaspDelivered { ms };
+            hands.outcome(ep.id, outcome.clone()).await;
+            outcome
+        }
+        Ok(Err(e)) => failed(hands, ep, e.to_string()).await,
+        Err(_) => {
+            let error = format!("no answer within {}s", LAST_GASP_BOUND.as_secs_f64());
+            failed(hands, ep, error).await
+        }
+    };
+    hands.release_lock();
+    // The Event, like the condition, only while the node is expected to
+    // live: past that, in a zone that went dark at once, it would only
+    // stand in line before another node's evidence (the next boot's
+    // PreviousBoot Event tells the story).
+    if Instant::now() < death {
+        tokio::spawn(async move {
+            if let Err(e) = c.node.event(EventType::Warning, "Shutdown", message).await {
+                tracing::warn!(error = format!("{e:#}"), "last gasp event");
+            }
+        });
     }
+    Some(outcome)
+}
+
+/// Counted, logged, audited: the next boot delivers it.
+async fn failed(hands: &Hands, ep: &Episode, error: String) -> Outcome {
+    hands.metrics.last_gasp_failures.inc();
+    tracing::error!(%error, "last gasp failed: it will be delivered after the next boot");
+    let outcome = Outcome::LastGaspFailed { error };
+    hands.outcome(ep.id, outcome.clone()).await;
+    outcome
 }
 
 /// Seconds from the detection to now: on the kernel's boot clock when the

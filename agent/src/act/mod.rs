@@ -1,26 +1,26 @@
-//! The act stage: what a decision does. [`Actuator::act`] takes each
-//! decision to one action (`graceful`, `last_gasp`, `unwind`), and
-//! [`Actuator::after_boot`] tells the cluster how the previous boot ended.
-//! The transport is below: `kube/` (the API writes), `audit` (the log on
-//! disk), `courier` (the record systemd-shutdown's hook sends), `metrics`.
+//! The act stage: what a decision does. [`Actuator::act`] is the
+//! dispatcher: each decision's action is a function over a [`Ctx`] (the
+//! node's hands, the cluster if it has joined, the episode), in a file of its
+//! own (`graceful_run`, `last_gasp`, `unwind`, `warn`); [`Actuator::after_boot`]
+//! tells the cluster how the previous boot ended. The transport is below:
+//! `kube/` (the API writes), `audit` (the log on disk), `courier` (the
+//! record systemd-shutdown's hook sends), `metrics`.
 //!
-//! In cluster mode the cluster half may join after the start
-//! ([`Actuator::join_cluster`]): until then what needs the cluster is held,
-//! and sent when it joins.
+//! In cluster mode the cluster half may join after the start: `gate` holds
+//! what needs it until then, and the dispatcher replays it on the join.
 use std::{
     path::PathBuf,
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant},
 };
 
-use ::kube::runtime::events::EventType;
 use tokio::sync::{watch, Mutex};
 
 use crate::{
     bus::delay_lock::DelayLockHandle,
-    decide::{Action, BeforeCluster, Decision, Episode, HostAnswer, HostQuery},
-    record::{Closing, EpisodeKey, ShutdownRecord},
-    signal::{Detail, ShutdownSignal, Source},
+    decide::{Action, Decision, Episode, HostAnswer, HostQuery},
+    record::{Closing, ShutdownRecord},
+    signal::ShutdownSignal,
 };
 
 pub mod after_boot;
@@ -28,20 +28,24 @@ pub mod audit;
 pub mod courier;
 pub mod degraded;
 pub mod final_unit;
+mod gate;
 mod graceful_run;
+mod kit;
 pub mod kube;
 pub mod last_gasp;
 pub mod metrics;
 pub mod report;
 mod unwind;
+mod warn;
 
 pub use after_boot::AfterBoot;
 
 use self::{
     audit::{AuditLog, Outcome},
+    gate::{Gate, Held},
     graceful_run::GracefulRun,
     kube::{graceful::GracefulOptions, NodeClient},
-    last_gasp::LastGasp,
+    last_gasp::{LastGasp, Reach},
     metrics::Metrics,
 };
 
@@ -79,34 +83,25 @@ impl Hands {
     }
 }
 
-/// The cluster half: here, or still coming (and what waits for it).
-#[derive(Default)]
-struct ClusterLink {
+/// What an action is given.
+struct Ctx {
+    hands: Hands,
+    /// `None`: standalone, or the cluster half has not joined yet.
     cluster: Option<Arc<Cluster>>,
-    coming: Option<watch::Receiver<Option<Arc<Cluster>>>>,
-    /// The previous boot's report, to deliver when the cluster joins.
-    previous_boot: Option<after_boot::PreviousBoot>,
-    /// The current episode's action that needed the cluster.
-    unsent: Option<(ShutdownSignal, Action, u32)>,
-    /// No previous boot to report: this boot's own open record is looked
-    /// for when the cluster joins.
-    orphan_pending: bool,
+    ep: Episode,
 }
 
 pub struct Actuator {
     hands: Hands,
-    link: ClusterLink,
+    gate: Gate,
     graceful: GracefulRun,
     /// How the host is asked whether a shutdown is under way (an open record
     /// of this boot found at start is closed only when none is).
     host: HostQuery,
     /// How the last last gasp (or last word) went, until taken.
     last_delivery: Option<Outcome>,
-    /// The run directory of systemd-shutdown's hook and the API server the
-    /// agent was told to use: the courier's kit goes there.
-    courier: Option<(PathBuf, Option<String>)>,
-    /// The episode whose courier kit is on the host.
-    kit_left: Option<u32>,
+    /// Where the courier's kit goes, when systemd-shutdown's hook is there.
+    kit: Option<kit::Shelf>,
     /// The agent's health as its Node shows it (`LastgaspDegraded`).
     degraded: degraded::Degraded,
 }
@@ -126,23 +121,19 @@ impl Actuator {
                 logind,
                 boot_id,
             },
-            link: ClusterLink {
-                cluster,
-                ..ClusterLink::default()
-            },
+            gate: Gate::new(cluster),
             graceful: GracefulRun::default(),
             host: Arc::new(|| Box::pin(async { HostAnswer::Unknown("no bus to ask".into()) })),
             last_delivery: None,
-            courier: None,
-            kit_left: None,
+            kit: None,
             degraded: degraded::Degraded::default(),
         }
     }
 
     /// Shows `state` on the Node once the cluster half is here (see
     /// `degraded`); the caller keeps it out of shutdowns.
-    pub async fn report_degraded(&mut self, state: &degraded::State, now: std::time::Instant) {
-        if let Some(c) = &self.link.cluster {
+    pub async fn report_degraded(&mut self, state: &degraded::State, now: Instant) {
+        if let Some(c) = self.gate.here() {
             self.degraded.report(&c.node, state, now).await;
         }
     }
@@ -157,20 +148,18 @@ impl Actuator {
     }
 
     pub fn set_courier(&mut self, run_dir: PathBuf, server: Option<String>) {
-        self.courier = Some((run_dir, server));
+        self.kit = Some(kit::Shelf::new(run_dir, server));
     }
 
     /// Cluster mode whose cluster half joins later, through `coming`.
     pub fn set_cluster_coming(&mut self, coming: watch::Receiver<Option<Arc<Cluster>>>) {
-        if self.link.cluster.is_none() {
-            self.link.coming = Some(coming);
-        }
+        self.gate.expect(coming);
     }
 
     /// In cluster mode: a record that leaves no time is not fsync'd before
     /// its last gasp (the two go side by side).
     pub fn in_cluster(&self) -> bool {
-        self.link.cluster.is_some()
+        self.gate.here().is_some()
     }
 
     /// How the last last gasp or last word went, since the last call.
@@ -183,29 +172,54 @@ impl Actuator {
         self.graceful.running()
     }
 
-    /// The cluster half is here: kept, and the previous boot's report goes out.
-    fn adopt(&mut self, c: Arc<Cluster>) {
-        self.link.cluster = Some(c.clone());
-        self.link.coming = None;
-        if let Some(p) = self.link.previous_boot.take() {
-            drop(self.deliver_previous_boot(c, p));
-        } else if std::mem::take(&mut self.link.orphan_pending) {
-            self.close_own_orphan();
+    /// Reported as an Event (and a log line), with whatever did not reach
+    /// the cluster then; then the agent's own taint and condition are
+    /// cleared once the node is Ready.
+    pub async fn after_boot(&mut self, boot_id: &str) -> anyhow::Result<Option<AfterBoot>> {
+        let cluster_mode = self.gate.here().is_some() || self.gate.coming();
+        let Some(p) = after_boot::previous_boot(&self.hands, boot_id, cluster_mode).await? else {
+            self.report(Held::OwnOrphan);
+            return Ok(None);
+        };
+        let report = p.report().clone();
+        let delivery = match self.gate.here() {
+            Some(c) => Some(after_boot::deliver(c, &self.hands, &self.host, p)),
+            None => {
+                self.gate.hold(Held::PreviousBoot(p));
+                None
+            }
+        };
+        Ok(Some(AfterBoot { report, delivery }))
+    }
+
+    /// What tells the cluster of a boot: now, or once it joins.
+    fn report(&mut self, h: Held) {
+        let Some(c) = self.gate.here() else {
+            self.gate.hold(h);
+            return;
+        };
+        match h {
+            Held::PreviousBoot(p) => drop(after_boot::deliver(c, &self.hands, &self.host, p)),
+            Held::OwnOrphan => after_boot::close_own_orphan(c, &self.hands, &self.host),
+            Held::Action { .. } => {}
         }
     }
 
-    /// The cluster half, waiting at most `bound` for it to join.
-    async fn cluster_within(&mut self, bound: Duration) -> Option<Arc<Cluster>> {
-        if let Some(c) = &self.link.cluster {
-            return Some(c.clone());
+    /// What waited for the cluster, now that it is here: the boot's reports
+    /// go out; the held action is returned.
+    fn replay(&mut self, held: Vec<Held>) -> Option<(ShutdownSignal, Action, u32)> {
+        let mut action = None;
+        for h in held {
+            match h {
+                Held::Action {
+                    signal,
+                    action: a,
+                    episode,
+                } => action = Some((signal, a, episode)),
+                h => self.report(h),
+            }
         }
-        let mut coming = self.link.coming.clone()?;
-        let c = match tokio::time::timeout(bound, coming.wait_for(Option::is_some)).await {
-            Ok(Ok(c)) => c.clone()?,
-            _ => return None,
-        };
-        self.adopt(c.clone());
-        Some(c)
+        action
     }
 
     /// The cluster half is here: the previous boot's report goes out, and the
@@ -214,10 +228,8 @@ impl Actuator {
     /// node is alive: the proof was wrong); it would reach the cluster after
     /// the next boot.
     pub async fn join_cluster(&mut self, c: Arc<Cluster>, current: Option<Episode>) {
-        if self.link.cluster.is_none() {
-            self.adopt(c);
-        }
-        let Some((s, action, id)) = self.link.unsent.take() else {
+        let held = self.gate.join(c);
+        let Some((s, action, id)) = self.replay(held) else {
             return;
         };
         let Some(ep) = current.filter(|e| e.id == id) else {
@@ -235,175 +247,72 @@ impl Actuator {
         self.act(Some(&s), &d).await;
     }
 
-    /// Before the cluster joined: what must wait for it. `true` when the
-    /// action is held entirely.
-    fn hold_for_cluster(&mut self, s: Option<&ShutdownSignal>, d: &Decision, id: u32) -> bool {
-        if self.link.coming.is_none() {
-            return false;
-        }
-        match (d.action.before_cluster(), s) {
-            (BeforeCluster::Held, Some(s)) => {
-                // Held until the cluster joins (logind's delay lock stays
-                // taken, up to its own limit).
-                tracing::warn!(episode = id, action = %d.action, "the API server has not answered yet: the action waits for it");
-                self.link.unsent = Some((s.clone(), d.action.clone(), id));
-                return true;
-            }
-            // The last gasp waits for it within its own bound.
-            (BeforeCluster::Bounded, Some(s)) => {
-                self.link.unsent = Some((s.clone(), d.action.clone(), id));
-            }
-            (BeforeCluster::Clears, _) => self.link.unsent = None,
-            _ => {}
-        }
-        false
-    }
-
     /// The decision's action: `s` is the signal decided, `None` for a
     /// decision made by time or by the host's answer.
     pub async fn act(&mut self, s: Option<&ShutdownSignal>, d: &Decision) {
         let Some(ep) = d.episode.clone() else { return };
-        if self.hold_for_cluster(s, d, ep.id) {
+        if self.gate.admit(s, &d.action, ep.id) {
             return;
         }
+        if d.action.ends_graceful_run() {
+            self.graceful.stop();
+        }
+        let cx = Ctx {
+            hands: self.hands.clone(),
+            cluster: self.gate.here(),
+            ep,
+        };
         match (&d.action, s) {
             (Action::Graceful { .. }, Some(s)) => {
-                let record = ShutdownRecord::new(&self.hands.boot_id, s, &ep);
-                let cluster = self.link.cluster.clone();
-                self.graceful.start(&self.hands, cluster, ep, record);
+                let record = ShutdownRecord::new(&cx.hands.boot_id, s, &cx.ep);
+                self.graceful.start(cx, record);
             }
-            (Action::Immediate { escalated }, s) => {
-                self.graceful.stop();
-                if let Some(s) = s {
-                    self.last_gasp(s, &ep, *escalated).await;
-                }
-            }
+            (Action::Immediate { escalated }, Some(s)) => self.last_gasp(cx, s, *escalated).await,
             // The kernel goes down: the record once more, with its proof.
-            (Action::LastWord, Some(s)) => self.last_gasp(s, &ep, false).await,
-            (Action::Cancel, _) => {
-                self.graceful.stop();
-                self.cancel(ep);
-            }
-            (Action::Abandon { why }, _) => {
-                self.graceful.stop();
-                self.unwind(ep, why.clone(), Closing::Abandoned);
-            }
-            (Action::Fail { why }, _) => {
-                self.graceful.stop();
-                self.unwind(ep, why.clone(), Closing::Failed);
-            }
-            (Action::Withdraw { why }, _) => self.withdraw(s, ep, why.clone()),
-            (Action::Expire { why }, _) => self.expire(ep, why.clone()).await,
-            (Action::Warn { due }, _) => self.warn(&ep, *due),
+            (Action::LastWord, Some(s)) => self.last_gasp(cx, s, false).await,
+            (Action::Cancel, _) => unwind::cancel(cx),
+            (Action::Abandon { why }, _) => unwind::unwind(cx, why.clone(), Closing::Abandoned),
+            (Action::Fail { why }, _) => unwind::unwind(cx, why.clone(), Closing::Failed),
+            (Action::Withdraw { why }, _) => unwind::withdraw(cx, s, why.clone()),
+            (Action::Expire { why }, _) => unwind::expire(cx, why.clone()).await,
+            (Action::Warn { due }, _) => warn::warn(cx, *due),
             _ => {}
         }
     }
 
-    /// A scheduled shutdown: announced on the Node (a condition and an Event).
-    fn warn(&self, ep: &Episode, due: Option<SystemTime>) {
-        let Some(c) = self.link.cluster.clone() else {
-            return;
-        };
-        let when = due
-            .map(|t| humantime::format_rfc3339_seconds(t).to_string())
-            .unwrap_or("later".into());
-        let msg = format!("{} scheduled for {when}", ep.kind);
-        tokio::spawn(async move {
-            let (a, b) = tokio::join!(
-                c.node.set_condition(true, "ScheduledShutdown", &msg),
-                c.node
-                    .event(EventType::Normal, "ScheduledShutdown", msg.clone()),
-            );
-            if let Err(e) = a.and(b) {
-                tracing::error!(
-                    error = format!("{e:#}"),
-                    "announcing the scheduled shutdown"
-                );
+    /// The last gasp, once the cluster is here (waited for within its bound).
+    async fn last_gasp(&mut self, cx: Ctx, s: &ShutdownSignal, escalated: bool) {
+        let started = Instant::now();
+        let coming = self.gate.coming();
+        let reach = match self.gate.within(LAST_GASP_BOUND).await {
+            Some((c, held)) => {
+                // Sent now: the held action is this one.
+                drop(self.replay(held));
+                self.gate.drop_action();
+                Reach::Here(c)
             }
-        });
-    }
-
-    /// A pending request that never came to anything: its record closed.
-    async fn expire(&self, ep: Episode, why: String) {
-        if let Some(c) = self.link.cluster.clone() {
-            let key = EpisodeKey::of(&self.hands.boot_id, &ep);
-            let why = why.clone();
-            tokio::spawn(async move {
-                c.node.close_record(&key, Closing::Expired, &why).await;
-            });
+            // Still held: sent when the cluster joins, unless a proof of
+            // death was wrong by then (`join_cluster`).
+            None if coming => Reach::NotYet(started.elapsed()),
+            None => Reach::Standalone,
+        };
+        if let Some(outcome) = last_gasp::last_gasp(&cx, reach, s, escalated, started).await {
+            self.last_delivery = Some(outcome);
         }
-        self.hands.outcome(ep.id, Outcome::Expired { why }).await;
     }
 
-    /// An episode is open: for each verb systemd-shutdown may run its hook
-    /// (or systemd the final unit) with, the record the hook's (the unit's)
-    /// signal (decided as the paired decision)
-    /// would have the agent send, with the final-stage proof, is left for
-    /// the courier now, while the agent runs (the systemd cgroup driver
-    /// stops its scope before systemd-shutdown; the runtime may kill it in
-    /// the final sweep). The kit proves nothing by itself: the courier
-    /// delivers it only from the final stage.
+    /// An episode is open: the courier's kit for it is left on the host
+    /// (`kit`), in cluster mode with systemd-shutdown's hook there.
     pub async fn leave_courier_kit(&mut self, hooks: &[(ShutdownSignal, Decision)]) {
-        let (Some((run_dir, server)), Some(c)) = (&self.courier, &self.link.cluster) else {
-            return;
-        };
-        let mut evidence = std::collections::BTreeMap::new();
-        let mut episode = None;
-        for (hook, d) in hooks {
-            let Some(ep) = d
-                .episode
-                .as_ref()
-                .filter(|_| matches!(d.action, Action::LastWord | Action::Immediate { .. }))
-            else {
-                continue;
-            };
-            let Detail::Hook { verb } = &hook.detail else {
-                continue;
-            };
-            let key = match hook.source {
-                Source::FinalUnit => final_unit::key(verb),
-                _ => verb.clone(),
-            };
-            let record = ShutdownRecord::new(&self.hands.boot_id, hook, ep);
-            let (reason, message) = last_gasp::message(hook, ep.kind, false);
-            let body = c
-                .lastgasp
-                .bodies(reason, &message, &record, SystemTime::now());
-            evidence.insert(key, body.evidence);
-            episode = Some(ep.id);
-        }
-        let Some(episode) = episode else {
-            return self.drop_courier_kit();
-        };
-        let kit = match courier::credentials(server.as_deref()).await {
-            Ok((server, root_certs, token)) => courier::Kit {
-                server,
-                root_certs,
-                token,
-                node: c.lastgasp.node().to_string(),
-                evidence,
-            },
-            Err(e) => return tracing::warn!(error = format!("{e:#}"), "no courier kit"),
-        };
-        match courier::prepare(run_dir, &kit) {
-            Ok(()) => {
-                if self.kit_left != Some(episode) {
-                    tracing::info!(episode, "courier kit left for systemd-shutdown's hook");
-                }
-                self.kit_left = Some(episode);
-            }
-            Err(e) => tracing::warn!(error = format!("{e:#}"), "no courier kit"),
+        if let (Some(shelf), Some(c)) = (&mut self.kit, self.gate.here()) {
+            shelf.leave(&c, &self.hands.boot_id, hooks).await;
         }
     }
 
     /// No episode: no kit (a later shutdown must not carry this one's record).
     pub fn drop_courier_kit(&mut self) {
-        let (Some((run_dir, _)), Some(episode)) = (&self.courier, self.kit_left.take()) else {
-            return;
-        };
-        match courier::remove(run_dir) {
-            Ok(()) => tracing::info!(episode, "courier kit removed: the episode ended"),
-            Err(e) => tracing::warn!(error = format!("{e:#}"), "courier kit NOT removed"),
+        if let Some(shelf) = &mut self.kit {
+            shelf.clear();
         }
     }
 }

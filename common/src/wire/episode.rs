@@ -135,6 +135,25 @@ impl Action {
         }
     }
 
+    /// Whether a graceful run under way stops here (a new one stops the
+    /// old itself).
+    pub fn ends_graceful_run(&self) -> bool {
+        match self {
+            Action::Immediate { .. }
+            | Action::Cancel
+            | Action::Abandon { .. }
+            | Action::Fail { .. } => true,
+            Action::AuditOnly { .. }
+            | Action::Pending { .. }
+            | Action::Warn { .. }
+            | Action::Graceful { .. }
+            | Action::LastWord
+            | Action::Withdraw { .. }
+            | Action::Expire { .. }
+            | Action::Join => false,
+        }
+    }
+
     /// The last gasp: no time to wait for the disk, its patches leave while
     /// its audit line syncs (with a cluster to send them to).
     pub fn leaves_no_time(&self) -> bool {
