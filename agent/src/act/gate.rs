@@ -159,7 +159,7 @@ mod tests {
             .collect()
     }
 
-    fn coming() -> (Gate<&'static str>, watch::Sender<Option<Arc<&'static str>>>) {
+    fn coming() -> (Gate<u32>, watch::Sender<Option<Arc<u32>>>) {
         let (tx, rx) = watch::channel(None);
         let mut g = Gate::new(None);
         g.expect(rx);
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn standalone_holds_nothing_and_every_action_goes_on() {
-        let mut g: Gate<&str> = Gate::new(None);
+        let mut g: Gate<u32> = Gate::new(None);
         assert!(!g.coming());
         assert!(!g.hold(Held::OwnOrphan));
         for a in [
@@ -178,12 +178,12 @@ mod tests {
         ] {
             assert!(!g.admit(Some(&signal()), &a, 1), "{a}");
         }
-        assert!(g.join(Arc::new("c")).is_empty());
+        assert!(g.join(Arc::new(7)).is_empty());
     }
 
     #[test]
     fn a_joined_cluster_holds_nothing() {
-        let mut g = Gate::new(Some(Arc::new("c")));
+        let mut g = Gate::new(Some(Arc::new(7)));
         let (_tx, rx) = watch::channel(None);
         g.expect(rx);
         assert!(!g.coming(), "already here: nothing is expected");
@@ -204,10 +204,10 @@ mod tests {
         assert!(!g.admit(Some(&s), &Action::Immediate { escalated: true }, 1));
         // Nothing is held for an action without its signal.
         assert!(!g.admit(None, &graceful(), 1));
-        let held = g.join(Arc::new("c"));
+        let held = g.join(Arc::new(7));
         assert_eq!(names(&held), ["own-orphan", "immediate#1"]);
         assert!(!g.coming());
-        assert_eq!(g.here().as_deref(), Some(&"c"));
+        assert_eq!(g.here().as_deref(), Some(&7));
         assert!(!g.admit(Some(&s), &graceful(), 2), "joined: nothing waits");
     }
 
@@ -217,7 +217,7 @@ mod tests {
         assert!(g.admit(Some(&signal()), &graceful(), 3));
         assert!(g.hold(Held::OwnOrphan));
         assert!(!g.admit(None, &Action::Cancel, 3));
-        assert_eq!(names(&g.join(Arc::new("c"))), ["own-orphan"]);
+        assert_eq!(names(&g.join(Arc::new(7))), ["own-orphan"]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -228,10 +228,10 @@ mod tests {
         assert!(g.coming(), "still coming");
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            tx.send_replace(Some(Arc::new("c")));
+            tx.send_replace(Some(Arc::new(7)));
         });
         let (c, held) = g.within(Duration::from_secs(2)).await.expect("joined");
-        assert_eq!(*c, "c");
+        assert_eq!(*c, 7);
         assert_eq!(names(&held), ["last-word#4"]);
         let (_, again) = g.within(Duration::ZERO).await.expect("here");
         assert!(again.is_empty(), "handed back once");
