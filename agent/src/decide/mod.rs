@@ -113,7 +113,7 @@ impl Decider {
     /// episode past its expected end asks the host (`true`: call
     /// [`Decider::host_answer`] with what the host says).
     pub fn tick(&mut self, now: SystemTime) -> Tick {
-        let Some(ep) = self.current.as_ref() else {
+        let Some(ep) = self.current.as_mut() else {
             return Tick::Nothing;
         };
         let within = self.policy.direct_tool_within;
@@ -127,7 +127,7 @@ impl Decider {
                 d.by,
                 within.as_secs_f64()
             );
-            let action = self.withdraw(why);
+            let action = withdraw(ep, why);
             return Tick::Decided(self.finish(action));
         }
         if self.asking || ep.expected_end.is_none_or(|end| now < end) {
@@ -139,7 +139,7 @@ impl Decider {
                     "not confirmed by logind, systemd, PID 1 or a reboot(2) within {}s: the request did not happen",
                     self.policy.pending_expiry.as_secs()
                 );
-                self.current.as_mut().unwrap().path = ShutdownPath::Expired;
+                ep.path = ShutdownPath::Expired;
                 Tick::Decided(self.finish(Action::Expire { why }))
             }
             ShutdownPath::Scheduled | ShutdownPath::Graceful | ShutdownPath::Immediate => {
@@ -214,44 +214,18 @@ impl Decider {
         if let Some(why) = self.unauthentic(s) {
             return Action::AuditOnly { why };
         }
-        let path = self
-            .current
-            .as_ref()
-            .map(|e| e.path)
-            .filter(|p| !closed(*p));
-        match &s.effect {
+        // The episode is taken out while the signal is decided, so that each
+        // rule matches it beside the policy, and put back.
+        let mut slot = self.current.take();
+        let action = match &s.effect {
             Effect::None { why } => Action::AuditOnly { why: why.clone() },
-            Effect::Failed { why } => self.failed(s, why, path),
-            Effect::Cancel => self.cancel(s, path),
-            Effect::Scheduled { at, .. } => {
-                let authority = authority(s);
-                if s.source == Source::Exec && !self.acts_alone(s) {
-                    return self.pend(s, path);
-                }
-                match path {
-                    None | Some(ShutdownPath::Pending) => {
-                        self.open_or_confirm(s, ShutdownPath::Scheduled, authority);
-                        let ep = self.current.as_mut().unwrap();
-                        ep.deadline = *at;
-                        ep.marked = true;
-                        ep.expected_end = Some(plus(
-                            at.unwrap_or(plus(s.at, Duration::from_secs(3600))),
-                            self.policy.graceful_margin,
-                        ));
-                        Action::Warn { due: *at }
-                    }
-                    Some(ShutdownPath::Scheduled) => {
-                        let ep = self.current.as_mut().unwrap();
-                        confirm(ep, s, authority);
-                        ep.deadline = *at;
-                        ep.expected_end = at.map(|t| t + self.policy.graceful_margin);
-                        Action::Warn { due: *at }
-                    }
-                    Some(_) => Action::Join,
-                }
-            }
-            Effect::Now => self.decide_now(s, path),
-        }
+            Effect::Failed { why } => self.failed(slot.as_mut(), s, why),
+            Effect::Cancel => self.cancel(slot.as_mut(), s),
+            Effect::Scheduled { at, .. } => self.scheduled(&mut slot, s, *at),
+            Effect::Now => self.decide_now(&mut slot, s),
+        };
+        self.current = slot;
+        action
     }
 
     /// Why a bus signal does not count: its sender does not own the name.
@@ -280,21 +254,55 @@ impl Decider {
         !self.host_reachable && can_reboot(s) == Some(true)
     }
 
-    fn decide_now(&mut self, s: &ShutdownSignal, path: Option<ShutdownPath>) -> Action {
+    /// A shutdown scheduled for later (`shutdown +5`, logind's schedule).
+    fn scheduled(
+        &mut self,
+        slot: &mut Option<Episode>,
+        s: &ShutdownSignal,
+        at: Option<SystemTime>,
+    ) -> Action {
+        let authority = authority(s);
+        if s.source == Source::Exec && !self.acts_alone(s) {
+            return self.pend(slot, s);
+        }
+        let margin = self.policy.graceful_margin;
+        match slot {
+            Some(ep) if ep.path == ShutdownPath::Scheduled => {
+                confirm(ep, s, authority);
+                ep.deadline = at;
+                ep.expected_end = at.map(|t| t + margin);
+                Action::Warn { due: at }
+            }
+            Some(ep) if ep.path != ShutdownPath::Pending && !closed(ep.path) => Action::Join,
+            _ => {
+                let ep = self.open_or_confirm(slot, s, ShutdownPath::Scheduled, authority);
+                ep.deadline = at;
+                ep.marked = true;
+                let due = at.unwrap_or(plus(s.at, Duration::from_secs(3600)));
+                ep.expected_end = Some(plus(due, margin));
+                Action::Warn { due: at }
+            }
+        }
+    }
+
+    fn decide_now(&mut self, slot: &mut Option<Episode>, s: &ShutdownSignal) -> Action {
         if let Some(why) = cannot_happen(s) {
             return Action::AuditOnly { why };
         }
         let authority = authority(s);
         // PID 1 running systemd-shutdown ends an orderly shutdown: it confirms
         // a graceful one, and means no time is left where none was seen.
-        if s.is_pid1_shutdown()
-            && matches!(path, Some(ShutdownPath::Graceful | ShutdownPath::Scheduled))
-        {
-            confirm(self.current.as_mut().unwrap(), s, authority);
-            return Action::Join;
+        if s.is_pid1_shutdown() {
+            let orderly = |e: &&mut Episode| {
+                matches!(e.path, ShutdownPath::Graceful | ShutdownPath::Scheduled)
+            };
+            if let Some(ep) = slot.as_mut().filter(orderly) {
+                confirm(ep, s, authority);
+                return Action::Join;
+            }
         }
         if s.leaves_no_time() {
-            return self.no_time_left(s, path, authority);
+            return self.no_time_left(slot, s, authority);
         }
         // A request is not a shutdown: it waits for the host (logind or
         // polkit may refuse it, a block inhibitor may hold it), unless
@@ -303,21 +311,21 @@ impl Decider {
         // soft-reboot`, which systemd < 254 refuses) always waits.
         let unsettled = matches!(s.kind, Kind::Unknown | Kind::SoftReboot);
         if s.source == Source::Exec && (unsettled || !self.acts_alone(s)) {
-            return self.pend(s, path);
+            return self.pend(slot, s);
         }
-        self.time_left(s, path, authority)
+        self.time_left(slot, s, authority)
     }
 
     /// A shutdown that leaves no time: the last word, or an escalation.
     fn no_time_left(
         &mut self,
+        slot: &mut Option<Episode>,
         s: &ShutdownSignal,
-        path: Option<ShutdownPath>,
         authority: Authority,
     ) -> Action {
-        match path {
-            Some(ShutdownPath::Immediate) => {
-                let ep = self.current.as_mut().unwrap();
+        let end = plus(s.at, self.policy.immediate_end);
+        match slot {
+            Some(ep) if ep.path == ShutdownPath::Immediate => {
                 confirm(ep, s, authority);
                 if prove(ep, s) {
                     Action::LastWord
@@ -325,25 +333,21 @@ impl Decider {
                     Action::Join
                 }
             }
-            Some(ShutdownPath::Graceful | ShutdownPath::Scheduled) => {
-                let ep = self.current.as_mut().unwrap();
+            Some(ep) if matches!(ep.path, ShutdownPath::Graceful | ShutdownPath::Scheduled) => {
                 confirm(ep, s, authority);
                 prove(ep, s);
                 ep.path = ShutdownPath::Immediate;
                 ep.forced |= s.forced;
-                ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
+                ep.expected_end = Some(end);
                 Action::Immediate { escalated: true }
             }
-            None | Some(ShutdownPath::Pending) => {
-                self.open_or_confirm(s, ShutdownPath::Immediate, authority);
-                let ep = self.current.as_mut().unwrap();
+            // None, or a pending request.
+            _ => {
+                let ep = self.open_or_confirm(slot, s, ShutdownPath::Immediate, authority);
                 prove(ep, s);
                 ep.marked = true;
-                ep.expected_end = Some(plus(s.at, self.policy.immediate_end));
+                ep.expected_end = Some(end);
                 Action::Immediate { escalated: false }
-            }
-            Some(ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired) => {
-                Action::Join
             }
         }
     }
@@ -351,15 +355,14 @@ impl Decider {
     /// A shutdown with time for the graceful path.
     fn time_left(
         &mut self,
+        slot: &mut Option<Episode>,
         s: &ShutdownSignal,
-        path: Option<ShutdownPath>,
         authority: Authority,
     ) -> Action {
         let protected = s.source == Source::Logind || (self.lock_held && !s.bypasses_logind);
         let end = self.graceful_end(s);
-        match path {
-            Some(ShutdownPath::Graceful) => {
-                let ep = self.current.as_mut().unwrap();
+        match slot {
+            Some(ep) if ep.path == ShutdownPath::Graceful => {
                 confirm(ep, s, authority);
                 ep.protected |= protected;
                 if s.deadline.is_some() {
@@ -368,13 +371,13 @@ impl Decider {
                 }
                 Action::Join
             }
-            Some(ShutdownPath::Immediate) => {
-                confirm(self.current.as_mut().unwrap(), s, authority);
+            Some(ep) if ep.path == ShutdownPath::Immediate => {
+                confirm(ep, s, authority);
                 Action::Join
             }
-            Some(ShutdownPath::Scheduled | ShutdownPath::Pending) | None => {
-                self.open_or_confirm(s, ShutdownPath::Graceful, authority);
-                let ep = self.current.as_mut().unwrap();
+            // None, a pending request, or a scheduled shutdown now due.
+            _ => {
+                let ep = self.open_or_confirm(slot, s, ShutdownPath::Graceful, authority);
                 ep.protected = protected;
                 ep.deadline = s.deadline;
                 ep.marked = true;
@@ -383,9 +386,6 @@ impl Decider {
                     deadline: s.deadline,
                     protected,
                 }
-            }
-            Some(ShutdownPath::Cancelled | ShutdownPath::Abandoned | ShutdownPath::Expired) => {
-                Action::Join
             }
         }
     }
@@ -399,45 +399,42 @@ impl Decider {
     }
 
     /// A request that waits for confirmation.
-    fn pend(&mut self, s: &ShutdownSignal, path: Option<ShutdownPath>) -> Action {
-        match path {
-            None => {
-                self.open(s, ShutdownPath::Pending, Authority::Request);
+    fn pend(&mut self, slot: &mut Option<Episode>, s: &ShutdownSignal) -> Action {
+        match slot {
+            // Another request while one waits: it waits with it.
+            Some(ep) if ep.path == ShutdownPath::Pending => Action::Pending {
+                expires: ep.expected_end.unwrap_or(s.at),
+            },
+            Some(ep) if !closed(ep.path) => Action::Join,
+            _ => {
                 let expires = plus(s.at, self.policy.pending_expiry);
-                self.current.as_mut().unwrap().expected_end = Some(expires);
+                let ep = self.open(slot, s, ShutdownPath::Pending, Authority::Request);
+                ep.expected_end = Some(expires);
                 Action::Pending { expires }
             }
-            // Another request while one waits: it waits with it.
-            Some(ShutdownPath::Pending) => {
-                let ep = self.current.as_mut().unwrap();
-                Action::Pending {
-                    expires: ep.expected_end.unwrap_or(s.at),
-                }
-            }
-            Some(_) => Action::Join,
         }
     }
 
-    fn cancel(&mut self, s: &ShutdownSignal, path: Option<ShutdownPath>) -> Action {
+    fn cancel(&self, current: Option<&mut Episode>, s: &ShutdownSignal) -> Action {
         let by = authority(s);
-        let Some(ep) = self.current.as_mut() else {
+        let Some(ep) = current else {
             return audit("no shutdown under way to cancel");
         };
-        match path {
-            Some(ShutdownPath::Immediate) => audit("a forced shutdown cannot be cancelled"),
+        match ep.path {
+            ShutdownPath::Immediate => audit("a forced shutdown cannot be cancelled"),
             // Nothing was done: a privileged caller's own word withdraws it.
-            Some(ShutdownPath::Pending) if by >= Authority::Privileged => {
+            ShutdownPath::Pending if by >= Authority::Privileged => {
                 ep.path = ShutdownPath::Cancelled;
                 Action::Cancel
             }
             // A privileged caller's `shutdown -c` counts once logind clears
             // its scheduled shutdown, unless no bus can say so.
-            Some(ShutdownPath::Scheduled | ShutdownPath::Graceful)
+            ShutdownPath::Scheduled | ShutdownPath::Graceful
                 if by == Authority::Privileged && self.host_reachable =>
             {
                 audit("a cancel request: waiting for logind to clear its scheduled shutdown or send PrepareForShutdown(false)")
             }
-            Some(ShutdownPath::Scheduled | ShutdownPath::Graceful) if by >= ep.authority => {
+            ShutdownPath::Scheduled | ShutdownPath::Graceful if by >= ep.authority => {
                 ep.path = ShutdownPath::Cancelled;
                 Action::Cancel
             }
@@ -456,8 +453,8 @@ impl Decider {
     /// caller's own request) started is retracted; a shutdown the host
     /// confirmed goes on (its expected end still applies), and so does
     /// another caller's proof.
-    fn failed(&mut self, s: &ShutdownSignal, why: &str, path: Option<ShutdownPath>) -> Action {
-        let Some(ep) = self.current.as_mut() else {
+    fn failed(&self, current: Option<&mut Episode>, s: &ShutdownSignal, why: &str) -> Action {
+        let Some(ep) = current else {
             return audit(why);
         };
         let pid = s.actor.as_ref().map(|a| a.pid);
@@ -467,7 +464,7 @@ impl Decider {
             .filter(|d| d.pid.is_some() && d.pid == pid)
         {
             let why = format!("{why}: {} proves nothing", d.by);
-            return self.withdraw(why);
+            return withdraw(ep, why);
         }
         if s.source == Source::ToolEnd {
             return audit(&format!("{why}; it proved nothing in this episode"));
@@ -481,8 +478,8 @@ impl Decider {
                 ),
             };
         }
-        match path {
-            Some(ShutdownPath::Pending) => audit(why),
+        match ep.path {
+            ShutdownPath::Pending => audit(why),
             _ if ep.host_confirmed => Action::AuditOnly {
                 why: format!("{why}; the shutdown logind or systemd confirmed goes on"),
             },
@@ -498,41 +495,39 @@ impl Decider {
         }
     }
 
-    /// The current episode's proof of death was wrong: taken off; the
-    /// episode goes on where the host confirmed it, else it fails.
-    fn withdraw(&mut self, why: String) -> Action {
-        let Some(ep) = self.current.as_mut() else {
-            return Action::AuditOnly { why };
-        };
-        ep.death = None;
-        if ep.host_confirmed {
-            Action::Withdraw { why }
-        } else {
-            ep.path = ShutdownPath::Abandoned;
-            Action::Fail { why }
-        }
-    }
-
     /// Opens an episode, or moves the pending or scheduled one on to `path`.
-    fn open_or_confirm(&mut self, s: &ShutdownSignal, path: ShutdownPath, authority: Authority) {
-        match self.current.as_mut() {
-            Some(ep) if matches!(ep.path, ShutdownPath::Pending | ShutdownPath::Scheduled) => {
+    fn open_or_confirm<'a>(
+        &mut self,
+        slot: &'a mut Option<Episode>,
+        s: &ShutdownSignal,
+        path: ShutdownPath,
+        authority: Authority,
+    ) -> &'a mut Episode {
+        match slot.take() {
+            Some(mut ep) if matches!(ep.path, ShutdownPath::Pending | ShutdownPath::Scheduled) => {
                 ep.path = path;
-                confirm(ep, s, authority);
+                confirm(&mut ep, s, authority);
                 ep.forced |= s.forced;
+                slot.insert(ep)
             }
-            _ => self.open(s, path, authority),
+            _ => self.open(slot, s, path, authority),
         }
     }
 
-    fn open(&mut self, s: &ShutdownSignal, path: ShutdownPath, authority: Authority) {
+    fn open<'a>(
+        &mut self,
+        slot: &'a mut Option<Episode>,
+        s: &ShutdownSignal,
+        path: ShutdownPath,
+        authority: Authority,
+    ) -> &'a mut Episode {
         self.episodes += 1;
         let deadline = match &s.effect {
             Effect::Scheduled { at, .. } => *at,
             _ => s.deadline,
         };
         self.asking = false;
-        self.current = Some(Episode {
+        slot.insert(Episode {
             id: self.episodes,
             kind: s.kind,
             path,
@@ -546,7 +541,19 @@ impl Decider {
             marked: false,
             expected_end: None,
             death: None,
-        });
+        })
+    }
+}
+
+/// The episode's proof of death was wrong: taken off; the episode goes on
+/// where the host confirmed it, else it fails.
+fn withdraw(ep: &mut Episode, why: String) -> Action {
+    ep.death = None;
+    if ep.host_confirmed {
+        Action::Withdraw { why }
+    } else {
+        ep.path = ShutdownPath::Abandoned;
+        Action::Fail { why }
     }
 }
 
