@@ -24,19 +24,17 @@
 //! logind, then systemd's job, then the final reboot(2)): those merge into one
 mod claims;
 mod episode;
-mod proof;
 
 use std::time::{Duration, SystemTime};
 
 use claims::{
-    authority, authority_name, can_reboot, cannot_happen, confirms_as_host, summary, who,
+    authority, authority_name, can_reboot, cannot_happen, confirms_as_host, prove, summary, who,
 };
+pub use claims::{proof_of, Death, Proof};
 pub use episode::{
     plus, Action, Authority, BeforeCluster, Decision, DecisionPolicy, Episode, ShutdownPath, Tick,
     TimelineEntry, MAX_TIMELINE,
 };
-use proof::prove;
-pub use proof::{proof_of, Death, Proof};
 
 use crate::signal::{Effect, Kind, Scope, ShutdownSignal, Source};
 pub use crate::signal::{HostAnswer, HostQuery};
