@@ -7,7 +7,12 @@
 //! prints SKIPPED.
 use std::{collections::BTreeSet, path::PathBuf, process::Command};
 
-use lastgasp::{act::metrics::Metrics, controller::ControllerMetrics};
+use lastgasp::{
+    act::metrics::Metrics,
+    controller::ControllerMetrics,
+    decide::{Action, Decision},
+    signal::{Kind, ShutdownSignal, Source},
+};
 use lastgasp_tests::render::{chart_dir, helm, kustomize, render_helm, render_kustomize_dir, repo};
 use serde_json::Value;
 
@@ -43,18 +48,18 @@ fn alerts(rules: &Value) -> Vec<(String, String, Value)> {
 /// family has a sample (an empty family is not encoded at all).
 fn exported() -> String {
     let m = Metrics::default();
-    let one = || vec![("l".to_string(), "v".to_string())];
-    for f in [
-        &m.detections,
-        &m.decisions,
-        &m.ringbuf_drops,
-        &m.boots_ended,
-    ] {
-        f.get_or_create(&one()).inc();
-    }
-    for f in [&m.hooks, &m.boot_info, &m.last_word_armed] {
-        f.get_or_create(&one()).set(1);
-    }
+    let s = ShutdownSignal::of(Source::Exec, Kind::Poweroff);
+    m.count_detection(&s);
+    m.count_decision(&Decision {
+        action: Action::Join,
+        episode: None,
+    });
+    m.set_ringbuf_drops(&[("node", "full", 1)]);
+    m.count_boot_end("graceful");
+    m.set_hook("exec", "tracepoint", true);
+    m.set_boot("b");
+    m.set_last_word("courier", true);
+    m.set_hook_errors([("exec", 1)]);
     let c = ControllerMetrics::default();
     c.count_action("taint-added");
     c.count_ledger_write("applied", 1);
