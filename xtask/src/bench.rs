@@ -57,6 +57,12 @@ pub fn bench(root: &Path, args: &[String]) -> Result<()> {
         );
     }
     k8s::env(&mut cmd, &cp);
+    // The stdout rows stand beside bpftrace on the same tracepoint.
+    let others = ["flood", "lastgasp", "recovery", "zone", "sizing"];
+    if args.iter().any(|a| a == "stdout") || !args.iter().any(|a| others.contains(&a.as_str())) {
+        setup::ensure_debs(&[("bpftrace", "bpftrace")])?;
+        cmd.env("LASTGASP_BPFTRACE", "bpftrace");
+    }
     // The zone and sizing benches apply the kustomize render to the real server.
     if args.iter().any(|a| a == "zone" || a == "sizing") {
         let tools = setup::ensure_manifest_tools()?;

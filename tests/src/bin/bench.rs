@@ -47,13 +47,29 @@ fn main() -> Result<()> {
     let only_flood = std::env::args().any(|a| a == "flood");
     let mut rows = Vec::new();
     // reboot(2) to the agent's stdout, the audit log on tmpfs, then on disk.
+    // bpftrace on the same tracepoint with the same trigger, side by side.
     let stdout_rows = |rows: &mut Vec<Row>| -> Result<()> {
+        let n = if quick { 50 } else { STDOUT_TRIGGERS };
+        let mut tmpfs = None;
         for (dir, on) in [
             (std::path::PathBuf::from("/dev/shm"), "tmpfs"),
             (std::env::temp_dir(), "disk"),
         ] {
-            syscall_to_stdout(rows, &dir, on, if quick { 50 } else { STDOUT_TRIGGERS })?;
+            let p50 = syscall_to_stdout(rows, &dir, on, n)?;
+            tmpfs = tmpfs.or(p50);
         }
+        let bpftrace = bpftrace_to_stdout(rows, n)?;
+        rows.push(Row {
+            what: "lastgasp p50 (audit on tmpfs) / bpftrace p50".into(),
+            figure: match (tmpfs, bpftrace) {
+                (Some(a), Some(b)) => format!("{:.2}× ({a:.1} µs / {b:.1} µs)", a / b),
+                _ => "not measured (a row above says why)".into(),
+            },
+            target: match (tmpfs, bpftrace) {
+                (Some(a), Some(b)) => format!("≤ 2× ({})", verdict(a <= 2.0 * b)),
+                _ => "≤ 2×".into(),
+            },
+        });
         Ok(())
     };
     if std::env::args().any(|a| a == "stdout") {
@@ -523,14 +539,14 @@ fn syscall_to_stdout(
     base: &std::path::Path,
     on: &str,
     n: usize,
-) -> Result<()> {
+) -> Result<Option<f64>> {
     if !base.is_dir() {
         rows.push(Row {
             what: format!("reboot(2) -> JSON line on stdout, audit on {on} (µs)"),
             figure: format!("not measured: no {}", base.display()),
             target: "-".into(),
         });
-        return Ok(());
+        return Ok(None);
     }
     let dir = base.join(format!("lastgasp-bench-stdout-{}", std::process::id()));
     let mut child = Command::new(agent_bin())
@@ -633,7 +649,103 @@ fn syscall_to_stdout(
         },
     });
     rows.extend(part_rows);
-    Ok(())
+    Ok(Some(p50))
+}
+
+/// The same trigger seen by bpftrace on the same tracepoint
+/// (`syscalls:sys_enter_reboot`), one JSON line per call on its stdout: the
+/// floor that any eBPF tracer with a userspace reader sets on this machine.
+/// Its `nsecs` is CLOCK_MONOTONIC, read here on the same clock. Its p50, or
+/// `None` without bpftrace (`cargo xtask bench` installs it).
+fn bpftrace_to_stdout(rows: &mut Vec<Row>, n: usize) -> Result<Option<f64>> {
+    let what = "bpftrace, same tracepoint: reboot(2) -> JSON line on stdout (µs)".to_string();
+    let Some(bpftrace) = std::env::var_os("LASTGASP_BPFTRACE") else {
+        rows.push(Row {
+            what,
+            figure: "not measured: LASTGASP_BPFTRACE unset (`cargo xtask bench` sets it)".into(),
+            target: "-".into(),
+        });
+        return Ok(None);
+    };
+    let prog = r#"tracepoint:syscalls:sys_enter_reboot { printf("{\"pid\": %d, \"tid\": %d, \"uid\": %d, \"comm\": \"%s\", \"magic2\": %d, \"cmd\": %d, \"ns\": %llu}\n", pid, tid, uid, comm, args->magic2, args->cmd, nsecs); }"#;
+    let mut child = Command::new(&bpftrace)
+        .args(["-B", "line", "-e", prog])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting bpftrace (LASTGASP_BPFTRACE)")?;
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let (tx, lines) = std::sync::mpsc::channel::<(String, u64)>();
+    thread::spawn(move || {
+        let mut line = String::new();
+        while out.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if tx.send((line.clone(), monotonic_ns())).is_err() {
+                break;
+            }
+            line.clear();
+        }
+    });
+    let bad_reboot = || unsafe {
+        // magic1 = 0: EINVAL, nothing else happens.
+        libc::syscall(
+            libc::SYS_reboot,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0x4321fedc_i64,
+            0,
+        )
+    };
+    // Armed once a call of ours comes out (it prints "Attaching..." first).
+    let me = i64::from(std::process::id());
+    let ours = |line: &str| {
+        serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .filter(|v| v["pid"].as_i64() == Some(me))
+    };
+    let armed_by = Instant::now() + Duration::from_secs(60);
+    'arm: loop {
+        if Instant::now() > armed_by {
+            let _ = child.kill();
+            bail!("bpftrace did not print a call within 60 s");
+        }
+        bad_reboot();
+        while let Ok((l, _)) = lines.recv_timeout(Duration::from_millis(200)) {
+            if ours(&l).is_some() {
+                break 'arm;
+            }
+        }
+    }
+    while lines.recv_timeout(Duration::from_millis(200)).is_ok() {}
+    let mut lat_us = Vec::with_capacity(n);
+    for _ in 0..n {
+        bad_reboot();
+        loop {
+            let (l, read_at) = lines
+                .recv_timeout(Duration::from_secs(10))
+                .context("bpftrace printed nothing within 10 s")?;
+            if let Some(v) = ours(&l) {
+                let at = v["ns"].as_u64().unwrap_or(read_at);
+                lat_us.push(read_at.saturating_sub(at) as f64 / 1e3);
+                break;
+            }
+        }
+        thread::sleep(Duration::from_millis(3));
+    }
+    let _ = child.kill();
+    child.wait()?;
+    let mut sorted = lat_us.clone();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    rows.push(Row {
+        what,
+        figure: distribution(lat_us),
+        target: "-".into(),
+    });
+    Ok(Some(percentile(&sorted, 0.5)))
+}
+
+fn monotonic_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }
 
 fn mean(v: &[f64]) -> f64 {
