@@ -669,7 +669,7 @@ fn bpftrace_to_stdout(rows: &mut Vec<Row>, n: usize) -> Result<Option<f64>> {
     };
     let prog = r#"tracepoint:syscalls:sys_enter_reboot { printf("{\"pid\": %d, \"tid\": %d, \"uid\": %d, \"comm\": \"%s\", \"magic2\": %d, \"cmd\": %d, \"ns\": %llu}\n", pid, tid, uid, comm, args->magic2, args->cmd, nsecs); }"#;
     let mut child = Command::new(&bpftrace)
-        .args(["-B", "line", "-e", prog])
+        .args(["-B", "none", "-e", prog])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
