@@ -121,21 +121,18 @@ pub(crate) fn pod_and_container(path: &str) -> (Option<String>, Option<String>) 
 
 fn parents(pid: u32) -> Vec<Parent> {
     let mut out = Vec::new();
-    let mut cur = pid;
-    while out.len() < MAX_PARENTS {
-        let Some(ppid) = ppid_of(cur) else { break };
-        if ppid == 0 {
-            break;
-        }
-        let comm = Process::new(ppid as i32)
-            .and_then(|p| p.stat())
-            .map(|s| s.comm)
-            .unwrap_or_default();
-        out.push(Parent { pid: ppid, comm });
+    let mut next = ppid_of(pid);
+    // One read of each parent's stat: its comm, and its own parent.
+    while let Some(ppid) = next.filter(|&p| p != 0 && out.len() < MAX_PARENTS) {
+        let stat = Process::new(ppid as i32).and_then(|p| p.stat()).ok();
+        next = stat.as_ref().and_then(|s| u32::try_from(s.ppid).ok());
+        out.push(Parent {
+            pid: ppid,
+            comm: stat.map(|s| s.comm).unwrap_or_default(),
+        });
         if ppid == 1 {
             break;
         }
-        cur = ppid;
     }
     out
 }
@@ -192,6 +189,34 @@ mod tests {
         enrich_with(&mut a, true);
         assert!(a.exe.is_some(), "our own exe must be readable");
         assert!(!a.parents.is_empty(), "a test process has a parent");
+    }
+
+    #[test]
+    fn the_parents_are_the_chain_proc_status_names() {
+        // Each PPid read from /proc/PID/status, independently of procfs.
+        let ppid = |pid: u32| -> u32 {
+            let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let line = status.lines().find(|l| l.starts_with("PPid:")).unwrap();
+            line[5..].trim().parse().unwrap()
+        };
+        let me = std::process::id();
+        let chain = parents(me);
+        let mut want = Vec::new();
+        let mut cur = me;
+        while want.len() < MAX_PARENTS {
+            let p = ppid(cur);
+            if p == 0 {
+                break;
+            }
+            want.push(p);
+            if p == 1 {
+                break;
+            }
+            cur = p;
+        }
+        let got: Vec<u32> = chain.iter().map(|p| p.pid).collect();
+        assert_eq!(got, want);
+        assert!(chain.iter().all(|p| !p.comm.is_empty()), "{chain:?}");
     }
 
     #[test]
