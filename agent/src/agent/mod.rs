@@ -132,7 +132,7 @@ impl Agent {
 
     /// The cluster half is here: what waited for it goes out.
     pub async fn join_cluster(&mut self, c: Arc<Cluster>) {
-        let current = self.decider.episode().cloned();
+        let current = self.decider.episode();
         self.act.join_cluster(c, current).await;
     }
 

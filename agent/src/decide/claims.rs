@@ -2,7 +2,7 @@
 //! leaves time, whether it can happen at all, and the proof of death it
 //! carries (what shows that the node's kernel goes down now; its types are
 //! the contract in `lastgasp_common::wire::episode`).
-use super::{Authority, Episode};
+use super::{episode::Live, Authority};
 pub use lastgasp_common::wire::episode::{Death, Proof};
 
 use crate::signal::{Detail, Effect, Kind, Scope, ShutdownSignal, Source};
@@ -175,7 +175,7 @@ pub fn proof_of(s: &ShutdownSignal) -> Option<Death> {
 }
 
 /// Keeps the stronger proof: the first of equal strength stays.
-pub(super) fn prove(ep: &mut Episode, s: &ShutdownSignal) -> bool {
+pub(super) fn prove(ep: &mut Live, s: &ShutdownSignal) -> bool {
     match proof_of(s) {
         Some(d) if ep.death.as_ref().is_none_or(|old| d.proof > old.proof) => {
             ep.death = Some(d);

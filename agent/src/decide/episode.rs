@@ -1,10 +1,52 @@
-//! The decider's knobs and what `tick` asks; the episode's types are the
-//! contract in `lastgasp_common::wire::episode`.
+//! The episode as the decider keeps it, its knobs and what `tick` asks. What
+//! a decision carries out is the contract in `lastgasp_common::wire::episode`
+//! (`Live::record` maps one to the other).
 use std::time::{Duration, SystemTime};
 
 pub use lastgasp_common::wire::episode::{
     Action, Authority, BeforeCluster, Decision, Episode, ShutdownPath, TimelineEntry, MAX_TIMELINE,
 };
+
+use crate::{decide::Death, signal::Kind};
+
+/// The episode under way: the decider's own state, private to it.
+#[derive(Clone, Debug)]
+pub(super) struct Live {
+    pub(super) id: u32,
+    pub(super) kind: Kind,
+    pub(super) path: ShutdownPath,
+    pub(super) timeline: Vec<TimelineEntry>,
+    pub(super) timeline_omitted: u32,
+    pub(super) deadline: Option<SystemTime>,
+    pub(super) protected: bool,
+    pub(super) forced: bool,
+    pub(super) authority: Authority,
+    pub(super) host_confirmed: bool,
+    pub(super) marked: bool,
+    pub(super) expected_end: Option<SystemTime>,
+    pub(super) death: Option<Death>,
+}
+
+impl Live {
+    /// As decisions carry it (to the audit, the act stage and the Node).
+    pub(super) fn record(&self) -> Episode {
+        Episode {
+            id: self.id,
+            kind: self.kind,
+            path: self.path,
+            timeline: self.timeline.clone(),
+            timeline_omitted: self.timeline_omitted,
+            deadline: self.deadline,
+            protected: self.protected,
+            forced: self.forced,
+            authority: self.authority,
+            host_confirmed: self.host_confirmed,
+            marked: self.marked,
+            expected_end: self.expected_end,
+            death: self.death.clone(),
+        }
+    }
+}
 
 /// `t + d`, or the latest time a log can write when that is past it
 /// (`timespan::latest`): a deadline from outside (a bus signal, a tool's

@@ -31,6 +31,7 @@ use claims::{
     authority, authority_name, can_reboot, cannot_happen, confirms_as_host, prove, summary, who,
 };
 pub use claims::{proof_of, Death, Proof};
+use episode::Live;
 pub use episode::{
     plus, Action, Authority, BeforeCluster, Decision, DecisionPolicy, Episode, ShutdownPath, Tick,
     TimelineEntry, MAX_TIMELINE,
@@ -42,7 +43,7 @@ pub use crate::signal::{HostAnswer, HostQuery};
 #[derive(Default, Clone)]
 pub struct Decider {
     policy: DecisionPolicy,
-    current: Option<Episode>,
+    current: Option<Live>,
     episodes: u32,
     lock_held: bool,
     /// logind or systemd can be reached: requests wait for them.
@@ -81,8 +82,9 @@ impl Decider {
         self.host_reachable = reachable;
     }
 
-    pub fn episode(&self) -> Option<&Episode> {
-        self.current.as_ref()
+    /// The episode under way, as decisions carry it.
+    pub fn episode(&self) -> Option<Episode> {
+        self.current.as_ref().map(Live::record)
     }
 
     pub fn decide(&mut self, s: &ShutdownSignal) -> Decision {
@@ -194,7 +196,7 @@ impl Decider {
     }
 
     fn finish(&mut self, action: Action) -> Decision {
-        let episode = self.current.clone();
+        let episode = self.current.as_ref().map(Live::record);
         if matches!(
             action,
             Action::Cancel | Action::Abandon { .. } | Action::Expire { .. } | Action::Fail { .. }
@@ -255,7 +257,7 @@ impl Decider {
     /// A shutdown scheduled for later (`shutdown +5`, logind's schedule).
     fn scheduled(
         &mut self,
-        slot: &mut Option<Episode>,
+        slot: &mut Option<Live>,
         s: &ShutdownSignal,
         at: Option<SystemTime>,
     ) -> Action {
@@ -283,7 +285,7 @@ impl Decider {
         }
     }
 
-    fn decide_now(&mut self, slot: &mut Option<Episode>, s: &ShutdownSignal) -> Action {
+    fn decide_now(&mut self, slot: &mut Option<Live>, s: &ShutdownSignal) -> Action {
         if let Some(why) = cannot_happen(s) {
             return Action::AuditOnly { why };
         }
@@ -291,9 +293,8 @@ impl Decider {
         // PID 1 running systemd-shutdown ends an orderly shutdown: it confirms
         // a graceful one, and means no time is left where none was seen.
         if s.is_pid1_shutdown() {
-            let orderly = |e: &&mut Episode| {
-                matches!(e.path, ShutdownPath::Graceful | ShutdownPath::Scheduled)
-            };
+            let orderly =
+                |e: &&mut Live| matches!(e.path, ShutdownPath::Graceful | ShutdownPath::Scheduled);
             if let Some(ep) = slot.as_mut().filter(orderly) {
                 confirm(ep, s, authority);
                 return Action::Join;
@@ -317,7 +318,7 @@ impl Decider {
     /// A shutdown that leaves no time: the last word, or an escalation.
     fn no_time_left(
         &mut self,
-        slot: &mut Option<Episode>,
+        slot: &mut Option<Live>,
         s: &ShutdownSignal,
         authority: Authority,
     ) -> Action {
@@ -353,7 +354,7 @@ impl Decider {
     /// A shutdown with time for the graceful path.
     fn time_left(
         &mut self,
-        slot: &mut Option<Episode>,
+        slot: &mut Option<Live>,
         s: &ShutdownSignal,
         authority: Authority,
     ) -> Action {
@@ -397,7 +398,7 @@ impl Decider {
     }
 
     /// A request that waits for confirmation.
-    fn pend(&mut self, slot: &mut Option<Episode>, s: &ShutdownSignal) -> Action {
+    fn pend(&mut self, slot: &mut Option<Live>, s: &ShutdownSignal) -> Action {
         match slot {
             // Another request while one waits: it waits with it.
             Some(ep) if ep.path == ShutdownPath::Pending => Action::Pending {
@@ -413,7 +414,7 @@ impl Decider {
         }
     }
 
-    fn cancel(&self, current: Option<&mut Episode>, s: &ShutdownSignal) -> Action {
+    fn cancel(&self, current: Option<&mut Live>, s: &ShutdownSignal) -> Action {
         let by = authority(s);
         let Some(ep) = current else {
             return audit("no shutdown under way to cancel");
@@ -451,7 +452,7 @@ impl Decider {
     /// caller's own request) started is retracted; a shutdown the host
     /// confirmed goes on (its expected end still applies), and so does
     /// another caller's proof.
-    fn failed(&self, current: Option<&mut Episode>, s: &ShutdownSignal, why: &str) -> Action {
+    fn failed(&self, current: Option<&mut Live>, s: &ShutdownSignal, why: &str) -> Action {
         let Some(ep) = current else {
             return audit(why);
         };
@@ -496,11 +497,11 @@ impl Decider {
     /// Opens an episode, or moves the pending or scheduled one on to `path`.
     fn open_or_confirm<'a>(
         &mut self,
-        slot: &'a mut Option<Episode>,
+        slot: &'a mut Option<Live>,
         s: &ShutdownSignal,
         path: ShutdownPath,
         authority: Authority,
-    ) -> &'a mut Episode {
+    ) -> &'a mut Live {
         match slot.take() {
             Some(mut ep) if matches!(ep.path, ShutdownPath::Pending | ShutdownPath::Scheduled) => {
                 ep.path = path;
@@ -514,18 +515,18 @@ impl Decider {
 
     fn open<'a>(
         &mut self,
-        slot: &'a mut Option<Episode>,
+        slot: &'a mut Option<Live>,
         s: &ShutdownSignal,
         path: ShutdownPath,
         authority: Authority,
-    ) -> &'a mut Episode {
+    ) -> &'a mut Live {
         self.episodes += 1;
         let deadline = match &s.effect {
             Effect::Scheduled { at, .. } => *at,
             _ => s.deadline,
         };
         self.asking = false;
-        slot.insert(Episode {
+        slot.insert(Live {
             id: self.episodes,
             kind: s.kind,
             path,
@@ -545,7 +546,7 @@ impl Decider {
 
 /// The episode's proof of death was wrong: taken off; the episode goes on
 /// where the host confirmed it, else it fails.
-fn withdraw(ep: &mut Episode, why: String) -> Action {
+fn withdraw(ep: &mut Live, why: String) -> Action {
     ep.death = None;
     if ep.host_confirmed {
         Action::Withdraw { why }
@@ -566,7 +567,7 @@ fn audit(why: &str) -> Action {
     Action::AuditOnly { why: why.into() }
 }
 
-fn confirm(ep: &mut Episode, s: &ShutdownSignal, authority: Authority) {
+fn confirm(ep: &mut Live, s: &ShutdownSignal, authority: Authority) {
     ep.authority = ep.authority.max(authority);
     ep.host_confirmed |= confirms_as_host(s);
 }
