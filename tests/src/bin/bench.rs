@@ -350,16 +350,7 @@ async fn detection_latency(rows: &mut Vec<Row>, n: usize) -> Result<()> {
             if go_rx.recv().is_err() {
                 return;
             }
-            // magic1 = 0: EINVAL, nothing else happens.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_reboot,
-                    0 as libc::c_long,
-                    0 as libc::c_long,
-                    0x4321fedc_i64,
-                    0,
-                )
-            };
+            bad_reboot();
             let _ = tx.send(());
         }
     });
@@ -589,16 +580,7 @@ fn syscall_to_stdout(
     let me = std::process::id();
     let mut lat_us = Vec::with_capacity(n);
     for _ in 0..n {
-        // magic1 = 0: EINVAL, nothing else happens.
-        unsafe {
-            libc::syscall(
-                libc::SYS_reboot,
-                0 as libc::c_long,
-                0 as libc::c_long,
-                0x4321fedc_i64,
-                0,
-            )
-        };
+        bad_reboot();
         loop {
             line.clear();
             if out.read_line(&mut line)? == 0 {
@@ -685,16 +667,6 @@ fn bpftrace_to_stdout(rows: &mut Vec<Row>, n: usize) -> Result<Option<f64>> {
             line.clear();
         }
     });
-    let bad_reboot = || unsafe {
-        // magic1 = 0: EINVAL, nothing else happens.
-        libc::syscall(
-            libc::SYS_reboot,
-            0 as libc::c_long,
-            0 as libc::c_long,
-            0x4321fedc_i64,
-            0,
-        )
-    };
     // Armed once a call of ours comes out (it prints "Attaching..." first).
     let me = i64::from(std::process::id());
     let ours = |line: &str| {
@@ -741,6 +713,20 @@ fn bpftrace_to_stdout(rows: &mut Vec<Row>, n: usize) -> Result<Option<f64>> {
         target: "-".into(),
     });
     Ok(Some(percentile(&sorted, 0.5)))
+}
+
+/// reboot(2) with magic1 = 0: EINVAL, nothing else happens (both hooks see
+/// its entry).
+fn bad_reboot() {
+    unsafe {
+        libc::syscall(
+            libc::SYS_reboot,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0x4321fedc_i64,
+            0,
+        )
+    };
 }
 
 fn monotonic_ns() -> u64 {
