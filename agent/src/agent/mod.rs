@@ -140,7 +140,7 @@ impl Agent {
     /// shutdown: one under way takes the bus down with it, and the API
     /// server's time is the last gasp's.
     pub async fn report_degraded(&mut self, state: &crate::act::degraded::State) {
-        if self.decider.episode().is_none() {
+        if !self.decider.in_episode() {
             self.act
                 .report_degraded(state, std::time::Instant::now())
                 .await;
@@ -164,7 +164,7 @@ impl Agent {
 
     /// A shutdown episode is under way.
     pub fn episode_open(&self) -> bool {
-        self.decider.episode().is_some()
+        self.decider.in_episode()
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -232,7 +232,7 @@ impl Agent {
         if matches!(d.action, Action::AuditOnly { .. } | Action::Join) && d.episode.is_some() {
             return;
         }
-        if self.decider.episode().is_none() {
+        if !self.decider.in_episode() {
             return self.act.drop_courier_kit();
         }
         let now = SystemTime::now();

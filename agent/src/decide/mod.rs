@@ -87,6 +87,11 @@ impl Decider {
         self.current.as_ref().map(Live::record)
     }
 
+    /// Whether an episode is under way (without mapping it).
+    pub fn in_episode(&self) -> bool {
+        self.current.is_some()
+    }
+
     pub fn decide(&mut self, s: &ShutdownSignal) -> Decision {
         let action = self.action(s);
         if let Some(ep) = self.current.as_mut() {
