@@ -131,6 +131,8 @@ if [ -f "$IN/node.env" ]; then
     . "$IN/node.env"
     # shellcheck source=node.sh
     . "$IN/node.sh"
+    # The images' own boot (vm::node::preload): imported, then powered off.
+    [ "${PRELOAD:-0}" = 1 ] && node_preload
     node_network
     node_files
     node_up

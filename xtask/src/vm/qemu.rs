@@ -148,6 +148,9 @@ pub struct Spec<'a> {
     pub apparmor: bool,
     /// From the runner's BOOT marker to ARMED (or FAIL).
     pub arm_timeout: Duration,
+    /// A qcow2 disk to stack the root overlay on instead of the image (the
+    /// real node's, its images imported: `node::preload`).
+    pub base: Option<PathBuf>,
 }
 
 /// The guest's memory for the agent as a host service.
@@ -598,10 +601,14 @@ impl Guest<'_> {
         }
 
         let overlay = dir.join("root.qcow2");
+        let (format, base) = match &spec.base {
+            Some(b) => ("qcow2", b),
+            None => ("raw", &self.image.base),
+        };
         run_quiet(
             Command::new("qemu-img")
-                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-                .arg(&self.image.base)
+                .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
+                .arg(base)
                 .arg(&overlay),
         )?;
         let audit_img = dir.join("audit.img");

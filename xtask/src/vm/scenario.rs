@@ -719,6 +719,7 @@ fn run_inner(
         mem_mib: super::qemu::MEM_MIB,
         apparmor: false,
         arm_timeout: super::qemu::ARM_TIMEOUT,
+        base: None,
     };
     if let Some(c) = cluster.as_deref_mut() {
         c.prepare(&mut spec)?;
@@ -810,6 +811,7 @@ fn next_boot(
         mem_mib: super::qemu::MEM_MIB,
         apparmor: false,
         arm_timeout: super::qemu::ARM_TIMEOUT,
+        base: None,
     };
     if let Some(c) = cluster.as_deref() {
         c.attach(&mut spec)?;
