@@ -3,6 +3,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    time::Instant,
 };
 
 use anyhow::{Context, Result};
@@ -14,8 +15,10 @@ use crate::{
 };
 
 pub fn test(root: &Path, args: &[String]) -> Result<()> {
+    let clock = Clock(Instant::now());
     enough_disk(&target_dir(root))?;
     lint::lint(root)?;
+    clock.done("lint");
     // The D-Bus tests run a private dbus-daemon and use dbus-send.
     setup::ensure_debs(&[("dbus-daemon", "dbus-daemon"), ("dbus-send", "dbus-bin")])?;
     // The alerts' unit tests (tests/monitoring.rs) run promtool.
@@ -52,6 +55,7 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
         cmd.args(["--", "--test-threads=1"]);
     }
     run(&mut cmd)?;
+    clock.done("setup, build and cargo test");
     // Last: the DaemonSet's image, built by the Containerfile and
     // run as the DaemonSet runs it; then real shutdowns in a QEMU guest
     // (a named subset, vm::CI_SUBSET), or SKIPPED with the reason
@@ -63,14 +67,30 @@ pub fn test(root: &Path, args: &[String]) -> Result<()> {
         // runs it), pushed to a real registry and pulled back.
         let dist = release::release(root, None, crate::image::Base::Local)?;
         release::verify(root, &dist)?;
+        clock.done("the release (both images) and its registry round trip");
         // The debug agent `test` just built: no second (release) build within CI's budget.
-        vm::ci(root, || build(root, false))?;
+        let vm = vm::ci(root, || build(root, false));
+        clock.done("the VM subset and the real node");
+        vm?;
     } else {
         println!("SKIPPED VM scenarios: a test filter was given (`cargo xtask vm-test` runs them)");
     }
     std::fs::remove_dir_all(&scratch)
         .with_context(|| format!("removing the tests' scratch {}", scratch.display()))?;
     Ok(())
+}
+
+/// Each stage's time on stdout as it ends: CI keeps only the tail of the
+/// output, and its budget is 90 min.
+struct Clock(Instant);
+
+impl Clock {
+    fn done(&self, stage: &str) {
+        println!(
+            "xtask test: {stage} done at +{:.1} min",
+            self.0.elapsed().as_secs_f64() / 60.0
+        );
+    }
 }
 
 /// The tests' temporary files (a control plane's etcd is 130 MB) go under

@@ -219,7 +219,12 @@ pub fn ci(root: &Path, build_agent: impl FnOnce() -> Result<PathBuf>) -> Result<
         ..Args::default()
     };
     println!("vm-test: the CI subset: {}", CI_SUBSET.join(", "));
+    let started = Instant::now();
     let subset = run_all(root, &selected, 0, &args, "debug");
+    println!(
+        "vm-test: the CI subset took {:.1} min",
+        started.elapsed().as_secs_f64() / 60.0
+    );
     // Then the real node: the agent as its DaemonSet's pod (the image
     // `cargo xtask test` built just before), the kubelet's graceful
     // shutdown off, `systemctl poweroff --force`, one boot. Run even when
