@@ -21,7 +21,7 @@ use crate::vm::qemu::{Exit, Guest, Spec};
 const FILES: &[&str] = &["node.sh", "node/containerd.toml", "node/tags"];
 const IMAGES: &str = "node/images/";
 /// What the guest compares: the archives' and tags' sums, as the host saw them.
-pub(super) const SUM: &str = "node/images.sum";
+const SUM: &str = "node/images.sum";
 
 /// Boots the guest once to import the images, unless a disk for the same
 /// images and guest image is there from an earlier call; then every cell of
@@ -83,11 +83,9 @@ fn sha256(data: &[u8]) -> Result<String> {
     let out = child.wait_with_output()?;
     ensure!(out.status.success(), "sha256sum failed");
     let hex = String::from_utf8_lossy(&out.stdout);
-    Ok(hex
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string())
+    let hex = hex.split_whitespace().next().unwrap_or_default();
+    ensure!(hex.len() == 64, "sha256sum said {hex:?}");
+    Ok(hex.to_string())
 }
 
 fn boot(guest: &Guest, p: &Prepared, dir: &Path, sum: &str) -> Result<()> {
