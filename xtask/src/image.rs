@@ -282,6 +282,20 @@ pub fn save_index(target: &Path, images: &[Image], to: &Path) -> Result<()> {
 /// process without arguments, a workload that takes N ms to stop with one),
 /// `FROM scratch`, saved as an OCI archive. Returns (archive, tag).
 pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
+    let tag = "localhost/lastgasp-sleeper:1".to_string();
+    let archive = target.join("image/lastgasp-sleeper.oci.tar");
+    let containerfile = "# Made by cargo xtask vm-test --node: one static binary.\n\
+         FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/sleeper\"]\n";
+    // Built once per source: a rebuild is another image (its creation time),
+    // and the real node's preloaded disk is keyed on the archives' bytes.
+    let source = root.join("tests/vm/node/sleeper.c");
+    let mut key = fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
+    key.extend_from_slice(containerfile.as_bytes());
+    let built_from = target.join("image/lastgasp-sleeper.source");
+    if archive.is_file() && fs::read(&built_from).is_ok_and(|k| k == key) {
+        return Ok((archive, tag));
+    }
+    let _ = fs::remove_file(&built_from);
     setup::ensure_debs(&[("podman", "podman"), ("runc", "runc"), ("gcc", "gcc")])?;
     // Its context; the images' storage is the release's (`podman_dir`).
     let dir = target.join("image/sleeper");
@@ -292,15 +306,10 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
         Command::new("gcc")
             .args(["-static", "-O2", "-o"])
             .arg(dir.join("rootfs/sleeper"))
-            .arg(root.join("tests/vm/node/sleeper.c")),
+            .arg(&source),
     )
     .context("gcc -static tests/vm/node/sleeper.c (needs Debian's libc6-dev)")?;
-    fs::write(
-        dir.join("Containerfile"),
-        "# Made by cargo xtask vm-test --node: one static binary.\n\
-         FROM scratch\nCOPY rootfs/ /\nENTRYPOINT [\"/sleeper\"]\n",
-    )?;
-    let tag = "localhost/lastgasp-sleeper:1".to_string();
+    fs::write(dir.join("Containerfile"), containerfile)?;
     build_replacing(
         &storage,
         &tag,
@@ -309,8 +318,8 @@ pub fn sleeper(root: &Path, target: &Path) -> Result<(PathBuf, String)> {
             .arg(&dir),
     )
     .context("podman build (sleeper)")?;
-    let archive = target.join("image/lastgasp-sleeper.oci.tar");
     save_archive(&storage, &tag, &archive).context("podman save (sleeper)")?;
+    fs::write(&built_from, &key)?;
     Ok((archive, tag))
 }
 

@@ -26,7 +26,8 @@ node_files() {
     cp "$IN/node/kubelet.service" /run/systemd/system/kubelet.service
     # The binaries run from the root file system: the share may go first
     # in a shutdown.
-    cp "$IN/node/kubelet" /usr/local/bin/kubelet
+    # PRELOADED=1: the kubelet is on the disk already (node_preload).
+    [ "${PRELOADED:-0}" = 1 ] || cp "$IN/node/kubelet" /usr/local/bin/kubelet
     cp "$IN/lastgasp" /usr/local/sbin/lastgasp
     cp "$IN/node/watch.sh" /usr/local/sbin/lastgasp-vm-watch
     chmod 755 /usr/local/bin/kubelet /usr/local/sbin/lastgasp
@@ -71,10 +72,13 @@ node_images() {
     say "IMAGES imported"
 }
 
-# PRELOAD=1: only the images, into the root disk every cell then boots from.
+# PRELOAD=1: the images and the kubelet, into the root disk every cell then
+# boots from.
 node_preload() {
     mkdir -p /etc/containerd /var/lib/lastgasp-vm
     cp "$IN/node/containerd.toml" /etc/containerd/config.toml
+    cp "$IN/node/kubelet" /usr/local/bin/kubelet
+    chmod 755 /usr/local/bin/kubelet
     systemctl start containerd || { say "FAIL containerd did not start"; finish fail; }
     node_images || finish fail
     systemctl stop containerd

@@ -1,5 +1,5 @@
 //! The real node's root disk with its two images already in containerd's
-//! store. `ctr images import` took 73-123 s of every cell's boot under TCG
+//! store (and the kubelet in place). `ctr images import` took 73-123 s of every cell's boot under TCG
 //! (nine cells per CI run); here one boot of its own imports them, powers off,
 //! and every cell's root overlay is stacked on that disk. A cell then checks
 //! that the disk holds this run's images (`images.sum`) and fails if not: it
@@ -19,7 +19,10 @@ use crate::vm::qemu::{Exit, Guest, Spec};
 
 /// The share's files a preload boot needs (the rest is the cells').
 const FILES: &[&str] = &["node.sh", "node/containerd.toml", "node/tags"];
+/// On the disk, not on a cell's share: the images, and the kubelet (77 MB
+/// through 9p at every boot otherwise).
 const IMAGES: &str = "node/images/";
+const KUBELET: &str = "node/kubelet";
 /// What the guest compares: the archives' and tags' sums, as the host saw them.
 const SUM: &str = "node/images.sum";
 
@@ -42,7 +45,8 @@ pub fn preload(guest: &Guest, p: &mut Prepared, out: &Path) -> Result<()> {
         boot(guest, p, &dir, &sum)?;
         fs::write(&stamp, &sum)?;
     }
-    p.files.retain(|(n, _)| !n.starts_with(IMAGES));
+    p.files
+        .retain(|(n, _)| !n.starts_with(IMAGES) && n != KUBELET);
     p.files.push((SUM.into(), sum.into_bytes()));
     p.preloaded = Some(disk);
     Ok(())
@@ -58,7 +62,7 @@ fn images_sum(guest: &Guest, p: &Prepared) -> Result<String> {
         .as_nanos();
     let mut listed = format!("{} {base}\n", guest.image.key);
     for (name, data) in &p.files {
-        if name.starts_with(IMAGES) || name == "node/tags" {
+        if name.starts_with(IMAGES) || name == "node/tags" || name == KUBELET {
             listed.push_str(&format!("{} {name}\n", sha256(data)?));
         }
     }
@@ -93,7 +97,7 @@ fn boot(guest: &Guest, p: &Prepared, dir: &Path, sum: &str) -> Result<()> {
     let mut files: Vec<(String, Vec<u8>)> = p
         .files
         .iter()
-        .filter(|(n, _)| FILES.contains(&n.as_str()) || n.starts_with(IMAGES))
+        .filter(|(n, _)| FILES.contains(&n.as_str()) || n.starts_with(IMAGES) || n == KUBELET)
         .cloned()
         .collect();
     files.push((SUM.into(), sum.as_bytes().to_vec()));
