@@ -266,4 +266,6 @@ say "TRIGGER-RETURNED rc=$rc"
 # ends it and reports it as not shut down. The others end here.
 sleep "$WAIT"
 say "STILL-UP after ${WAIT}s"
+# Then what the scenario does once it has stayed up (drill-uninstall).
+if declare -F after_still_up > /dev/null; then after_still_up >> "$OUT/trigger.out" 2>&1; fi
 finish still-up

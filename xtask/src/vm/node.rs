@@ -56,6 +56,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "the agent's DaemonSet deleted: the host as before the install",
     ),
     (
+        DRILL_UNINSTALL,
+        "the README's drill, then the agent's DaemonSet deleted, in one boot",
+    ),
+    (
         "refused-poweroff-f",
         "kubelet stopped; poweroff -f, its reboot(2) refused by seccomp",
     ),
@@ -77,6 +81,9 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The drill and the uninstall, each judged as on its own, in one boot.
+pub const DRILL_UNINSTALL: &str = "drill-uninstall";
+
 /// The scenario with no shutdown at all: no record, no fence; switched on
 /// again whatever `--one-boot` says, for the next boot's word on it.
 pub const POWER_LOSS: &str = "power-loss";
@@ -86,6 +93,7 @@ pub const POWER_LOSS: &str = "power-loss";
 pub const STAYS_UP: &[&str] = &[
     "drill",
     "uninstall",
+    DRILL_UNINSTALL,
     "refused-poweroff-f",
     "killed-poweroff-f",
     "apparmor-refused-poweroff-f",
@@ -155,15 +163,15 @@ impl CgroupDriver {
 /// driver on a read-only `/usr` (`CI_RO_USR`: the agent's scope stopped
 /// before the final unit, which runs the courier with the kit left when the
 /// shutdown began); the README's drill (scheduled, cancelled, nothing
-/// moved); an uninstall (the host as before the install); and a direct
+/// moved), then an uninstall (the host as before the install) in the same
+/// boot; and a direct
 /// tool that never reaches the kernel, refused and
 /// killed, with the kubelet stopped (never fenced); one boot each.
 pub const CI_ARM: &str = "lastgasp";
 pub const CI: &[&str] = &[
     "poweroff-force",
     "poweroff-force-agent-killed",
-    "drill",
-    "uninstall",
+    DRILL_UNINSTALL,
     "refused-poweroff-f",
     "killed-poweroff-f",
     POWER_LOSS,
@@ -1064,11 +1072,19 @@ fn judge(run: &Run, run2: Option<&Run>, out: &Path, o: &mut NodeOutcome) -> Resu
     }
     o.after = after(&seen, run2, o.scenario);
     o.events = node_events(&seen);
-    if o.scenario == "drill" {
+    let (drilled, uninstall) = match o.scenario {
+        "drill" => (true, false),
+        "uninstall" => (false, true),
+        DRILL_UNINSTALL => (true, true),
+        _ => (false, false),
+    };
+    if drilled {
         drill(run, &seen.lines, trig, &pods, o);
-    } else if o.scenario == "uninstall" {
+    }
+    if uninstall {
         uninstalled(&seen, o);
-    } else if STAYS_UP.contains(&o.scenario) {
+    }
+    if !drilled && !uninstall && STAYS_UP.contains(&o.scenario) {
         taken_back(&seen, o);
     } else if o.scenario == POWER_LOSS {
         unannounced(&seen, fenced, o);
