@@ -2,7 +2,7 @@
 //! the newest version CHANGELOG.md dates other than this checkout's, its
 //! tree taken from git (its tag `vX.Y.Z`, else the commit that dated its
 //! section) and built by its own xtask under `target/previous/`, once per
-//! commit.
+//! commit; its binary kept in `~/.cache/lastgasp/previous/VERSION-COMMIT/`.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -52,13 +52,38 @@ pub fn build(root: &Path, current: &str) -> Result<std::result::Result<Previous,
         manifest.contains(&format!("version = \"{version}\"")),
         "commit {commit} (the previous release {version}) has another version in agent/Cargo.toml"
     );
+    // A commit's binary never changes: kept beyond this checkout, so that a
+    // clean checkout (CI's) does not build the old tree again.
+    let cached = setup::cache_dir()
+        .join("previous")
+        .join(format!("{version}-{commit}"))
+        .join("lastgasp");
+    if cached.is_file() {
+        println!(
+            "previous release {version} ({commit}): {}",
+            cached.display()
+        );
+        return Ok(Ok(Previous {
+            version,
+            bin: cached,
+        }));
+    }
     let dir = target_dir(root).join("previous").join(&version);
     let bin = dir.join("target/debug/lastgasp");
     let stamp = dir.join("commit");
     if bin.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s == commit) {
         println!("previous release {version} ({commit}): {}", bin.display());
+        keep(&bin, &cached)?;
         return Ok(Ok(Previous { version, bin }));
     }
+    build_tree(root, &version, &commit, &dir, &bin)?;
+    fs::write(&stamp, &commit)?;
+    keep(&bin, &cached)?;
+    Ok(Ok(Previous { version, bin }))
+}
+
+/// The commit's tree from git, built by its own xtask into `dir/target`.
+fn build_tree(root: &Path, version: &str, commit: &str, dir: &Path, bin: &Path) -> Result<()> {
     let src = dir.join("src");
     let _ = fs::remove_dir_all(&src);
     fs::create_dir_all(&src)?;
@@ -68,7 +93,7 @@ pub fn build(root: &Path, current: &str) -> Result<std::result::Result<Previous,
     );
     let mut archive = Command::new("git")
         .current_dir(root)
-        .args(["archive", "--format=tar", &commit])
+        .args(["archive", "--format=tar", commit])
         .stdout(Stdio::piped())
         .spawn()
         .context("git archive")?;
@@ -96,9 +121,19 @@ pub fn build(root: &Path, current: &str) -> Result<std::result::Result<Previous,
         "the previous release's build left no {}",
         bin.display()
     );
-    fs::write(&stamp, &commit)?;
     fs::remove_dir_all(&src)?;
-    Ok(Ok(Previous { version, bin }))
+    Ok(())
+}
+
+/// Copies the built binary into the cache, whole or not at all.
+fn keep(bin: &Path, cached: &Path) -> Result<()> {
+    let dir = cached.parent().context("the cache's directory")?;
+    fs::create_dir_all(dir)?;
+    let part = dir.join("lastgasp.part");
+    fs::copy(bin, &part)
+        .with_context(|| format!("copying {} to {}", bin.display(), part.display()))?;
+    fs::rename(&part, cached)?;
+    Ok(())
 }
 
 /// The newest `## [X.Y.Z] - DATE` section other than `current`'s.
