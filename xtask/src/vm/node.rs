@@ -163,10 +163,9 @@ impl CgroupDriver {
 /// driver on a read-only `/usr` (`CI_RO_USR`: the agent's scope stopped
 /// before the final unit, which runs the courier with the kit left when the
 /// shutdown began); the README's drill (scheduled, cancelled, nothing
-/// moved), then an uninstall (the host as before the install) in the same
-/// boot; and a direct
-/// tool that never reaches the kernel, refused and
-/// killed, with the kubelet stopped (never fenced); one boot each.
+/// moved), then an uninstall (the host as before the install), in one boot;
+/// and a direct tool that never reaches the kernel, refused and killed, with
+/// the kubelet stopped (never fenced); one boot each.
 pub const CI_ARM: &str = "lastgasp";
 pub const CI: &[&str] = &[
     "poweroff-force",

@@ -1,9 +1,9 @@
 //! The real node's root disk with its two images already in containerd's
-//! store (and the kubelet in place). `ctr images import` took 73-123 s of every cell's boot under TCG
-//! (nine cells per CI run); here one boot of its own imports them, powers off,
-//! and every cell's root overlay is stacked on that disk. A cell then checks
-//! that the disk holds this run's images (`images.sum`) and fails if not: it
-//! never imports them behind the run's back.
+//! store and the kubelet in place. `ctr images import` took 73-123 s of
+//! every cell's boot under TCG; here one boot of its own imports them, powers
+//! off, and every cell's root overlay is stacked on that disk. A cell then
+//! checks that the disk holds this run's images (`images.sum`) and fails if
+//! not: it never imports them behind the run's back.
 use std::{
     fs,
     io::Write,
@@ -23,7 +23,8 @@ const FILES: &[&str] = &["node.sh", "node/containerd.toml", "node/tags"];
 /// through 9p at every boot otherwise).
 const IMAGES: &str = "node/images/";
 const KUBELET: &str = "node/kubelet";
-/// What the guest compares: the archives' and tags' sums, as the host saw them.
+/// What the guest compares: one sum of the archives', the tags', the
+/// kubelet's and the guest image's (`images_sum`), as the host saw them.
 const SUM: &str = "node/images.sum";
 
 /// Boots the guest once to import the images, unless a disk for the same
@@ -52,8 +53,9 @@ pub fn preload(guest: &Guest, p: &mut Prepared, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The images' archives and tags, and the guest image under them (its key
-/// and mtime: a disk stacked on a base rebuilt in place would be garbage).
+/// The images' archives and tags, the kubelet, and the guest image under
+/// them (its key and mtime: a disk stacked on a base rebuilt in place would
+/// be garbage).
 fn images_sum(guest: &Guest, p: &Prepared) -> Result<String> {
     let base = fs::metadata(&guest.image.base)
         .with_context(|| format!("reading {}", guest.image.base.display()))?
