@@ -1,8 +1,8 @@
 //! The previous release's agent, for the version-skew tests (tests/skew.rs):
 //! the newest version CHANGELOG.md dates other than this checkout's, its
 //! tree taken from git (its tag `vX.Y.Z`, else the commit that dated its
-//! section) and built by its own xtask under `target/previous/`, once per
-//! commit; its binary kept in `~/.cache/lastgasp/previous/VERSION-COMMIT/`.
+//! section) and built by its own xtask under `target/previous/`; its binary
+//! kept in `~/.cache/lastgasp/previous/VERSION-COMMIT/`, once per commit.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -68,18 +68,15 @@ pub fn build(root: &Path, current: &str) -> Result<std::result::Result<Previous,
             bin: cached,
         }));
     }
+    // Built where a checkout builds; cargo's own cache there makes a rebuild short.
     let dir = target_dir(root).join("previous").join(&version);
     let bin = dir.join("target/debug/lastgasp");
-    let stamp = dir.join("commit");
-    if bin.is_file() && fs::read_to_string(&stamp).is_ok_and(|s| s == commit) {
-        println!("previous release {version} ({commit}): {}", bin.display());
-        keep(&bin, &cached)?;
-        return Ok(Ok(Previous { version, bin }));
-    }
     build_tree(root, &version, &commit, &dir, &bin)?;
-    fs::write(&stamp, &commit)?;
     keep(&bin, &cached)?;
-    Ok(Ok(Previous { version, bin }))
+    Ok(Ok(Previous {
+        version,
+        bin: cached,
+    }))
 }
 
 /// The commit's tree from git, built by its own xtask into `dir/target`.
